@@ -1,0 +1,484 @@
+//! Command-line definitions (restic's conventions) and the code that runs each command.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use cairn_core::backup::{self, BackupOptions};
+use cairn_core::compress::Codec;
+use cairn_core::keyfile::KdfParams;
+use cairn_core::repository::{InitOptions, Repository};
+use cairn_core::restore::{self, RestoreOptions};
+use cairn_core::storage::{OpendalStorage, Storage};
+use cairn_core::tree::{Node, NodeKind};
+use clap::{Args, Parser, Subcommand};
+
+use crate::output::{bytes, count, rate};
+use crate::password;
+
+/// Cairn: deduplicating, compressed, encrypted backups with fast, exact restores.
+#[derive(Parser, Debug)]
+#[command(name = "cairn", version, about, long_about = None, max_term_width = 100)]
+pub struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Debug)]
+struct Global {
+    /// Repository location: a local directory
+    #[arg(
+        short = 'r',
+        long = "repo",
+        env = "CAIRN_REPOSITORY",
+        global = true,
+        value_name = "REPO"
+    )]
+    repo: Option<String>,
+    /// Read the repository password from the first line of FILE (CAIRN_PASSWORD takes precedence)
+    #[arg(long, env = "CAIRN_PASSWORD_FILE", global = true, value_name = "FILE")]
+    password_file: Option<PathBuf>,
+    /// Print machine-readable JSON instead of text
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create a new repository
+    Init(InitArgs),
+    /// Back up files and directories into a new snapshot
+    Backup(BackupArgs),
+    /// List snapshots
+    Snapshots,
+    /// List the entries of a snapshot: SNAPSHOT[:PATH]
+    Ls(LsArgs),
+    /// Restore a snapshot (or a path inside it) into a directory
+    Restore(RestoreArgs),
+    /// Manage the key files that unlock the repository
+    #[command(subcommand)]
+    Key(KeyCommand),
+}
+
+#[derive(Args, Debug)]
+struct InitArgs {
+    /// Default compression for new data: auto, none, lz4, zstd or zstd:LEVEL
+    #[arg(long, default_value = "auto", value_name = "CODEC")]
+    compression: String,
+    /// Target pack size in MiB
+    #[arg(long, default_value_t = 16, value_name = "MIB")]
+    pack_size: u32,
+    /// Content-defined chunk sizes in bytes: MIN,AVG,MAX
+    #[arg(
+        long,
+        default_value = "524288,1048576,8388608",
+        value_name = "MIN,AVG,MAX"
+    )]
+    chunk_sizes: String,
+    /// Argon2id memory cost of the key file, in KiB
+    #[arg(long, default_value_t = KdfParams::default().memory_kib, value_name = "KIB")]
+    kdf_memory: u32,
+    /// Argon2id passes of the key file
+    #[arg(long, default_value_t = KdfParams::default().iterations, value_name = "N")]
+    kdf_iterations: u32,
+}
+
+#[derive(Args, Debug)]
+struct BackupArgs {
+    /// Files and directories to back up (recorded as absolute paths)
+    #[arg(required = true, value_name = "PATH")]
+    paths: Vec<PathBuf>,
+    /// Add a tag to the snapshot (repeatable)
+    #[arg(long = "tag", value_name = "TAG")]
+    tags: Vec<String>,
+    /// Compression for this backup: auto (the repository default), none, lz4, zstd or zstd:LEVEL
+    #[arg(long, value_name = "CODEC")]
+    compression: Option<String>,
+    /// Host name to record instead of this machine's
+    #[arg(long, value_name = "NAME")]
+    host: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct LsArgs {
+    /// Snapshot (`latest` or an ID prefix), optionally with :PATH inside it
+    #[arg(value_name = "SNAPSHOT[:PATH]")]
+    snapshot: String,
+    /// Long listing: mode, owner, size, modification time
+    #[arg(short, long)]
+    long: bool,
+}
+
+#[derive(Args, Debug)]
+struct RestoreArgs {
+    /// Snapshot (`latest` or an ID prefix), optionally with :PATH to restore only that path's contents
+    #[arg(value_name = "SNAPSHOT[:PATH]")]
+    snapshot: String,
+    /// Directory to restore into (created if missing)
+    #[arg(short, long, value_name = "DIR")]
+    target: PathBuf,
+    /// Ranged pack reads in flight
+    #[arg(long, value_name = "N")]
+    fetch_concurrency: Option<usize>,
+    /// Threads that decrypt, decompress and verify
+    #[arg(long, value_name = "N")]
+    decode_threads: Option<usize>,
+    /// Threads that write files
+    #[arg(long, value_name = "N")]
+    write_threads: Option<usize>,
+}
+
+#[derive(Subcommand, Debug)]
+enum KeyCommand {
+    /// Add a key file for a new password (from CAIRN_NEW_PASSWORD, --new-password-file or a prompt)
+    Add {
+        /// Read the new password from the first line of FILE
+        #[arg(long, env = "CAIRN_NEW_PASSWORD_FILE", value_name = "FILE")]
+        new_password_file: Option<PathBuf>,
+    },
+    /// List key files
+    List,
+}
+
+fn storage(global: &Global) -> Result<Arc<dyn Storage>> {
+    let Some(repo) = &global.repo else {
+        bail!("no repository given: use -r/--repo or set CAIRN_REPOSITORY");
+    };
+    Ok(Arc::new(OpendalStorage::local(repo)?))
+}
+
+fn open(global: &Global) -> Result<Repository> {
+    let storage = storage(global)?;
+    let pw = password::get(
+        global.password_file.as_deref(),
+        "CAIRN_PASSWORD",
+        "repository password",
+        false,
+    )?;
+    Ok(Repository::open(storage, &pw)?)
+}
+
+/// Splits `SNAPSHOT[:PATH]`.
+fn split_spec(spec: &str) -> (&str, Option<&str>) {
+    match spec.split_once(':') {
+        Some((s, p)) => (s, Some(p)),
+        None => (spec, None),
+    }
+}
+
+/// Runs the command; returns the exit code.
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    let g = &cli.global;
+    match cli.command {
+        Command::Init(a) => init(g, a),
+        Command::Backup(a) => run_backup(g, a),
+        Command::Snapshots => snapshots(g),
+        Command::Ls(a) => ls(g, a),
+        Command::Restore(a) => run_restore(g, a),
+        Command::Key(k) => key(g, k),
+    }
+}
+
+fn parse_codec(s: &str) -> Result<Codec> {
+    Ok(s.parse::<Codec>()?)
+}
+
+fn init(g: &Global, a: InitArgs) -> Result<ExitCode> {
+    let sizes: Vec<u32> = a
+        .chunk_sizes
+        .split(',')
+        .map(|s| s.trim().parse::<u32>())
+        .collect::<Result<_, _>>()
+        .context("--chunk-sizes wants three byte counts MIN,AVG,MAX")?;
+    let [min, avg, max] = sizes[..] else {
+        bail!("--chunk-sizes wants three byte counts MIN,AVG,MAX")
+    };
+    let opts = InitOptions {
+        kdf: KdfParams {
+            memory_kib: a.kdf_memory,
+            iterations: a.kdf_iterations,
+            parallelism: 1,
+        },
+        chunk_sizes: (min, avg, max),
+        pack_size: a
+            .pack_size
+            .checked_mul(1024 * 1024)
+            .context("--pack-size is too large")?,
+        compression: parse_codec(&a.compression)?,
+    };
+    let storage = storage(g)?;
+    let pw = password::get(
+        g.password_file.as_deref(),
+        "CAIRN_PASSWORD",
+        "new repository password",
+        true,
+    )?;
+    let repo = Repository::init(storage.clone(), &pw, &opts)?;
+    if g.json {
+        println!(
+            "{}",
+            serde_json::json!({"message_type": "initialized", "id": repo.config().id, "repository": storage.location()})
+        );
+    } else {
+        println!(
+            "created cairn repository {} at {}",
+            &repo.config().id[..8],
+            storage.location()
+        );
+        println!("Keep the password safe: without it the data cannot be read.");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_backup(g: &Global, a: BackupArgs) -> Result<ExitCode> {
+    let repo = open(g)?;
+    repo.load_index()?;
+    let opts = BackupOptions {
+        tags: a.tags,
+        compression: a.compression.as_deref().map(parse_codec).transpose()?,
+        hostname: a.host,
+        ..Default::default()
+    };
+    let out = backup::backup(&repo, &a.paths, &opts)?;
+    for w in &out.warnings {
+        eprintln!("warning: {}: {}", w.path.display(), w.message);
+    }
+    let s = &out.snapshot.summary;
+    if g.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "message_type": "summary", "snapshot_id": out.id.to_hex(),
+                "files_new": s.files_new, "files_changed": s.files_changed, "files_unmodified": s.files_unmodified,
+                "dirs": s.dirs, "bytes_read": s.bytes_read, "bytes_added": s.bytes_added, "bytes_stored": s.bytes_stored,
+                "errors": s.errors, "duration_ms": s.duration_ms,
+            })
+        );
+    } else {
+        let secs = s.duration_ms as f64 / 1000.0;
+        println!(
+            "files: {} new, {} changed, {} unmodified; {} directories",
+            count(s.files_new),
+            count(s.files_changed),
+            count(s.files_unmodified),
+            count(s.dirs)
+        );
+        println!(
+            "read {} in {secs:.1} s ({}); added {} ({} stored)",
+            bytes(s.bytes_read),
+            rate(s.bytes_read, secs),
+            bytes(s.bytes_added),
+            bytes(s.bytes_stored)
+        );
+        println!("snapshot {} saved", out.id.short());
+    }
+    if out.warnings.iter().any(|w| !w.message.ends_with("skipped")) {
+        eprintln!(
+            "warning: {} entries could not be read (listed above); the snapshot lacks them",
+            s.errors
+        );
+        return Ok(ExitCode::from(3));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn snapshots(g: &Global) -> Result<ExitCode> {
+    let repo = open(g)?;
+    let snaps = repo.snapshots()?;
+    if g.json {
+        let list: Vec<_> = snaps
+            .iter()
+            .map(|(id, s)| {
+                serde_json::json!({
+                    "id": id.to_hex(), "short_id": id.short(), "time": s.time.secs, "time_nanos": s.time.nanos,
+                    "hostname": s.hostname, "username": s.username, "paths": s.paths, "tags": s.tags, "tree": s.tree.to_hex(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(list));
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<10} {:<19}  {:<16} {:<16} paths",
+        "ID", "time", "host", "tags"
+    );
+    for (id, s) in &snaps {
+        println!(
+            "{:<10} {:<19}  {:<16} {:<16} {}",
+            id.short(),
+            cairn_core::platform::format_local(s.time),
+            s.hostname,
+            s.tags.join(","),
+            s.paths.join(" ")
+        );
+    }
+    println!("{} snapshots", snaps.len());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn ls(g: &Global, a: LsArgs) -> Result<ExitCode> {
+    let repo = open(g)?;
+    repo.load_index()?;
+    let (spec, path) = split_spec(&a.snapshot);
+    let (id, snap) = repo.find_snapshot(spec)?;
+    let base = path.unwrap_or("/").trim_end_matches('/');
+    let start = match cairn_core::restore::resolve_path(&repo, &snap, base, &id.short())? {
+        None => snap.tree,
+        Some(node) if node.kind == NodeKind::Dir => {
+            node.subtree.context("directory without a subtree")?
+        }
+        Some(node) => {
+            print_node(g, &a, &PathBuf::from(base), &node);
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    let mut stack = vec![(
+        PathBuf::from(if base.is_empty() { "/" } else { base }),
+        start,
+    )];
+    while let Some((dir, tree_id)) = stack.pop() {
+        let tree = repo.read_tree(&tree_id)?;
+        let mut subdirs = Vec::new();
+        for node in &tree.nodes {
+            let p = dir.join(std::ffi::OsStr::new(&*node.name_lossy()));
+            print_node(g, &a, &p, node);
+            if let Some(sub) = node.subtree {
+                subdirs.push((p, sub));
+            }
+        }
+        stack.extend(subdirs.into_iter().rev());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_node(g: &Global, a: &LsArgs, path: &Path, n: &Node) {
+    if g.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "path": path.to_string_lossy(), "type": format!("{:?}", n.kind).to_lowercase(), "mode": n.mode,
+                "uid": n.uid, "gid": n.gid, "user": n.user, "group": n.group, "size": n.size,
+                "mtime": n.mtime.secs, "mtime_nanos": n.mtime.nanos,
+            })
+        );
+    } else if a.long {
+        let t = match n.kind {
+            NodeKind::Dir => 'd',
+            NodeKind::Symlink => 'l',
+            NodeKind::CharDevice => 'c',
+            NodeKind::BlockDevice => 'b',
+            NodeKind::Fifo => 'p',
+            NodeKind::File => '-',
+        };
+        let owner = if n.user.is_empty() {
+            n.uid.to_string()
+        } else {
+            n.user.clone()
+        };
+        let group = if n.group.is_empty() {
+            n.gid.to_string()
+        } else {
+            n.group.clone()
+        };
+        let mut line = format!(
+            "{t}{:04o} {owner:>8} {group:>8} {:>12} {} {}",
+            n.mode,
+            n.size,
+            cairn_core::platform::format_local(n.mtime),
+            path.display()
+        );
+        if n.kind == NodeKind::Symlink {
+            line.push_str(&format!(" -> {}", String::from_utf8_lossy(&n.target)));
+        }
+        println!("{line}");
+    } else {
+        println!("{}", path.display());
+    }
+}
+
+fn run_restore(g: &Global, a: RestoreArgs) -> Result<ExitCode> {
+    let repo = open(g)?;
+    repo.load_index()?;
+    let (spec, path) = split_spec(&a.snapshot);
+    let (id, snap) = repo.find_snapshot(spec)?;
+    let mut opts = RestoreOptions::default();
+    if let Some(n) = a.fetch_concurrency {
+        opts.fetch_concurrency = n;
+    }
+    if let Some(n) = a.decode_threads {
+        opts.decode_threads = n;
+    }
+    if let Some(n) = a.write_threads {
+        opts.write_threads = n;
+    }
+    let out = restore::restore(&repo, &snap, path, &a.target, &opts)?;
+    for (p, why) in &out.failed {
+        eprintln!("error: {}: {why}", p.display());
+    }
+    for (p, why) in &out.warnings {
+        eprintln!("warning: {}: {why}", p.display());
+    }
+    let secs = out.duration.as_secs_f64();
+    if g.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "message_type": "summary", "snapshot_id": id.to_hex(), "files": out.files, "dirs": out.dirs,
+                "others": out.others, "bytes_total": out.bytes_total, "bytes_written": out.bytes_written,
+                "bytes_fetched": out.bytes_fetched, "bytes_zero": out.bytes_zero, "failed": out.failed.len(),
+                "warnings": out.warnings.len(), "seconds": secs,
+            })
+        );
+    } else {
+        println!(
+            "restored {} files, {} in {secs:.1} s ({}): fetched {}, {} zero",
+            count(out.files),
+            bytes(out.bytes_total),
+            rate(out.bytes_total, secs),
+            bytes(out.bytes_fetched),
+            bytes(out.bytes_zero)
+        );
+    }
+    if !out.failed.is_empty() {
+        eprintln!(
+            "cairn: {} entries could not be restored (listed above)",
+            out.failed.len()
+        );
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn key(g: &Global, k: KeyCommand) -> Result<ExitCode> {
+    let repo = open(g)?;
+    match k {
+        KeyCommand::Add { new_password_file } => {
+            let pw = password::get(
+                new_password_file.as_deref(),
+                "CAIRN_NEW_PASSWORD",
+                "new password",
+                true,
+            )?;
+            let id = repo.add_key(&pw, KdfParams::default())?;
+            println!("added key {}", id.short());
+        }
+        KeyCommand::List => {
+            for obj in repo.storage().list("keys")? {
+                let raw = repo.storage().read(&obj.path)?;
+                let kf = cairn_core::keyfile::KeyFile::parse(&obj.path, &raw)?;
+                let name = obj.path.rsplit('/').next().unwrap_or_default();
+                println!(
+                    "{}  {}  {}@{}",
+                    &name[..8.min(name.len())],
+                    kf.created,
+                    kf.username,
+                    kf.hostname
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,21 @@
+//! `cairn`: a thin front end to cairn-core. It parses arguments, finds the password, prints
+//! results and maps errors to exit codes (0 success, 1 fatal error, 3 some files unreadable).
+
+mod cli;
+mod output;
+mod password;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    match cli::run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("cairn: {}", output::one_line(&e));
+            ExitCode::from(1)
+        }
+    }
+}

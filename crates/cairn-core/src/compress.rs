@@ -1,0 +1,136 @@
+//! Per-blob compression codecs (FORMAT.md §5). The codec of every blob is recorded next to it,
+//! so one repository can mix codecs and every codec ever written stays readable.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// How a blob's plaintext is compressed before encryption.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Codec {
+    /// Stored as is.
+    None,
+    /// LZ4 block format (lz4_flex), no size prefix.
+    Lz4,
+    /// A Zstandard frame, compressed at the given level.
+    Zstd(i8),
+}
+
+/// The default codec: zstd level 3 (see docs/DESIGN.md, "Choosing the default codec").
+pub const DEFAULT_CODEC: Codec = Codec::Zstd(3);
+
+impl Codec {
+    /// The codec byte and level byte stored in pack headers and index files.
+    pub fn to_bytes(self) -> (u8, i8) {
+        match self {
+            Codec::None => (0, 0),
+            Codec::Lz4 => (1, 0),
+            Codec::Zstd(level) => (2, level),
+        }
+    }
+
+    /// Parses the codec byte and level byte; `None` for an unknown codec byte.
+    pub fn from_bytes(codec: u8, level: i8) -> Option<Self> {
+        match codec {
+            0 => Some(Codec::None),
+            1 => Some(Codec::Lz4),
+            2 => Some(Codec::Zstd(level)),
+            _ => None,
+        }
+    }
+
+    /// Compresses `data`. Returns `None` when the result would not be smaller, in which case
+    /// the caller stores the blob with [`Codec::None`].
+    pub fn compress(self, data: &[u8]) -> Option<Vec<u8>> {
+        let out = match self {
+            Codec::None => return None,
+            Codec::Lz4 => lz4_flex::block::compress(data),
+            Codec::Zstd(level) => zstd::bulk::compress(data, i32::from(level)).ok()?,
+        };
+        (out.len() < data.len()).then_some(out)
+    }
+
+    /// Decompresses `data` whose plaintext is exactly `raw_len` bytes.
+    pub fn decompress(self, data: &[u8], raw_len: usize) -> std::result::Result<Vec<u8>, String> {
+        let out = match self {
+            Codec::None => data.to_vec(),
+            Codec::Lz4 => lz4_flex::block::decompress(data, raw_len).map_err(|e| e.to_string())?,
+            Codec::Zstd(_) => zstd::bulk::decompress(data, raw_len).map_err(|e| e.to_string())?,
+        };
+        if out.len() != raw_len {
+            return Err(format!(
+                "decompressed to {} bytes, expected {raw_len}",
+                out.len()
+            ));
+        }
+        Ok(out)
+    }
+}
+
+impl fmt::Display for Codec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Codec::None => f.write_str("none"),
+            Codec::Lz4 => f.write_str("lz4"),
+            Codec::Zstd(level) => write!(f, "zstd:{level}"),
+        }
+    }
+}
+
+impl FromStr for Codec {
+    type Err = Error;
+
+    /// Parses `none`, `lz4`, `zstd` or `zstd:LEVEL` (LEVEL from -7 to 22); `auto` is the default.
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || {
+            Error::Usage(format!(
+                "unknown compression {s:?}: use auto, none, lz4, zstd or zstd:LEVEL (1-22)"
+            ))
+        };
+        match s {
+            "auto" => Ok(DEFAULT_CODEC),
+            "none" => Ok(Codec::None),
+            "lz4" => Ok(Codec::Lz4),
+            "zstd" => Ok(Codec::Zstd(3)),
+            _ => {
+                let level = s.strip_prefix("zstd:").ok_or_else(bad)?;
+                let level: i8 = level.parse().map_err(|_| bad())?;
+                if !(-7..=22).contains(&level) || level == 0 {
+                    return Err(bad());
+                }
+                Ok(Codec::Zstd(level))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_codec_round_trips() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        for codec in [Codec::Lz4, Codec::Zstd(1), Codec::Zstd(3), Codec::Zstd(19)] {
+            let c = codec.compress(&data).expect("compressible");
+            assert_eq!(codec.decompress(&c, data.len()).unwrap(), data);
+            assert!(codec.decompress(&c, data.len() + 1).is_err());
+        }
+        assert!(Codec::Zstd(3).compress(&[1, 2, 3]).is_none());
+    }
+
+    #[test]
+    fn parse_and_bytes() {
+        assert_eq!("zstd:7".parse::<Codec>().unwrap(), Codec::Zstd(7));
+        assert!("zstd:99".parse::<Codec>().is_err());
+        assert!("gzip".parse::<Codec>().is_err());
+        for c in [Codec::None, Codec::Lz4, Codec::Zstd(-3)] {
+            let (a, b) = c.to_bytes();
+            assert_eq!(Codec::from_bytes(a, b), Some(c));
+        }
+        assert_eq!(Codec::from_bytes(9, 0), None);
+    }
+}

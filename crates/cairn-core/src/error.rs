@@ -1,0 +1,120 @@
+//! The library's error type: every message names the object it is about and, where it can,
+//! what the user should do.
+
+use std::path::PathBuf;
+
+/// Result with the library's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in Cairn.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No key file could be opened with the given password.
+    #[error("wrong password: no key in {repo}/keys opens with it")]
+    WrongPassword {
+        /// The repository location.
+        repo: String,
+    },
+    /// A stored file failed its integrity or authentication check.
+    #[error("{file} is damaged: {why}")]
+    Corrupt {
+        /// Repository-relative name of the damaged file (e.g. `data/ab/ab12…`).
+        file: String,
+        /// What was found to be wrong.
+        why: String,
+    },
+    /// A repository file is well-formed but describes something unsafe or impossible.
+    #[error("{file} is invalid: {why}")]
+    Invalid {
+        /// Repository-relative name of the offending file or blob.
+        file: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// The storage backend failed.
+    #[error("storage: {op} {path}: {source}")]
+    Storage {
+        /// The operation (read, write, list, delete).
+        op: &'static str,
+        /// The object path.
+        path: String,
+        /// The backend's error.
+        #[source]
+        source: Box<opendal::Error>,
+    },
+    /// A stored object does not exist.
+    #[error("{0} does not exist in the repository")]
+    NotFound(String),
+    /// No repository exists at the location.
+    #[error("no repository at {0}: run `cairn init` first (or check -r / CAIRN_REPOSITORY)")]
+    NoRepository(String),
+    /// `init` was asked to create a repository where one already exists.
+    #[error("a repository already exists at {0}")]
+    AlreadyInitialized(String),
+    /// The repository was written by a newer format version.
+    #[error("repository format version {found} is newer than this cairn supports ({supported}); upgrade cairn")]
+    UnsupportedVersion {
+        /// Version found in the config.
+        found: u32,
+        /// Highest version this build reads.
+        supported: u32,
+    },
+    /// A local file system operation failed.
+    #[error("{path}: {what}: {source}")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// What was being done.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A snapshot name matched no or several snapshots.
+    #[error("{0}")]
+    SnapshotSelect(String),
+    /// A path inside a snapshot does not exist.
+    #[error("path {path:?} not found in snapshot {snapshot}")]
+    PathNotFound {
+        /// The path asked for.
+        path: String,
+        /// The snapshot's short ID.
+        snapshot: String,
+    },
+    /// A malformed identifier.
+    #[error("invalid {0}")]
+    InvalidId(String),
+    /// Bad user input (options, patterns, arguments).
+    #[error("{0}")]
+    Usage(String),
+    /// The operation was cancelled (for example by SIGINT).
+    #[error("interrupted")]
+    Interrupted,
+}
+
+impl Error {
+    /// Builds an [`Error::Io`].
+    pub fn io(path: impl Into<PathBuf>, what: &'static str, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            what,
+            source,
+        }
+    }
+
+    /// Builds an [`Error::Corrupt`].
+    pub fn corrupt(file: impl Into<String>, why: impl Into<String>) -> Self {
+        Error::Corrupt {
+            file: file.into(),
+            why: why.into(),
+        }
+    }
+
+    /// Builds an [`Error::Invalid`].
+    pub fn invalid(file: impl Into<String>, why: impl Into<String>) -> Self {
+        Error::Invalid {
+            file: file.into(),
+            why: why.into(),
+        }
+    }
+}

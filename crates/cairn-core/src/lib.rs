@@ -1,0 +1,37 @@
+//! # Cairn
+//!
+//! Deduplicating, compressed, encrypted backups whose restores run at the speed of the
+//! hardware. This crate does all the work; the `cairn` binary is a thin front end.
+//!
+//! The on-storage format is specified byte by byte in `docs/FORMAT.md`; each module that reads
+//! or writes it cites its section.
+//!
+//! ```text
+//! backup:  walk → read → store → commit          (backup/)
+//! restore: plan → create → fetch → decode → write → finish   (restore/)
+//! ```
+//!
+//! Start with [`repository::Repository::open`], then [`backup::backup`] or
+//! [`restore::restore`].
+
+#![warn(missing_docs)]
+
+pub mod backup;
+pub mod chunker;
+pub mod compress;
+pub mod config;
+pub mod crypto;
+pub mod error;
+pub mod id;
+pub mod index;
+pub mod keyfile;
+pub mod pack;
+pub mod platform;
+pub mod repository;
+pub mod restore;
+pub mod sealed;
+pub mod snapshot;
+pub mod storage;
+pub mod tree;
+
+pub use error::{Error, Result};

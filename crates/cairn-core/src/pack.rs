@@ -1,0 +1,300 @@
+//! Pack files: many encrypted blobs, then an encrypted header listing them, then a trailer
+//! (FORMAT.md §7).
+//!
+//! ```text
+//! blob 0 | blob 1 | ... | header | trailer
+//! blob     nonce(12) | AES-256-GCM(compressed plaintext, AAD = blob ID) | tag(16)
+//! header   nonce(12) | AES-256-GCM(entry * n, AAD = "cairn pack header v1") | tag(16)
+//! trailer  salt(32) | header length u32 LE | "CRP1"                      (40 bytes)
+//! entry    kind u8 | codec u8 | level i8 | 0u8 | offset u32 | length u32 | raw length u32 | id(32)
+//! ```
+//! All blobs and the header are encrypted under `BLAKE3-keyed(encryption key, salt)`.
+
+use crate::compress::Codec;
+use crate::crypto::{random_salt, MasterKey, ObjectKey, SALT_LEN, SEAL_OVERHEAD};
+use crate::error::{Error, Result};
+use crate::id::{BlobId, PackId, ID_LEN};
+
+const TRAILER_MAGIC: &[u8; 4] = b"CRP1";
+/// Length of the pack trailer.
+pub const TRAILER_LEN: usize = SALT_LEN + 4 + 4;
+/// Length of one encoded blob entry (pack header and index files).
+pub const ENTRY_LEN: usize = 16 + ID_LEN;
+const HEADER_AAD: &[u8] = b"cairn pack header v1";
+
+/// What a blob holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlobKind {
+    /// A chunk of file content.
+    Data = 0,
+    /// A serialized directory tree.
+    Tree = 1,
+}
+
+/// Where one blob lives inside its pack and how to decode it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlobEntry {
+    /// The blob's ID.
+    pub id: BlobId,
+    /// Data or tree.
+    pub kind: BlobKind,
+    /// How the plaintext was compressed.
+    pub codec: Codec,
+    /// Byte offset in the pack.
+    pub offset: u32,
+    /// Stored length (nonce + ciphertext + tag).
+    pub length: u32,
+    /// Plaintext length.
+    pub raw_length: u32,
+}
+
+impl BlobEntry {
+    /// Appends the 48-byte encoding.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let (codec, level) = self.codec.to_bytes();
+        out.extend_from_slice(&[self.kind as u8, codec, level as u8, 0]);
+        out.extend_from_slice(&self.offset.to_le_bytes());
+        out.extend_from_slice(&self.length.to_le_bytes());
+        out.extend_from_slice(&self.raw_length.to_le_bytes());
+        out.extend_from_slice(&self.id.0);
+    }
+
+    /// Decodes one 48-byte entry; `Err` holds what is wrong with it.
+    pub fn decode(b: &[u8]) -> std::result::Result<Self, String> {
+        let kind = match b[0] {
+            0 => BlobKind::Data,
+            1 => BlobKind::Tree,
+            k => return Err(format!("unknown blob kind {k}")),
+        };
+        let codec =
+            Codec::from_bytes(b[1], b[2] as i8).ok_or_else(|| format!("unknown codec {}", b[1]))?;
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let entry = BlobEntry {
+            kind,
+            codec,
+            offset: u32_at(4),
+            length: u32_at(8),
+            raw_length: u32_at(12),
+            id: BlobId(b[16..48].try_into().expect("32 bytes")),
+        };
+        if (entry.length as usize) < SEAL_OVERHEAD {
+            return Err(format!(
+                "blob {} has impossible length {}",
+                entry.id.short(),
+                entry.length
+            ));
+        }
+        Ok(entry)
+    }
+}
+
+/// Assembles one pack in memory.
+pub struct PackWriter {
+    salt: [u8; SALT_LEN],
+    key: ObjectKey,
+    buf: Vec<u8>,
+    entries: Vec<BlobEntry>,
+}
+
+/// A finished pack, ready to upload.
+pub struct FinishedPack {
+    /// BLAKE3 of `bytes`.
+    pub id: PackId,
+    /// The pack's salt (recorded in the index so blobs can be read without the trailer).
+    pub salt: [u8; SALT_LEN],
+    /// The whole pack file.
+    pub bytes: Vec<u8>,
+    /// The blobs it holds.
+    pub entries: Vec<BlobEntry>,
+}
+
+impl PackWriter {
+    /// Starts a pack with a fresh salt.
+    pub fn new(master: &MasterKey, capacity: usize) -> Self {
+        let salt = random_salt();
+        PackWriter {
+            salt,
+            key: master.object_key(&salt),
+            buf: Vec::with_capacity(capacity),
+            entries: Vec::new(),
+        }
+    }
+
+    /// Bytes so far.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether no blob has been added.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Encrypts and appends a blob whose plaintext was already compressed to `stored`.
+    pub fn add(
+        &mut self,
+        id: BlobId,
+        kind: BlobKind,
+        codec: Codec,
+        raw_length: u32,
+        stored: &[u8],
+    ) {
+        let sealed = self.key.seal(&id.0, stored);
+        self.entries.push(BlobEntry {
+            id,
+            kind,
+            codec,
+            offset: self.buf.len() as u32,
+            length: sealed.len() as u32,
+            raw_length,
+        });
+        self.buf.extend_from_slice(&sealed);
+    }
+
+    /// Appends header and trailer.
+    pub fn finish(mut self) -> FinishedPack {
+        let mut header = Vec::with_capacity(self.entries.len() * ENTRY_LEN);
+        for e in &self.entries {
+            e.encode(&mut header);
+        }
+        let sealed = self.key.seal(HEADER_AAD, &header);
+        self.buf.extend_from_slice(&sealed);
+        self.buf.extend_from_slice(&self.salt);
+        self.buf
+            .extend_from_slice(&(sealed.len() as u32).to_le_bytes());
+        self.buf.extend_from_slice(TRAILER_MAGIC);
+        FinishedPack {
+            id: PackId::hash_of(&self.buf),
+            salt: self.salt,
+            bytes: self.buf,
+            entries: self.entries,
+        }
+    }
+}
+
+/// Reads the header of a whole pack file (used to rebuild the index and by `check`).
+pub fn read_header(
+    master: &MasterKey,
+    name: &str,
+    pack: &[u8],
+) -> Result<([u8; SALT_LEN], Vec<BlobEntry>)> {
+    if pack.len() < TRAILER_LEN + SEAL_OVERHEAD {
+        return Err(Error::corrupt(
+            name,
+            "truncated: shorter than a pack trailer",
+        ));
+    }
+    let trailer = &pack[pack.len() - TRAILER_LEN..];
+    if &trailer[SALT_LEN + 4..] != TRAILER_MAGIC {
+        return Err(Error::corrupt(
+            name,
+            "bad pack trailer magic (truncated or not a pack)",
+        ));
+    }
+    let salt: [u8; SALT_LEN] = trailer[..SALT_LEN].try_into().expect("salt");
+    let hlen = u32::from_le_bytes(trailer[SALT_LEN..SALT_LEN + 4].try_into().expect("4")) as usize;
+    let body_end = pack.len() - TRAILER_LEN;
+    if hlen > body_end || hlen < SEAL_OVERHEAD {
+        return Err(Error::corrupt(name, "pack header length out of range"));
+    }
+    let header = master
+        .object_key(&salt)
+        .open(HEADER_AAD, &pack[body_end - hlen..body_end])
+        .ok_or_else(|| Error::corrupt(name, "pack header authentication failed"))?;
+    if header.len() % ENTRY_LEN != 0 {
+        return Err(Error::corrupt(name, "pack header has a partial entry"));
+    }
+    let entries = header
+        .chunks_exact(ENTRY_LEN)
+        .map(|c| {
+            let e = BlobEntry::decode(c).map_err(|why| Error::corrupt(name, why))?;
+            if e.offset as usize + e.length as usize > body_end - hlen {
+                return Err(Error::corrupt(
+                    name,
+                    format!("blob {} lies outside the pack", e.id.short()),
+                ));
+            }
+            Ok(e)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((salt, entries))
+}
+
+/// Decrypts, decompresses and verifies one blob read from its pack. `sealed` is exactly the
+/// blob's `length` bytes; `file` names the pack for errors. The blob's ID is recomputed from
+/// the plaintext and compared, so wrong bytes are never returned.
+pub fn decode_blob(
+    master: &MasterKey,
+    key: &ObjectKey,
+    entry: &BlobEntry,
+    mut sealed: Vec<u8>,
+    file: &str,
+) -> Result<Vec<u8>> {
+    let range = key.open_in_place(&entry.id.0, &mut sealed).ok_or_else(|| {
+        Error::corrupt(
+            file,
+            format!("blob {} failed authentication", entry.id.short()),
+        )
+    })?;
+    let plain = match entry.codec {
+        Codec::None => {
+            sealed.truncate(range.end);
+            sealed.drain(..range.start);
+            if sealed.len() != entry.raw_length as usize {
+                return Err(Error::corrupt(
+                    file,
+                    format!("blob {} has the wrong length", entry.id.short()),
+                ));
+            }
+            sealed
+        }
+        codec => codec
+            .decompress(&sealed[range], entry.raw_length as usize)
+            .map_err(|why| Error::corrupt(file, format!("blob {}: {why}", entry.id.short())))?,
+    };
+    if master.blob_id(&plain) != entry.id {
+        return Err(Error::corrupt(
+            file,
+            format!("blob {} does not match its ID", entry.id.short()),
+        ));
+    }
+    Ok(plain)
+}
+
+/// The storage path of a pack: `data/<first two hex digits>/<hex ID>`.
+pub fn pack_path(id: &PackId) -> String {
+    let hex = id.to_hex();
+    format!("data/{}/{}", &hex[..2], hex)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_read_header_and_blobs() {
+        let mk = MasterKey::generate();
+        let mut w = PackWriter::new(&mk, 0);
+        let a = b"alpha".repeat(50);
+        let id_a = mk.blob_id(&a);
+        let ca = Codec::Zstd(3).compress(&a).unwrap();
+        w.add(id_a, BlobKind::Data, Codec::Zstd(3), a.len() as u32, &ca);
+        let b = b"beta".to_vec();
+        let id_b = mk.blob_id(&b);
+        w.add(id_b, BlobKind::Tree, Codec::None, 4, &b);
+        let p = w.finish();
+        assert_eq!(PackId::hash_of(&p.bytes), p.id);
+        let (salt, entries) = read_header(&mk, "p", &p.bytes).unwrap();
+        assert_eq!(salt, p.salt);
+        assert_eq!(entries, p.entries);
+        let key = mk.object_key(&salt);
+        for (e, want) in entries.iter().zip([&a, &b]) {
+            let raw = p.bytes[e.offset as usize..(e.offset + e.length) as usize].to_vec();
+            assert_eq!(&decode_blob(&mk, &key, e, raw.clone(), "p").unwrap(), want);
+            let mut bad = raw;
+            bad[14] ^= 1;
+            assert!(decode_blob(&mk, &key, e, bad, "p").is_err());
+        }
+        assert!(read_header(&mk, "p", &p.bytes[..p.bytes.len() - 1]).is_err());
+    }
+}

@@ -1,0 +1,223 @@
+//! What Cairn needs from the operating system: who and where we are, and reading a file
+//! system entry's metadata (the restore side lives in `restore::finish`).
+
+use std::collections::HashMap;
+use std::ffi::{CString, OsStr};
+use std::fs::File;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+
+use crate::tree::{Node, NodeKind, Timestamp, Xattr};
+
+/// This machine's host name.
+pub fn hostname() -> String {
+    gethostname::gethostname().to_string_lossy().into_owned()
+}
+
+/// The current user's name (or numeric ID when it has none).
+pub fn username() -> String {
+    let uid = uzers::get_current_uid();
+    uzers::get_user_by_uid(uid)
+        .map(|u| u.name().to_string_lossy().into_owned())
+        .unwrap_or_else(|| uid.to_string())
+}
+
+/// The current time.
+pub fn now() -> Timestamp {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Timestamp {
+        secs: d.as_secs() as i64,
+        nanos: d.subsec_nanos(),
+    }
+}
+
+/// The current time as RFC 3339 (UTC).
+pub fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// Formats a timestamp in local time, `YYYY-MM-DD HH:MM:SS`.
+pub fn format_local(t: Timestamp) -> String {
+    use chrono::TimeZone;
+    match chrono::Local.timestamp_opt(t.secs, t.nanos) {
+        chrono::LocalResult::Single(dt) => dt.format("%Y-%m-%d %H:%M:%S").to_string(),
+        _ => format!("@{}", t.secs),
+    }
+}
+
+/// Whether the process runs as root (and so may restore ownership and device nodes).
+pub fn is_root() -> bool {
+    uzers::get_effective_uid() == 0
+}
+
+/// Caches user and group names by ID.
+#[derive(Default)]
+pub struct NameCache {
+    users: HashMap<u32, String>,
+    groups: HashMap<u32, String>,
+}
+
+impl NameCache {
+    /// The name of user `uid`, or "" if it has none.
+    pub fn user(&mut self, uid: u32) -> String {
+        self.users
+            .entry(uid)
+            .or_insert_with(|| {
+                uzers::get_user_by_uid(uid)
+                    .map(|u| u.name().to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            })
+            .clone()
+    }
+
+    /// The name of group `gid`, or "" if it has none.
+    pub fn group(&mut self, gid: u32) -> String {
+        self.groups
+            .entry(gid)
+            .or_insert_with(|| {
+                uzers::get_group_by_gid(gid)
+                    .map(|g| g.name().to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            })
+            .clone()
+    }
+}
+
+const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
+
+/// Reads `path`'s metadata (without following a final symlink) into a node named `name`.
+/// Returns `Ok(None)` for sockets, which cannot be backed up.
+pub fn read_node(path: &Path, name: Vec<u8>, names: &mut NameCache) -> io::Result<Option<Node>> {
+    let md = std::fs::symlink_metadata(path)?;
+    let ft = md.file_type();
+    use std::os::unix::fs::FileTypeExt;
+    let kind = if ft.is_file() {
+        NodeKind::File
+    } else if ft.is_dir() {
+        NodeKind::Dir
+    } else if ft.is_symlink() {
+        NodeKind::Symlink
+    } else if ft.is_char_device() {
+        NodeKind::CharDevice
+    } else if ft.is_block_device() {
+        NodeKind::BlockDevice
+    } else if ft.is_fifo() {
+        NodeKind::Fifo
+    } else {
+        return Ok(None);
+    };
+    let mut node = Node::new(name, kind);
+    node.mode = md.mode() & 0o7777;
+    node.uid = md.uid();
+    node.gid = md.gid();
+    node.user = names.user(md.uid());
+    node.group = names.group(md.gid());
+    node.atime = Timestamp {
+        secs: md.atime(),
+        nanos: md.atime_nsec() as u32,
+    };
+    node.mtime = Timestamp {
+        secs: md.mtime(),
+        nanos: md.mtime_nsec() as u32,
+    };
+    node.ctime = Timestamp {
+        secs: md.ctime(),
+        nanos: md.ctime_nsec() as u32,
+    };
+    node.inode = md.ino();
+    node.device_id = md.dev();
+    node.links = md.nlink();
+    match kind {
+        NodeKind::File => node.size = md.len(),
+        NodeKind::Symlink => {
+            node.target = std::fs::read_link(path)?.as_os_str().as_bytes().to_vec();
+            node.size = node.target.len() as u64;
+        }
+        NodeKind::CharDevice | NodeKind::BlockDevice => node.rdev = md.rdev(),
+        _ => {}
+    }
+    read_xattrs(path, &mut node)?;
+    Ok(Some(node))
+}
+
+fn read_xattrs(path: &Path, node: &mut Node) -> io::Result<()> {
+    let names = match xattr::list(path) {
+        Ok(n) => n,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for name in names {
+        let Some(value) = xattr::get(path, &name)? else {
+            continue;
+        };
+        match name.as_bytes() {
+            ACL_ACCESS => node.acl_access = Some(value),
+            ACL_DEFAULT => node.acl_default = Some(value),
+            n => node.xattrs.push(Xattr {
+                name: n.to_vec(),
+                value,
+            }),
+        }
+    }
+    node.xattrs.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(())
+}
+
+/// Writes a node's extended attributes and ACLs to `path` (not following symlinks).
+pub fn write_xattrs(path: &Path, node: &Node) -> io::Result<()> {
+    for x in &node.xattrs {
+        xattr::set(path, OsStr::from_bytes(&x.name), &x.value)?;
+    }
+    if let Some(acl) = &node.acl_access {
+        xattr::set(path, OsStr::from_bytes(ACL_ACCESS), acl)?;
+    }
+    if let Some(acl) = &node.acl_default {
+        xattr::set(path, OsStr::from_bytes(ACL_DEFAULT), acl)?;
+    }
+    Ok(())
+}
+
+/// The data regions `(offset, length)` of an open file of `size` bytes, found with
+/// SEEK_DATA / SEEK_HOLE; everything else is a hole. Falls back to one region when the file
+/// system cannot tell.
+pub fn data_regions(file: &File, size: u64) -> io::Result<Vec<(u64, u64)>> {
+    let fd = file.as_raw_fd();
+    let mut out = Vec::new();
+    let mut pos: i64 = 0;
+    let end = size as i64;
+    while pos < end {
+        // SAFETY: lseek on a file descriptor we own; no memory is passed.
+        let data = unsafe { libc::lseek(fd, pos, libc::SEEK_DATA) };
+        if data < 0 {
+            let err = io::Error::last_os_error();
+            match err.raw_os_error() {
+                Some(libc::ENXIO) => break, // only a hole remains
+                Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) if out.is_empty() => {
+                    return Ok(vec![(0, size)])
+                }
+                _ => return Err(err),
+            }
+        }
+        if data >= end {
+            break;
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        let hole = if hole < 0 { end } else { hole.min(end) };
+        out.push((data as u64, (hole - data) as u64));
+        pos = hole;
+    }
+    Ok(out)
+}
+
+/// `path` as a C string.
+pub fn cstring(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
+}

@@ -1,0 +1,293 @@
+//! A repository: storage plus the master key, config and index, and typed access to every kind
+//! of stored file (FORMAT.md §1).
+
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+use crate::config::{Config, FORMAT_VERSION};
+use crate::crypto::MasterKey;
+use crate::error::{Error, Result};
+use crate::id::{BlobId, IndexId, KeyId, SnapshotId};
+use crate::index::{self, Index, IndexedPack};
+use crate::keyfile::{KdfParams, KeyFile};
+use crate::pack::{decode_blob, pack_path};
+use crate::sealed::{self, SealedKind};
+use crate::snapshot::Snapshot;
+use crate::storage::Storage;
+use crate::tree::Tree;
+
+/// Choices made once, when a repository is created.
+#[derive(Clone, Debug)]
+pub struct InitOptions {
+    /// Argon2id costs for the first key file.
+    pub kdf: KdfParams,
+    /// Chunk sizes (min, avg, max).
+    pub chunk_sizes: (u32, u32, u32),
+    /// Target pack size.
+    pub pack_size: u32,
+    /// Default compression.
+    pub compression: crate::compress::Codec,
+}
+
+impl Default for InitOptions {
+    fn default() -> Self {
+        InitOptions {
+            kdf: KdfParams::default(),
+            chunk_sizes: crate::config::DEFAULT_CHUNK_SIZES,
+            pack_size: crate::config::DEFAULT_PACK_SIZE,
+            compression: crate::compress::DEFAULT_CODEC,
+        }
+    }
+}
+
+/// An open repository.
+pub struct Repository {
+    storage: Arc<dyn Storage>,
+    key: MasterKey,
+    config: Config,
+    index: RwLock<Index>,
+}
+
+impl Repository {
+    /// Creates a new repository with one key file for `password`.
+    pub fn init(storage: Arc<dyn Storage>, password: &[u8], opts: &InitOptions) -> Result<Self> {
+        if storage.exists("config")? {
+            return Err(Error::AlreadyInitialized(storage.location().to_string()));
+        }
+        let config = Config::new(opts.chunk_sizes, opts.pack_size, opts.compression)?;
+        let key = MasterKey::generate();
+        let repo = Repository {
+            storage,
+            key,
+            config,
+            index: RwLock::new(Index::default()),
+        };
+        repo.add_key(password, opts.kdf)?;
+        let body = serde_json::to_vec(&repo.config).expect("config serializes");
+        repo.storage
+            .write("config", sealed::seal(&repo.key, SealedKind::Config, &body))?;
+        Ok(repo)
+    }
+
+    /// Adds a key file for `password`; returns its ID.
+    pub fn add_key(&self, password: &[u8], kdf: KdfParams) -> Result<KeyId> {
+        let kf = KeyFile::create(&self.key, password, kdf, crate::platform::now_rfc3339())?;
+        let bytes = kf.to_bytes();
+        let id = KeyId::hash_of(&bytes);
+        self.storage
+            .write(&format!("keys/{}", id.to_hex()), bytes)?;
+        Ok(id)
+    }
+
+    /// Opens a repository: finds a key file that `password` unlocks, then reads the config.
+    /// The index is not loaded; call [`Repository::load_index`].
+    pub fn open(storage: Arc<dyn Storage>, password: &[u8]) -> Result<Self> {
+        if !storage.exists("config")? {
+            return Err(Error::NoRepository(storage.location().to_string()));
+        }
+        let mut damaged = None;
+        let mut key = None;
+        for obj in storage.list("keys")? {
+            let bytes = storage.read(&obj.path)?;
+            let found = check_name(&obj.path, &bytes)
+                .and_then(|()| KeyFile::parse(&obj.path, &bytes))
+                .and_then(|kf| kf.unwrap_key(&obj.path, password));
+            match found {
+                Ok(Some(k)) => {
+                    key = Some(k);
+                    break;
+                }
+                Ok(None) => {}
+                Err(e) => damaged = Some(e),
+            }
+        }
+        let key = match (key, damaged) {
+            (Some(k), _) => k,
+            (None, Some(e)) => return Err(e),
+            (None, None) => {
+                return Err(Error::WrongPassword {
+                    repo: storage.location().to_string(),
+                })
+            }
+        };
+        let body = sealed::open(&key, SealedKind::Config, "config", &storage.read("config")?)?;
+        let config: Config = serde_json::from_slice(&body)
+            .map_err(|e| Error::corrupt("config", format!("not a config: {e}")))?;
+        if config.version > FORMAT_VERSION {
+            return Err(Error::UnsupportedVersion {
+                found: config.version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        config
+            .chunker
+            .validate()
+            .map_err(|e| Error::invalid("config", e.to_string()))?;
+        Ok(Repository {
+            storage,
+            key,
+            config,
+            index: RwLock::new(Index::default()),
+        })
+    }
+
+    /// Reads every index file into memory.
+    pub fn load_index(&self) -> Result<()> {
+        let mut packs = Vec::new();
+        for obj in self.storage.list("index")? {
+            packs.extend(self.read_index_file(&obj.path)?);
+        }
+        *self.index.write().expect("index lock") = Index::from_packs(packs);
+        Ok(())
+    }
+
+    fn read_index_file(&self, path: &str) -> Result<Vec<IndexedPack>> {
+        let body = self.read_sealed(path, SealedKind::Index)?;
+        index::decode(path, &body)
+    }
+
+    /// Reads a content-addressed sealed file, checking its name and authenticity.
+    fn read_sealed(&self, path: &str, kind: SealedKind) -> Result<Vec<u8>> {
+        let bytes = self.storage.read(path)?;
+        check_name(path, &bytes)?;
+        sealed::open(&self.key, kind, path, &bytes)
+    }
+
+    /// Writes a content-addressed sealed file under `dir/`; returns its hex ID.
+    fn write_sealed(&self, dir: &str, kind: SealedKind, body: &[u8]) -> Result<[u8; 32]> {
+        let bytes = sealed::seal(&self.key, kind, body);
+        let id = *blake3::hash(&bytes).as_bytes();
+        self.storage
+            .write(&format!("{dir}/{}", hex::encode(id)), bytes)?;
+        Ok(id)
+    }
+
+    /// Writes an index file listing `packs` and adds them to the in-memory index.
+    pub fn save_index(&self, packs: &[IndexedPack]) -> Result<IndexId> {
+        let id = IndexId(self.write_sealed("index", SealedKind::Index, &index::encode(packs))?);
+        Ok(id)
+    }
+
+    /// Adds a freshly uploaded pack to the in-memory index (before its index file is written).
+    pub fn index_pack(&self, pack: &IndexedPack) {
+        self.index.write().expect("index lock").add_pack(pack);
+    }
+
+    /// The in-memory index.
+    pub fn index(&self) -> RwLockReadGuard<'_, Index> {
+        self.index.read().expect("index lock")
+    }
+
+    /// Reads, decrypts, decompresses and verifies one blob.
+    pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
+        let loc = self
+            .index()
+            .get(id)
+            .ok_or_else(|| Error::NotFound(format!("blob {} (not in any index)", id.short())))?;
+        let path = pack_path(&loc.pack);
+        let sealed = self.storage.read_range(
+            &path,
+            u64::from(loc.entry.offset),
+            u64::from(loc.entry.length),
+        )?;
+        decode_blob(
+            &self.key,
+            &self.key.object_key(&loc.salt),
+            &loc.entry,
+            sealed,
+            &path,
+        )
+    }
+
+    /// Loads and validates a tree blob.
+    pub fn read_tree(&self, id: &BlobId) -> Result<Tree> {
+        let bytes = self.read_blob(id)?;
+        Tree::from_bytes(&format!("tree {}", id.short()), &bytes)
+    }
+
+    /// Writes a snapshot file.
+    pub fn save_snapshot(&self, snap: &Snapshot) -> Result<SnapshotId> {
+        Ok(SnapshotId(self.write_sealed(
+            "snapshots",
+            SealedKind::Snapshot,
+            &snap.to_bytes(),
+        )?))
+    }
+
+    /// Reads one snapshot.
+    pub fn read_snapshot(&self, id: &SnapshotId) -> Result<Snapshot> {
+        let path = format!("snapshots/{}", id.to_hex());
+        Snapshot::from_bytes(&path, &self.read_sealed(&path, SealedKind::Snapshot)?)
+    }
+
+    /// All snapshots, oldest first.
+    pub fn snapshots(&self) -> Result<Vec<(SnapshotId, Snapshot)>> {
+        let mut out = Vec::new();
+        for obj in self.storage.list("snapshots")? {
+            let name = obj.path.rsplit('/').next().unwrap_or_default();
+            let id = SnapshotId::from_hex(name)
+                .map_err(|_| Error::corrupt(&obj.path, "file name is not a snapshot ID"))?;
+            out.push((id, self.read_snapshot(&id)?));
+        }
+        out.sort_by(|a, b| a.1.time.cmp(&b.1.time).then(a.0.cmp(&b.0)));
+        Ok(out)
+    }
+
+    /// Finds a snapshot by `latest` or a unique prefix of its hex ID.
+    pub fn find_snapshot(&self, spec: &str) -> Result<(SnapshotId, Snapshot)> {
+        let spec = spec.to_ascii_lowercase();
+        let all = self.storage.list("snapshots")?;
+        let candidates: Vec<&str> = all
+            .iter()
+            .filter_map(|o| o.path.rsplit('/').next())
+            .filter(|name| spec == "latest" || name.starts_with(&spec))
+            .collect();
+        if spec == "latest" {
+            let snaps = self.snapshots()?;
+            return snaps
+                .into_iter()
+                .next_back()
+                .ok_or_else(|| Error::SnapshotSelect("the repository has no snapshots".into()));
+        }
+        match candidates.as_slice() {
+            [] => Err(Error::SnapshotSelect(format!(
+                "no snapshot matches {spec:?}; see `cairn snapshots`"
+            ))),
+            [one] => {
+                let id = SnapshotId::from_hex(one)
+                    .map_err(|_| Error::corrupt(format!("snapshots/{one}"), "bad name"))?;
+                Ok((id, self.read_snapshot(&id)?))
+            }
+            many => Err(Error::SnapshotSelect(format!(
+                "{spec:?} matches {} snapshots; give more of the ID",
+                many.len()
+            ))),
+        }
+    }
+
+    /// The storage.
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+
+    /// The master key.
+    pub fn key(&self) -> &MasterKey {
+        &self.key
+    }
+
+    /// The config.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+}
+
+/// Checks that a content-addressed file's bytes hash to its name (the last path component).
+pub fn check_name(path: &str, bytes: &[u8]) -> Result<()> {
+    let name = path.rsplit('/').next().unwrap_or_default();
+    if blake3::hash(bytes).to_hex().as_str() != name {
+        return Err(Error::corrupt(
+            path,
+            "content does not match its name (damaged or truncated)",
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,37 @@
+//! The one small storage interface the rest of Cairn uses (FORMAT.md §1 gives the layout).
+//!
+//! Every backend goes through Apache OpenDAL ([`opendal_backend`]); fault injection and other
+//! layers wrap a [`Storage`] rather than replace it.
+
+mod opendal_backend;
+
+pub use opendal_backend::OpendalStorage;
+
+use crate::error::Result;
+
+/// One object listed by [`Storage::list`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// Path relative to the repository root, with `/` separators.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// Where a repository's objects live. Paths are relative to the repository root and use `/`.
+pub trait Storage: Send + Sync {
+    /// A human-readable location, for messages.
+    fn location(&self) -> &str;
+    /// Reads a whole object.
+    fn read(&self, path: &str) -> Result<Vec<u8>>;
+    /// Reads `len` bytes at `offset`; a short object is reported as damaged.
+    fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Vec<u8>>;
+    /// Writes a whole object atomically: readers see all of it or nothing.
+    fn write(&self, path: &str, data: Vec<u8>) -> Result<()>;
+    /// Lists the objects below `dir` (recursively).
+    fn list(&self, dir: &str) -> Result<Vec<ObjectInfo>>;
+    /// Deletes an object; deleting a missing object is not an error.
+    fn delete(&self, path: &str) -> Result<()>;
+    /// Whether an object exists.
+    fn exists(&self, path: &str) -> Result<bool>;
+}

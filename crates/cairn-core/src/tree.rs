@@ -1,0 +1,273 @@
+//! Directory trees (FORMAT.md §9): one blob per directory, holding its entries sorted by name.
+//! A directory's entry names its subtree's blob ID, so an unchanged subtree is stored once.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::id::BlobId;
+
+/// A point in time: seconds and nanoseconds since the Unix epoch.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct Timestamp {
+    /// Seconds since 1970-01-01T00:00:00Z (negative before).
+    pub secs: i64,
+    /// Nanoseconds, 0..1e9.
+    pub nanos: u32,
+}
+
+/// What kind of file system object a node is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum NodeKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link.
+    Symlink,
+    /// A character device.
+    CharDevice,
+    /// A block device.
+    BlockDevice,
+    /// A named pipe.
+    Fifo,
+}
+
+/// One piece of a file's content, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Chunk {
+    /// `len` bytes stored as the blob `id`.
+    Data {
+        /// The blob.
+        id: BlobId,
+        /// Its plaintext length.
+        len: u32,
+    },
+    /// `len` zero bytes (an all-zero chunk or a hole): nothing stored, nothing fetched.
+    Zero {
+        /// Length in bytes.
+        len: u64,
+    },
+}
+
+impl Chunk {
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        match *self {
+            Chunk::Data { len, .. } => u64::from(len),
+            Chunk::Zero { len } => len,
+        }
+    }
+
+    /// Whether this chunk is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// An extended attribute.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Xattr {
+    /// Name, e.g. `user.comment`.
+    pub name: Vec<u8>,
+    /// Value bytes.
+    pub value: Vec<u8>,
+}
+
+/// One entry of a directory and all its metadata.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    /// File name bytes: never empty, never `.` or `..`, no `/` and no NUL.
+    pub name: Vec<u8>,
+    /// Kind of object.
+    pub kind: NodeKind,
+    /// Permission bits including setuid, setgid and sticky (`st_mode & 0o7777`).
+    pub mode: u32,
+    /// Owner user ID.
+    pub uid: u32,
+    /// Owner group ID.
+    pub gid: u32,
+    /// Owner user name (empty if unknown).
+    pub user: String,
+    /// Owner group name (empty if unknown).
+    pub group: String,
+    /// Last access.
+    pub atime: Timestamp,
+    /// Last modification.
+    pub mtime: Timestamp,
+    /// Last status change (recorded, cannot be restored).
+    pub ctime: Timestamp,
+    /// Size in bytes (files), link target length (symlinks), 0 otherwise.
+    pub size: u64,
+    /// Inode number at backup time.
+    pub inode: u64,
+    /// Device (file system) ID at backup time.
+    pub device_id: u64,
+    /// Hard link count at backup time; nodes with `links > 1` and the same
+    /// `(device_id, inode)` are restored as hard links of one file.
+    pub links: u64,
+    /// Device number (`st_rdev`) for device nodes.
+    pub rdev: u64,
+    /// Symlink target bytes.
+    pub target: Vec<u8>,
+    /// Extended attributes (other than POSIX ACLs), sorted by name.
+    pub xattrs: Vec<Xattr>,
+    /// POSIX access ACL in the kernel's `system.posix_acl_access` encoding.
+    pub acl_access: Option<Vec<u8>>,
+    /// POSIX default ACL (directories) in the `system.posix_acl_default` encoding.
+    pub acl_default: Option<Vec<u8>>,
+    /// File content.
+    pub content: Vec<Chunk>,
+    /// Directory content.
+    pub subtree: Option<BlobId>,
+}
+
+impl Node {
+    /// A node of `kind` named `name` with all other fields empty.
+    pub fn new(name: Vec<u8>, kind: NodeKind) -> Self {
+        Node {
+            name,
+            kind,
+            mode: 0,
+            uid: 0,
+            gid: 0,
+            user: String::new(),
+            group: String::new(),
+            atime: Timestamp::default(),
+            mtime: Timestamp::default(),
+            ctime: Timestamp::default(),
+            size: 0,
+            inode: 0,
+            device_id: 0,
+            links: 1,
+            rdev: 0,
+            target: Vec::new(),
+            xattrs: Vec::new(),
+            acl_access: None,
+            acl_default: None,
+            content: Vec::new(),
+            subtree: None,
+        }
+    }
+
+    /// The name for display (lossy UTF-8).
+    pub fn name_lossy(&self) -> String {
+        String::from_utf8_lossy(&self.name).into_owned()
+    }
+}
+
+/// A directory listing.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tree {
+    /// Entries, sorted by name bytes, names unique.
+    pub nodes: Vec<Node>,
+}
+
+impl Tree {
+    /// Serializes (postcard; FORMAT.md §9).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        postcard::to_stdvec(self).expect("tree serializes")
+    }
+
+    /// Parses and validates a tree blob: every name must be safe and unique, and the content
+    /// must match the kind. `what` names the blob for errors.
+    pub fn from_bytes(what: &str, bytes: &[u8]) -> Result<Self> {
+        let tree: Tree = postcard::from_bytes(bytes)
+            .map_err(|e| Error::invalid(what, format!("not a tree: {e}")))?;
+        for (i, n) in tree.nodes.iter().enumerate() {
+            check_name(&n.name).map_err(|why| Error::invalid(what, why))?;
+            if i > 0 && tree.nodes[i - 1].name >= n.name {
+                return Err(Error::invalid(
+                    what,
+                    format!("entry {:?} is duplicated or out of order", n.name_lossy()),
+                ));
+            }
+            if (n.kind == NodeKind::Dir) != n.subtree.is_some() {
+                return Err(Error::invalid(
+                    what,
+                    format!("entry {:?}: subtree does not match kind", n.name_lossy()),
+                ));
+            }
+            if n.kind != NodeKind::File && !n.content.is_empty() {
+                return Err(Error::invalid(
+                    what,
+                    format!("entry {:?}: content on a non-file", n.name_lossy()),
+                ));
+            }
+            let total: u64 = n
+                .content
+                .iter()
+                .map(Chunk::len)
+                .fold(0u64, u64::saturating_add);
+            if n.kind == NodeKind::File && total != n.size {
+                return Err(Error::invalid(
+                    what,
+                    format!(
+                        "entry {:?}: chunks add up to {total} bytes, size says {}",
+                        n.name_lossy(),
+                        n.size
+                    ),
+                ));
+            }
+        }
+        Ok(tree)
+    }
+}
+
+/// Checks that a name is one safe path component.
+pub fn check_name(name: &[u8]) -> std::result::Result<(), String> {
+    let shown = String::from_utf8_lossy(name);
+    if name.is_empty() || name == b"." || name == b".." {
+        return Err(format!("unsafe entry name {shown:?}"));
+    }
+    if name.contains(&b'/') || name.contains(&0) {
+        return Err(format!("entry name {shown:?} contains '/' or NUL"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_validation() {
+        let mut f = Node::new(b"a".to_vec(), NodeKind::File);
+        f.size = 10;
+        f.content = vec![
+            Chunk::Data {
+                id: BlobId([1; 32]),
+                len: 4,
+            },
+            Chunk::Zero { len: 6 },
+        ];
+        let mut d = Node::new(b"b".to_vec(), NodeKind::Dir);
+        d.subtree = Some(BlobId([2; 32]));
+        let t = Tree {
+            nodes: vec![f.clone(), d],
+        };
+        assert_eq!(Tree::from_bytes("t", &t.to_bytes()).unwrap(), t);
+
+        for bad in [&b".."[..], b"", b"a/b", b".", b"x\0"] {
+            let mut n = f.clone();
+            n.name = bad.to_vec();
+            let t = Tree { nodes: vec![n] };
+            assert!(
+                Tree::from_bytes("t", &t.to_bytes()).is_err(),
+                "{bad:?} accepted"
+            );
+        }
+        let dup = Tree {
+            nodes: vec![f.clone(), f.clone()],
+        };
+        assert!(Tree::from_bytes("t", &dup.to_bytes())
+            .unwrap_err()
+            .to_string()
+            .contains("duplicated"));
+        let mut short = f;
+        short.size = 11;
+        assert!(Tree::from_bytes("t", &Tree { nodes: vec![short] }.to_bytes()).is_err());
+        assert!(Tree::from_bytes("t", b"\xff\xff\xff").is_err());
+    }
+}
