@@ -9,7 +9,8 @@ use crate::error::{Error, Result};
 use crate::id::{BlobId, IndexId, KeyId, SnapshotId};
 use crate::index::{self, Index, IndexedPack};
 use crate::keyfile::{KdfParams, KeyFile};
-use crate::pack::{decode_blob, pack_path};
+use crate::compress::Codec;
+use crate::pack::{decode_blob, pack_path, BlobKind, PackWriter};
 use crate::sealed::{self, SealedKind};
 use crate::snapshot::Snapshot;
 use crate::storage::Storage;
@@ -165,6 +166,27 @@ impl Repository {
     pub fn save_index(&self, packs: &[IndexedPack]) -> Result<IndexId> {
         let id = IndexId(self.write_sealed("index", SealedKind::Index, &index::encode(packs))?);
         Ok(id)
+    }
+
+    /// Writes `blobs` into one new pack and index file, without deduplication or pipelining;
+    /// returns their IDs. For tools and tests; backups use the store stage.
+    pub fn write_pack(&self, blobs: &[(BlobKind, Vec<u8>)], codec: Codec) -> Result<Vec<BlobId>> {
+        let mut writer = PackWriter::new(&self.key, 0);
+        let mut ids = Vec::with_capacity(blobs.len());
+        for (kind, data) in blobs {
+            let id = self.key.blob_id(data);
+            match codec.compress(data) {
+                Some(c) => writer.add(id, *kind, codec, data.len() as u32, &c),
+                None => writer.add(id, *kind, Codec::None, data.len() as u32, data),
+            }
+            ids.push(id);
+        }
+        let pack = writer.finish();
+        self.storage.write(&pack_path(&pack.id), pack.bytes)?;
+        let indexed = IndexedPack { id: pack.id, salt: pack.salt, blobs: pack.entries };
+        self.save_index(std::slice::from_ref(&indexed))?;
+        self.index_pack(&indexed);
+        Ok(ids)
     }
 
     /// Adds a freshly uploaded pack to the in-memory index (before its index file is written).
