@@ -2,19 +2,22 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use cairn_core::backup::{self, BackupOptions};
 use cairn_core::compress::Codec;
 use cairn_core::keyfile::KdfParams;
 use cairn_core::repository::{InitOptions, Repository};
-use cairn_core::restore::{self, RestoreOptions};
+use cairn_core::restore::{self, Progress, RestoreOptions};
 use cairn_core::storage::{OpendalStorage, Storage};
 use cairn_core::tree::{Node, NodeKind};
 use clap::{Args, Parser, Subcommand};
 
 use crate::output::{bytes, count, rate};
+
 use crate::password;
 
 /// Cairn: deduplicating, compressed, encrypted backups with fast, exact restores.
@@ -120,15 +123,50 @@ struct RestoreArgs {
     /// Directory to restore into (created if missing)
     #[arg(short, long, value_name = "DIR")]
     target: PathBuf,
-    /// Ranged pack reads in flight
+    /// Restore only paths matching GLOB (absolute path in the snapshot, or file name); repeatable
+    #[arg(long = "include", value_name = "GLOB")]
+    include: Vec<String>,
+    /// Skip paths matching GLOB (and everything below them); repeatable
+    #[arg(long = "exclude", value_name = "GLOB")]
+    exclude: Vec<String>,
+    /// Existing files: always (check content chunk by chunk, rewrite what differs), if-changed
+    /// (trust matching size and mtime), if-newer (only if the snapshot's copy is newer), never
+    #[arg(long, default_value = "always", value_name = "MODE")]
+    overwrite: String,
+    /// Remove files and directories the snapshot lacks from restored directories
+    #[arg(long)]
+    delete: bool,
+    /// Show what would change without changing anything
+    #[arg(long)]
+    dry_run: bool,
+    /// Re-read every restored file afterwards and check it against the snapshot
+    #[arg(long)]
+    verify: bool,
+    /// Zero ranges: auto (zero chunks and holes become holes), always (also 4 KiB zero blocks
+    /// inside data), never (allocate every byte)
+    #[arg(long, default_value = "auto", value_name = "MODE")]
+    sparse: String,
+    /// Reserve each file's data ranges on disk before writing
+    #[arg(long)]
+    preallocate: bool,
+    /// Ranged pack reads in flight [default: 4]
     #[arg(long, value_name = "N")]
     fetch_concurrency: Option<usize>,
-    /// Threads that decrypt, decompress and verify
+    /// Threads that decrypt, decompress and verify [default: number of cores]
     #[arg(long, value_name = "N")]
     decode_threads: Option<usize>,
-    /// Threads that write files
+    /// Threads that write files [default: number of cores, at least 2]
     #[arg(long, value_name = "N")]
     write_threads: Option<usize>,
+    /// Cap on data in flight between fetch and write, e.g. 256M or 1G
+    #[arg(long, default_value = "256M", value_name = "SIZE")]
+    max_memory: String,
+    /// Print per-stage busy / idle / blocked time at the end
+    #[arg(long)]
+    profile: bool,
+    /// Report a stall after this many seconds without progress
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    stall_timeout: u64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -404,44 +442,57 @@ fn run_restore(g: &Global, a: RestoreArgs) -> Result<ExitCode> {
     repo.load_index()?;
     let (spec, path) = split_spec(&a.snapshot);
     let (id, snap) = repo.find_snapshot(spec)?;
-    let mut opts = RestoreOptions::default();
-    if let Some(n) = a.fetch_concurrency {
-        opts.fetch_concurrency = n;
+    let defaults = RestoreOptions::default();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let on_signal = cancel.clone();
+    ctrlc::set_handler(move || on_signal.store(true, Ordering::Relaxed))
+        .context("cannot install the SIGINT handler")?;
+    let opts = RestoreOptions {
+        fetch_concurrency: a.fetch_concurrency.unwrap_or(defaults.fetch_concurrency),
+        decode_threads: a.decode_threads.unwrap_or(defaults.decode_threads),
+        write_threads: a.write_threads.unwrap_or(defaults.write_threads),
+        max_memory: parse_size(&a.max_memory)?,
+        overwrite: a.overwrite.parse()?,
+        delete: a.delete,
+        dry_run: a.dry_run,
+        verify: a.verify,
+        sparse: a.sparse.parse()?,
+        preallocate: a.preallocate,
+        include: a.include,
+        exclude: a.exclude,
+        stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
+        cancel: Some(cancel),
+    };
+    let progress = Progress::default();
+    let done = AtomicBool::new(false);
+    let result = std::thread::scope(|s| {
+        let reporter = s.spawn(|| crate::progress::restore(&progress, &done, g.json));
+        let r = restore::restore(&repo, &snap, &id.short(), path, &a.target, &opts, &progress);
+        done.store(true, Ordering::Relaxed);
+        reporter.join().expect("progress thread");
+        r
+    });
+    let out = match result {
+        Err(cairn_core::Error::Interrupted) => {
+            eprintln!("cairn: restore interrupted; run the same command again to finish it");
+            return Ok(ExitCode::from(130));
+        }
+        other => other?,
+    };
+    if let Some(dry) = &out.dry_run {
+        crate::progress::print_dry_run(dry, &out, g.json);
+        return Ok(ExitCode::SUCCESS);
     }
-    if let Some(n) = a.decode_threads {
-        opts.decode_threads = n;
-    }
-    if let Some(n) = a.write_threads {
-        opts.write_threads = n;
-    }
-    let out = restore::restore(&repo, &snap, path, &a.target, &opts)?;
     for (p, why) in &out.failed {
         eprintln!("error: {}: {why}", p.display());
     }
     for (p, why) in &out.warnings {
         eprintln!("warning: {}: {why}", p.display());
     }
-    let secs = out.duration.as_secs_f64();
-    if g.json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "message_type": "summary", "snapshot_id": id.to_hex(), "files": out.files, "dirs": out.dirs,
-                "others": out.others, "bytes_total": out.bytes_total, "bytes_written": out.bytes_written,
-                "bytes_fetched": out.bytes_fetched, "bytes_zero": out.bytes_zero, "failed": out.failed.len(),
-                "warnings": out.warnings.len(), "seconds": secs,
-            })
-        );
-    } else {
-        println!(
-            "restored {} files, {} in {secs:.1} s ({}): fetched {}, {} zero",
-            count(out.files),
-            bytes(out.bytes_total),
-            rate(out.bytes_total, secs),
-            bytes(out.bytes_fetched),
-            bytes(out.bytes_zero)
-        );
+    for s in &out.stalls {
+        eprintln!("warning: restore stalled: {s}");
     }
+    crate::progress::print_restore_summary(&id.to_hex(), &out, g.json, a.profile);
     if !out.failed.is_empty() {
         eprintln!(
             "cairn: {} entries could not be restored (listed above)",
@@ -450,6 +501,28 @@ fn run_restore(g: &Global, a: RestoreArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Parses a byte size: a number with an optional K, M, G or T suffix (binary units).
+fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim().to_ascii_uppercase();
+    let t = t
+        .strip_suffix("IB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(&t);
+    let (num, mult) = match t.chars().last() {
+        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        Some('T') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .with_context(|| format!("invalid size {s:?}: use a number with K, M, G or T"))?;
+    n.checked_mul(mult)
+        .with_context(|| format!("size {s:?} is too large"))
 }
 
 fn key(g: &Global, k: KeyCommand) -> Result<ExitCode> {

@@ -4,6 +4,7 @@
 mod cli;
 mod output;
 mod password;
+mod progress;
 
 use std::process::ExitCode;
 

@@ -169,20 +169,6 @@ fn read_xattrs(path: &Path, node: &mut Node) -> io::Result<()> {
     Ok(())
 }
 
-/// Writes a node's extended attributes and ACLs to `path` (not following symlinks).
-pub fn write_xattrs(path: &Path, node: &Node) -> io::Result<()> {
-    for x in &node.xattrs {
-        xattr::set(path, OsStr::from_bytes(&x.name), &x.value)?;
-    }
-    if let Some(acl) = &node.acl_access {
-        xattr::set(path, OsStr::from_bytes(ACL_ACCESS), acl)?;
-    }
-    if let Some(acl) = &node.acl_default {
-        xattr::set(path, OsStr::from_bytes(ACL_DEFAULT), acl)?;
-    }
-    Ok(())
-}
-
 /// The data regions `(offset, length)` of an open file of `size` bytes, found with
 /// SEEK_DATA / SEEK_HOLE; everything else is a hole. Falls back to one region when the file
 /// system cannot tell.

@@ -3,13 +3,13 @@
 
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
+use crate::compress::Codec;
 use crate::config::{Config, FORMAT_VERSION};
 use crate::crypto::MasterKey;
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IndexId, KeyId, SnapshotId};
 use crate::index::{self, Index, IndexedPack};
 use crate::keyfile::{KdfParams, KeyFile};
-use crate::compress::Codec;
 use crate::pack::{decode_blob, pack_path, BlobKind, PackWriter};
 use crate::sealed::{self, SealedKind};
 use crate::snapshot::Snapshot;
@@ -183,7 +183,11 @@ impl Repository {
         }
         let pack = writer.finish();
         self.storage.write(&pack_path(&pack.id), pack.bytes)?;
-        let indexed = IndexedPack { id: pack.id, salt: pack.salt, blobs: pack.entries };
+        let indexed = IndexedPack {
+            id: pack.id,
+            salt: pack.salt,
+            blobs: pack.entries,
+        };
         self.save_index(std::slice::from_ref(&indexed))?;
         self.index_pack(&indexed);
         Ok(ids)

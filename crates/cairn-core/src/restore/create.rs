@@ -1,73 +1,189 @@
-//! Create stage: makes every directory, file (at its final size, so zero ranges stay holes),
-//! symlink, device node, FIFO and hard link before any content arrives. Nothing is followed:
-//! whatever stands in the way of an entry (say a symlink where a directory belongs) is removed
-//! and replaced, so no write ever lands outside the target.
+//! Create stage: makes directories, symlinks, device nodes and FIFOs, clears whatever stands in
+//! the way of an entry, and prepares files fixed in place. New files with data are created by
+//! the write stage when their first chunk arrives. Nothing is ever followed: a symlink where a
+//! directory belongs is removed and replaced, so no write lands outside the target.
 
 use std::fs::{self, OpenOptions};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
-use super::plan::{Entry, Plan};
+use super::check::FileState;
+use super::plan::Entry;
+use super::Sparse;
 use crate::platform::cstring;
-use crate::tree::NodeKind;
+use crate::tree::{Chunk, Node, NodeKind};
 
-/// Makes room for a new entry at `path`: keeps an existing real directory when a directory is
-/// wanted, removes anything else.
-fn clear_slot(path: &Path, want_dir: bool) -> io::Result<bool> {
+/// Removes whatever is at `path` (a directory with everything in it).
+pub fn remove_any(path: &Path) -> io::Result<()> {
     match fs::symlink_metadata(path) {
-        Ok(md) if md.is_dir() => {
-            if want_dir {
-                return Ok(true);
-            }
-            fs::remove_dir_all(path)?;
-        }
-        Ok(_) => fs::remove_file(path)?,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
+        Ok(md) if md.is_dir() => fs::remove_dir_all(path),
+        Ok(_) => fs::remove_file(path),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
     }
-    Ok(false)
 }
 
-/// Creates one entry; `target` is the restore target.
-pub fn create_entry(target: &Path, plan: &Plan, entry: &Entry, is_root: bool) -> io::Result<()> {
-    let path = target.join(&entry.rel);
+/// Whether the existing entry at `path` already is what `node` describes (metadata aside).
+fn already_there(path: &Path, node: &Node) -> io::Result<bool> {
+    let md = match fs::symlink_metadata(path) {
+        Ok(md) => md,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let ft = md.file_type();
+    Ok(match node.kind {
+        NodeKind::Dir => ft.is_dir(),
+        NodeKind::Symlink => {
+            ft.is_symlink() && fs::read_link(path)?.as_os_str().as_bytes() == node.target
+        }
+        NodeKind::Fifo => ft.is_fifo(),
+        NodeKind::CharDevice => ft.is_char_device() && md.rdev() == node.rdev,
+        NodeKind::BlockDevice => ft.is_block_device() && md.rdev() == node.rdev,
+        NodeKind::File => false,
+    })
+}
+
+/// Prepares one entry; `has_data` says whether the write stage will write to it.
+pub fn prepare(
+    path: &Path,
+    entry: &Entry,
+    state: &FileState,
+    has_data: bool,
+    sparse: Sparse,
+    is_root: bool,
+) -> io::Result<()> {
     let node = &entry.node;
-    if clear_slot(&path, node.kind == NodeKind::Dir)? {
-        return Ok(());
-    }
-    if let Some(first) = entry.link_of {
-        return fs::hard_link(target.join(&plan.entries[first].rel), &path);
+    if entry.link_of.is_some() {
+        return Ok(()); // hard links are made once their file is complete
     }
     match node.kind {
-        NodeKind::Dir => fs::create_dir(&path),
-        NodeKind::File => {
-            let f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&path)?;
-            f.set_len(node.size)
+        NodeKind::File => prepare_file(path, node, state, has_data, sparse),
+        _ if already_there(path, node)? => Ok(()),
+        NodeKind::Dir => {
+            remove_any(path)?;
+            fs::create_dir(path)
         }
         NodeKind::Symlink => {
-            std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&node.target), &path)
+            remove_any(path)?;
+            std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&node.target), path)
         }
-        NodeKind::Fifo => mknod(&path, libc::S_IFIFO | node.mode, 0),
+        NodeKind::Fifo => {
+            remove_any(path)?;
+            mknod(path, libc::S_IFIFO | node.mode, 0)
+        }
         NodeKind::CharDevice | NodeKind::BlockDevice if is_root => {
+            remove_any(path)?;
             let kind = if node.kind == NodeKind::CharDevice {
                 libc::S_IFCHR
             } else {
                 libc::S_IFBLK
             };
-            mknod(&path, kind | node.mode, node.rdev)
+            mknod(path, kind | node.mode, node.rdev)
         }
         NodeKind::CharDevice | NodeKind::BlockDevice => Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             "device nodes can only be restored as root",
         )),
     }
+}
+
+fn prepare_file(
+    path: &Path,
+    node: &Node,
+    state: &FileState,
+    has_data: bool,
+    sparse: Sparse,
+) -> io::Result<()> {
+    match state {
+        FileState::Create { clear } => {
+            if *clear {
+                remove_any(path)?;
+            }
+            if !has_data {
+                let f = create_file(path)?;
+                size_new_file(&f, node, sparse)?;
+            }
+            Ok(())
+        }
+        FileState::InPlace {
+            zero_fix, resize, ..
+        } => {
+            let f = OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(path)?;
+            if *resize {
+                f.set_len(node.size)?;
+            }
+            for &(off, len) in zero_fix {
+                punch_hole(&f, off, len)?;
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Opens (creating if needed) a file for writing, never through a symlink.
+pub fn create_file(path: &Path) -> io::Result<fs::File> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
+/// Gives a new file its final size: zero ranges stay holes, except with `--sparse never`
+/// (everything allocated) or `--preallocate` (data ranges reserved).
+pub fn size_new_file(f: &fs::File, node: &Node, sparse: Sparse) -> io::Result<()> {
+    f.set_len(node.size)?;
+    match sparse {
+        Sparse::Never if node.size > 0 => fallocate(f, 0, node.size),
+        Sparse::Preallocate => {
+            let mut off = 0u64;
+            for c in &node.content {
+                if let Chunk::Data { len, .. } = c {
+                    fallocate(f, off, u64::from(*len))?;
+                }
+                off += c.len();
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+fn fallocate(f: &fs::File, off: u64, len: u64) -> io::Result<()> {
+    // SAFETY: fallocate on a descriptor we own; mode 0 allocates without changing the size
+    // (the file was already sized).
+    if unsafe { libc::fallocate(f.as_raw_fd(), 0, off as i64, len as i64) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+fn punch_hole(f: &fs::File, off: u64, len: u64) -> io::Result<()> {
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: as above.
+    if unsafe { libc::fallocate(f.as_raw_fd(), mode, off as i64, len as i64) } == 0 {
+        return Ok(());
+    }
+    // No hole punching here: write zeros instead.
+    let zeros = vec![0u8; len.min(1 << 20) as usize];
+    let mut at = off;
+    while at < off + len {
+        let n = (off + len - at).min(zeros.len() as u64) as usize;
+        std::os::unix::fs::FileExt::write_all_at(f, &zeros[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
 }
 
 fn mknod(path: &Path, mode: u32, rdev: u64) -> io::Result<()> {
@@ -79,9 +195,13 @@ fn mknod(path: &Path, mode: u32, rdev: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether the entry at `path` is a regular file (not a symlink to one).
-pub fn is_regular_file(path: &Path) -> bool {
-    fs::symlink_metadata(path)
-        .map(|m| m.file_type().is_file() && !m.file_type().is_fifo())
-        .unwrap_or(false)
+/// Makes a hard link at `path` to `first`, replacing what is there unless it already is one.
+pub fn hard_link(first: &Path, path: &Path) -> io::Result<()> {
+    if let (Ok(a), Ok(b)) = (fs::symlink_metadata(first), fs::symlink_metadata(path)) {
+        if a.ino() == b.ino() && a.dev() == b.dev() {
+            return Ok(());
+        }
+    }
+    remove_any(path)?;
+    fs::hard_link(first, path)
 }

@@ -2,44 +2,60 @@
 //! written.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 
+use super::budget::Reservation;
 use super::fetch::Fetched;
-use super::Failures;
+use super::profile::work;
+use super::Shared;
 use crate::id::BlobId;
 use crate::pack::decode_blob;
-use crate::repository::Repository;
 
 /// A verified blob's plaintext.
-pub struct Decoded {
+pub struct Decoded<'b> {
     /// The blob.
     pub id: BlobId,
     /// Its plaintext, shared by all of its destinations.
     pub data: Arc<Vec<u8>>,
+    /// Released when the blob has been written everywhere.
+    pub reservation: Reservation<'b>,
 }
 
 /// Runs until `input` is drained or `out` is closed.
-pub fn decode_worker(
-    repo: &Repository,
-    input: Receiver<Fetched>,
-    out: Sender<Decoded>,
-    failures: &Failures,
+pub fn decode_worker<'s>(
+    sh: &'s Shared<'_>,
+    input: Receiver<Fetched<'s>>,
+    out: Sender<Decoded<'s>>,
 ) {
-    for f in input {
-        match decode_blob(repo.key(), &f.key, &f.entry, f.sealed, &f.pack) {
+    let clock = &sh.clocks[1];
+    loop {
+        let t = Instant::now();
+        let Ok(f) = input.recv() else { return };
+        clock.idle(t);
+        if sh.cancelled() {
+            continue; // drain so upstream never blocks
+        }
+        let decoded = work(clock, || {
+            let sealed = f.range[f.start..f.start + f.entry.length as usize].to_vec();
+            decode_blob(sh.repo.key(), &f.key, &f.entry, sealed, &f.pack)
+        });
+        drop(f.range_reservation);
+        match decoded {
             Ok(data) => {
-                if out
-                    .send(Decoded {
-                        id: f.entry.id,
-                        data: Arc::new(data),
-                    })
-                    .is_err()
-                {
+                let t = Instant::now();
+                let job = Decoded {
+                    id: f.entry.id,
+                    data: Arc::new(data),
+                    reservation: f.reservation,
+                };
+                if out.send(job).is_err() {
                     return;
                 }
+                clock.blocked(t);
             }
-            Err(e) => failures.blob(&f.entry.id, &e.to_string()),
+            Err(e) => sh.failures.blob(&f.entry.id, &e.to_string()),
         }
     }
 }

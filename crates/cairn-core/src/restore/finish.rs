@@ -1,68 +1,217 @@
 //! Finish stage: metadata after content — extended attributes, ownership (as root), mode,
-//! ACLs, then times; children before their directory, so directory times stay as recorded.
+//! ACLs, then times. Files get theirs as soon as their last chunk is written (through the open
+//! descriptor); everything else gets it here, directories last and deepest first, so a
+//! directory's times are set after its contents. Metadata that already matches is left alone.
 
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::File;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
-use crate::platform::{cstring, write_xattrs};
+use crate::platform::cstring;
 use crate::tree::{Node, NodeKind, Timestamp};
 
-/// Applies `node`'s metadata to `path` (which is never followed if it is a symlink).
-pub fn apply_metadata(path: &Path, node: &Node, is_root: bool) -> io::Result<()> {
-    let c = cstring(path)?;
-    if node.kind != NodeKind::Symlink || is_root {
-        write_xattrs(path, node).map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot set extended attributes: {e}"))
-        })?;
+const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
+
+/// Something metadata can be applied to: an open file or a path (never followed).
+trait Target {
+    fn chown(&self, uid: u32, gid: u32) -> io::Result<()>;
+    fn chmod(&self, mode: u32) -> io::Result<()>;
+    fn set_times(&self, times: &[libc::timespec; 2]) -> io::Result<()>;
+    fn list_xattrs(&self) -> io::Result<Vec<OsString>>;
+    fn set_xattr(&self, name: &OsStr, value: &[u8]) -> io::Result<()>;
+    fn remove_xattr(&self, name: &OsStr) -> io::Result<()>;
+}
+
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
     }
-    if is_root {
-        // SAFETY: `c` is a valid path for the duration of the call.
-        if unsafe { libc::lchown(c.as_ptr(), node.uid, node.gid) } != 0 {
-            return Err(annotate("cannot change owner", io::Error::last_os_error()));
-        }
+    Ok(())
+}
+
+impl Target for File {
+    fn chown(&self, uid: u32, gid: u32) -> io::Result<()> {
+        // SAFETY: fchown on a descriptor we own.
+        check(unsafe { libc::fchown(self.as_raw_fd(), uid, gid) })
     }
-    if node.kind != NodeKind::Symlink {
+    fn chmod(&self, mode: u32) -> io::Result<()> {
         // SAFETY: as above.
-        if unsafe { libc::chmod(c.as_ptr(), node.mode as libc::mode_t) } != 0 {
-            return Err(annotate("cannot change mode", io::Error::last_os_error()));
-        }
-        // Access ACLs are written after the mode: chmod would otherwise rewrite their mask.
-        if node.acl_access.is_some() {
-            write_xattrs(
-                path,
-                &Node {
-                    xattrs: Vec::new(),
-                    acl_default: None,
-                    ..node.clone()
-                },
-            )
-            .map_err(|e| annotate("cannot set ACL", e))?;
-        }
+        check(unsafe { libc::fchmod(self.as_raw_fd(), mode as libc::mode_t) })
     }
-    set_times(&c, node.atime, node.mtime).map_err(|e| annotate("cannot set times", e))
+    fn set_times(&self, times: &[libc::timespec; 2]) -> io::Result<()> {
+        // SAFETY: `times` points at two valid timespecs.
+        check(unsafe { libc::futimens(self.as_raw_fd(), times.as_ptr()) })
+    }
+    fn list_xattrs(&self) -> io::Result<Vec<OsString>> {
+        Ok(xattr::FileExt::list_xattr(self)?.collect())
+    }
+    fn set_xattr(&self, name: &OsStr, value: &[u8]) -> io::Result<()> {
+        xattr::FileExt::set_xattr(self, name, value)
+    }
+    fn remove_xattr(&self, name: &OsStr) -> io::Result<()> {
+        xattr::FileExt::remove_xattr(self, name)
+    }
 }
 
-fn annotate(what: &str, e: io::Error) -> io::Error {
-    io::Error::new(e.kind(), format!("{what}: {e}"))
+struct PathTarget<'a> {
+    path: &'a Path,
+    c: CString,
 }
 
-fn set_times(c: &std::ffi::CStr, atime: Timestamp, mtime: Timestamp) -> io::Result<()> {
+impl Target for PathTarget<'_> {
+    fn chown(&self, uid: u32, gid: u32) -> io::Result<()> {
+        // SAFETY: `c` is a valid path for the call.
+        check(unsafe { libc::lchown(self.c.as_ptr(), uid, gid) })
+    }
+    fn chmod(&self, mode: u32) -> io::Result<()> {
+        // SAFETY: as above.
+        check(unsafe { libc::chmod(self.c.as_ptr(), mode as libc::mode_t) })
+    }
+    fn set_times(&self, times: &[libc::timespec; 2]) -> io::Result<()> {
+        // SAFETY: as above; AT_SYMLINK_NOFOLLOW sets a symlink's own times.
+        check(unsafe {
+            libc::utimensat(
+                libc::AT_FDCWD,
+                self.c.as_ptr(),
+                times.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })
+    }
+    fn list_xattrs(&self) -> io::Result<Vec<OsString>> {
+        Ok(xattr::list(self.path)?.collect())
+    }
+    fn set_xattr(&self, name: &OsStr, value: &[u8]) -> io::Result<()> {
+        xattr::set(self.path, name, value)
+    }
+    fn remove_xattr(&self, name: &OsStr) -> io::Result<()> {
+        xattr::remove(self.path, name)
+    }
+}
+
+fn annotate(what: &str) -> impl Fn(io::Error) -> io::Error + '_ {
+    move |e| io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+fn timespecs(atime: Timestamp, mtime: Timestamp) -> [libc::timespec; 2] {
     let ts = |t: Timestamp| libc::timespec {
         tv_sec: t.secs as libc::time_t,
         tv_nsec: t.nanos as libc::c_long,
     };
-    let times = [ts(atime), ts(mtime)];
-    // SAFETY: `c` and `times` are valid for the duration of the call.
-    if unsafe {
-        libc::utimensat(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    } != 0
-    {
-        return Err(io::Error::last_os_error());
+    [ts(atime), ts(mtime)]
+}
+
+/// Whether xattrs are supported here at all (ENOTSUP means "none", not an error).
+fn unsupported(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENOTSUP)
+}
+
+/// Makes the target's xattrs (except the access ACL) equal the node's.
+fn sync_xattrs(t: &impl Target, node: &Node) -> io::Result<()> {
+    let wanted = |name: &[u8]| {
+        node.xattrs.iter().any(|x| x.name == name)
+            || (name == ACL_ACCESS && node.acl_access.is_some())
+            || (name == ACL_DEFAULT && node.acl_default.is_some())
+    };
+    let existing = match t.list_xattrs() {
+        Ok(v) => v,
+        Err(e) if unsupported(&e) && node.xattrs.is_empty() => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for name in existing {
+        if !wanted(name.as_bytes()) {
+            t.remove_xattr(&name)?;
+        }
+    }
+    for x in &node.xattrs {
+        t.set_xattr(OsStr::from_bytes(&x.name), &x.value)?;
+    }
+    if let Some(acl) = &node.acl_default {
+        t.set_xattr(OsStr::from_bytes(ACL_DEFAULT), acl)?;
     }
     Ok(())
+}
+
+fn apply(t: &impl Target, node: &Node, is_root: bool) -> io::Result<()> {
+    let symlink = node.kind == NodeKind::Symlink;
+    if !symlink || is_root {
+        sync_xattrs(t, node).map_err(annotate("cannot set extended attributes"))?;
+    }
+    if is_root {
+        t.chown(node.uid, node.gid)
+            .map_err(annotate("cannot change owner"))?;
+    }
+    if !symlink {
+        t.chmod(node.mode).map_err(annotate("cannot change mode"))?;
+        // The access ACL goes after the mode: chmod would rewrite its mask.
+        if let Some(acl) = &node.acl_access {
+            t.set_xattr(OsStr::from_bytes(ACL_ACCESS), acl)
+                .map_err(annotate("cannot set ACL"))?;
+        }
+    }
+    t.set_times(&timespecs(node.atime, node.mtime))
+        .map_err(annotate("cannot set times"))
+}
+
+/// Applies `node`'s metadata through an open file (the write stage, after the last chunk).
+pub fn apply_to_file(file: &File, node: &Node, is_root: bool) -> io::Result<()> {
+    apply(file, node, is_root)
+}
+
+/// Applies `node`'s metadata to `path` (never followed), unless it already matches.
+pub fn apply_to_path(path: &Path, node: &Node, is_root: bool) -> io::Result<()> {
+    let t = PathTarget {
+        path,
+        c: cstring(path)?,
+    };
+    if matches(&t, node, is_root)? {
+        return Ok(());
+    }
+    apply(&t, node, is_root)
+}
+
+/// Whether the entry at the path already carries exactly the node's metadata.
+fn matches(t: &PathTarget<'_>, node: &Node, is_root: bool) -> io::Result<bool> {
+    let md = std::fs::symlink_metadata(t.path)?;
+    let same = (node.kind == NodeKind::Symlink || md.mode() & 0o7777 == node.mode)
+        && (!is_root || (md.uid() == node.uid && md.gid() == node.gid))
+        && md.mtime() == node.mtime.secs
+        && md.mtime_nsec() as u32 == node.mtime.nanos
+        && md.atime() == node.atime.secs
+        && md.atime_nsec() as u32 == node.atime.nanos;
+    if !same {
+        return Ok(false);
+    }
+    let names = match t.list_xattrs() {
+        Ok(n) => n,
+        Err(e) if unsupported(&e) => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    let want = node.xattrs.len()
+        + usize::from(node.acl_access.is_some())
+        + usize::from(node.acl_default.is_some());
+    if names.len() != want {
+        return Ok(false);
+    }
+    for x in &node.xattrs {
+        if xattr::get(t.path, OsStr::from_bytes(&x.name))?.as_deref() != Some(&x.value[..]) {
+            return Ok(false);
+        }
+    }
+    for (name, value) in [
+        (ACL_ACCESS, &node.acl_access),
+        (ACL_DEFAULT, &node.acl_default),
+    ] {
+        if let Some(v) = value {
+            if xattr::get(t.path, OsStr::from_bytes(name))?.as_deref() != Some(&v[..]) {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
 }

@@ -1,45 +1,118 @@
-//! Restore: `plan → create → fetch → decode → write → finish`, one module per stage.
+//! Restore: `plan → check → create → fetch → decode → write → finish`, one module per stage.
 //!
-//! The plan lists every entry and every distinct blob with all of its destinations. Entries
-//! are created first (files at their final size, so zero ranges stay holes). Then three pools
-//! run at once, joined by bounded channels: fetch workers issue ranged pack reads, decode
-//! workers decrypt, decompress and verify, write workers do positioned writes. Metadata comes
-//! last, directories after their contents.
+//! The plan lists the entries; the check stage compares an existing target with them so only
+//! missing or different chunks are fetched. Then three pools run at once, joined by bounded
+//! channels and a byte budget: fetch workers issue coalesced ranged pack reads, decode workers
+//! decrypt, decompress and verify, write workers do positioned writes and finish each file's
+//! metadata as its last chunk lands. Directories get their metadata last, deepest first.
 
+mod budget;
+mod check;
 mod create;
 mod decode;
 mod fetch;
 mod finish;
 mod plan;
+mod profile;
+mod verify;
 mod write;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::bounded;
 
-pub use plan::Plan;
+pub use check::Overwrite;
+pub use plan::{Filter, Plan};
+pub use profile::{StageTimes, STAGE_NAMES};
 
 use crate::error::{Error, Result};
 use crate::id::BlobId;
 use crate::repository::Repository;
 use crate::snapshot::Snapshot;
-use crate::tree::NodeKind;
-use plan::Top;
+use crate::tree::{Chunk, Node, NodeKind};
+use budget::Budget;
+use check::FileState;
+use plan::{Fetches, Top};
+use profile::StageClock;
+
+/// What happens to zero ranges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SparseMode {
+    /// Zero chunks and holes become holes (default).
+    Auto,
+    /// Also leave 4 KiB blocks of zeros inside data chunks as holes.
+    Always,
+    /// Allocate every byte: no holes.
+    Never,
+}
+
+impl std::str::FromStr for SparseMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(SparseMode::Auto),
+            "always" => Ok(SparseMode::Always),
+            "never" => Ok(SparseMode::Never),
+            _ => Err(Error::Usage(format!(
+                "unknown --sparse {s:?}: use auto, always or never"
+            ))),
+        }
+    }
+}
+
+/// The effective way new files are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sparse {
+    /// Holes for zero chunks.
+    Auto,
+    /// Holes for zero chunks and zero blocks.
+    Always,
+    /// Fully allocated.
+    Never,
+    /// Holes for zero chunks, data ranges reserved up front.
+    Preallocate,
+}
 
 /// How to restore.
 #[derive(Clone, Debug)]
 pub struct RestoreOptions {
     /// Ranged reads in flight.
     pub fetch_concurrency: usize,
-    /// Threads decrypting and decompressing.
+    /// Threads that decrypt, decompress and verify.
     pub decode_threads: usize,
-    /// Threads writing files.
+    /// Threads that write files (and check an existing target).
     pub write_threads: usize,
+    /// Cap on bytes in flight between fetch and write.
+    pub max_memory: u64,
+    /// What to do with existing files.
+    pub overwrite: Overwrite,
+    /// Remove entries the snapshot lacks from restored directories.
+    pub delete: bool,
+    /// Only report what would change.
+    pub dry_run: bool,
+    /// Re-read every restored file afterwards and check it.
+    pub verify: bool,
+    /// Zero ranges.
+    pub sparse: SparseMode,
+    /// Reserve data ranges up front.
+    pub preallocate: bool,
+    /// `--include` globs.
+    pub include: Vec<String>,
+    /// `--exclude` globs.
+    pub exclude: Vec<String>,
+    /// Report a stall after this long without progress.
+    pub stall_timeout: Duration,
+    /// Set to stop the restore early (for example on SIGINT).
+    pub cancel: Option<Arc<AtomicBool>>,
 }
+
+/// Default byte budget: 256 MiB (see docs/DESIGN.md).
+pub const DEFAULT_MAX_MEMORY: u64 = 256 * 1024 * 1024;
 
 impl Default for RestoreOptions {
     fn default() -> Self {
@@ -50,16 +123,57 @@ impl Default for RestoreOptions {
             fetch_concurrency: 4,
             decode_threads: cores,
             write_threads: cores.max(2),
+            max_memory: DEFAULT_MAX_MEMORY,
+            overwrite: Overwrite::Always,
+            delete: false,
+            dry_run: false,
+            verify: false,
+            sparse: SparseMode::Auto,
+            preallocate: false,
+            include: Vec::new(),
+            exclude: Vec::new(),
+            stall_timeout: Duration::from_secs(60),
+            cancel: None,
         }
     }
+}
+
+/// Live counters, for a progress display.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Bytes of file content to restore in total.
+    pub total_bytes: AtomicU64,
+    /// Bytes done (written, already in place, or zero).
+    pub done_bytes: AtomicU64,
+    /// Files to restore.
+    pub total_files: AtomicU64,
+    /// Files whose content is complete.
+    pub done_files: AtomicU64,
+    /// Stored bytes fetched.
+    pub fetched_bytes: AtomicU64,
+    /// Set when the watchdog sees a stall: which stage is waiting.
+    pub stall: Mutex<Option<String>>,
+}
+
+/// What a dry run found.
+#[derive(Debug, Default, Clone)]
+pub struct DryRun {
+    /// Files that would be created.
+    pub create: Vec<PathBuf>,
+    /// Files whose content would be partly rewritten.
+    pub update: Vec<PathBuf>,
+    /// Files already correct (metadata may still be updated).
+    pub unchanged: u64,
+    /// Entries `--delete` would remove.
+    pub delete: Vec<PathBuf>,
 }
 
 /// What a restore did.
 #[derive(Debug, Default)]
 pub struct RestoreOutcome {
-    /// Regular files restored (hard links included).
+    /// Regular files in the restore (hard links included).
     pub files: u64,
-    /// Directories restored.
+    /// Directories.
     pub dirs: u64,
     /// Other entries (symlinks, devices, FIFOs).
     pub others: u64,
@@ -69,27 +183,38 @@ pub struct RestoreOutcome {
     pub bytes_written: u64,
     /// Stored bytes fetched from the repository.
     pub bytes_fetched: u64,
+    /// Bytes already correct in the target.
+    pub bytes_in_place: u64,
     /// Bytes restored as holes.
     pub bytes_zero: u64,
+    /// Entries removed by `--delete`.
+    pub deleted: u64,
+    /// Files checked by `--verify`.
+    pub verified: u64,
     /// Entries that could not be restored, with the reason (the exit code is then non-zero).
     pub failed: Vec<(PathBuf, String)>,
     /// Metadata that could not be applied.
     pub warnings: Vec<(PathBuf, String)>,
+    /// Stalls the watchdog reported.
+    pub stalls: Vec<String>,
+    /// Per-stage time: fetch, decode, write.
+    pub profile: [StageTimes; 3],
+    /// Set for `--dry-run`.
+    pub dry_run: Option<DryRun>,
     /// Wall time.
     pub duration: Duration,
 }
 
 /// Failures collected while the pipeline runs.
-pub struct Failures<'p> {
-    plan: &'p Plan,
+pub struct Failures<'a> {
+    dests: &'a HashMap<BlobId, Vec<plan::Dest>>,
     entries: Mutex<BTreeMap<usize, String>>,
-    cancel: AtomicBool,
 }
 
 impl Failures<'_> {
     /// Every file that needs blob `id` fails with `why`.
     pub fn blob(&self, id: &BlobId, why: &str) {
-        for d in self.plan.dests.get(id).into_iter().flatten() {
+        for d in self.dests.get(id).into_iter().flatten() {
             self.entry(d.entry as usize, why);
         }
     }
@@ -102,154 +227,498 @@ impl Failures<'_> {
             .entry(i)
             .or_insert_with(|| why.to_string());
     }
+}
 
-    /// Whether the restore is being shut down.
+/// State shared by the pipeline's workers.
+pub struct Shared<'a> {
+    repo: &'a Repository,
+    plan: &'a Plan,
+    fetches: &'a Fetches,
+    states: &'a [FileState],
+    target: &'a Path,
+    budget: Budget,
+    failures: Failures<'a>,
+    clocks: [StageClock; 3],
+    remaining: Vec<AtomicU32>,
+    sized: Vec<AtomicBool>,
+    meta_done: Vec<AtomicBool>,
+    fetched: AtomicU64,
+    written: AtomicU64,
+    files_done: AtomicU64,
+    cancel: Arc<AtomicBool>,
+    fatal: Mutex<Option<Error>>,
+    warnings: Mutex<Vec<(PathBuf, String)>>,
+    sparse: Sparse,
+    is_root: bool,
+}
+
+impl Shared<'_> {
+    /// Whether the pipeline is shutting down.
     pub fn cancelled(&self) -> bool {
         self.cancel.load(Ordering::Relaxed)
     }
-}
 
-/// Restores `snapshot` (or its `path`, absolute inside the snapshot) into `target`.
-pub fn restore(
-    repo: &Repository,
-    snapshot: &Snapshot,
-    path: Option<&str>,
-    target: &Path,
-    opts: &RestoreOptions,
-) -> Result<RestoreOutcome> {
-    let started = Instant::now();
-    let short = snapshot.tree.short();
-    let top = match path
-        .map(|p| p.trim_end_matches('/'))
-        .filter(|p| !p.is_empty())
-    {
-        None => Top::Tree(snapshot.tree),
-        Some(p) => match plan::resolve(repo, &snapshot.tree, p, &short)? {
-            None => Top::Tree(snapshot.tree),
-            Some(node) if node.kind == NodeKind::Dir => {
-                Top::Tree(node.subtree.expect("validated dir"))
-            }
-            Some(node) => Top::Node(Box::new(node)),
-        },
-    };
-    let plan = plan::build(repo, top)?;
-    std::fs::create_dir_all(target)
-        .map_err(|e| Error::io(target, "cannot create restore target", e))?;
-    let is_root = crate::platform::is_root();
-    let failures = Failures {
-        plan: &plan,
-        entries: Mutex::new(BTreeMap::new()),
-        cancel: AtomicBool::new(false),
-    };
-    for &(entry, id) in &plan.missing {
-        failures.entry(
-            entry,
-            &format!("blob {} is not in the repository index", id.short()),
-        );
+    /// Stops everything because of an error no other file would escape (disk full, read-only).
+    fn fatal(&self, path: PathBuf, e: std::io::Error) {
+        let mut f = self.fatal.lock().expect("fatal lock");
+        if f.is_none() {
+            *f = Some(Error::io(path, "cannot write", e));
+        }
+        self.cancel.store(true, Ordering::Relaxed);
     }
 
-    let mut out = RestoreOutcome {
-        bytes_total: plan.total_bytes,
-        bytes_zero: plan.zero_bytes,
-        ..Default::default()
-    };
-    for (i, entry) in plan.entries.iter().enumerate() {
-        if let Err(e) = create::create_entry(target, &plan, entry, is_root) {
-            if is_fatal(&e) {
-                return Err(Error::io(target.join(&entry.rel), "cannot create", e));
-            }
-            failures.entry(i, &format!("cannot create: {e}"));
-        }
+    fn warn(&self, path: PathBuf, why: String) {
+        self.warnings
+            .lock()
+            .expect("warnings lock")
+            .push((path, why));
     }
-
-    let written = AtomicU64::new(0);
-    run_pipeline(repo, &plan, target, opts, &failures, &written);
-    out.bytes_written = written.load(Ordering::Relaxed);
-    out.bytes_fetched = plan.fetch_bytes;
-
-    let failed = failures.entries.into_inner().expect("failures lock");
-    for (i, entry) in plan.entries.iter().enumerate().rev() {
-        let path = target.join(&entry.rel);
-        if let Some(why) = failed
-            .get(&i)
-            .or_else(|| entry.link_of.and_then(|f| failed.get(&f)))
-        {
-            // Never leave a file with wrong content behind.
-            if entry.node.kind == NodeKind::File && create::is_regular_file(&path) {
-                let _ = std::fs::remove_file(&path);
-            }
-            out.failed.push((entry.rel.clone(), why.clone()));
-            continue;
-        }
-        match entry.node.kind {
-            NodeKind::File => out.files += 1,
-            NodeKind::Dir => out.dirs += 1,
-            _ => out.others += 1,
-        }
-        if entry.link_of.is_some() {
-            continue;
-        }
-        if let Err(e) = finish::apply_metadata(&path, &entry.node, is_root) {
-            out.warnings.push((entry.rel.clone(), e.to_string()));
-        }
-    }
-    out.failed.reverse();
-    out.warnings.reverse();
-    out.duration = started.elapsed();
-    Ok(out)
 }
 
 /// Errors that no other entry will escape either: the restore stops.
-fn is_fatal(e: &std::io::Error) -> bool {
+pub(crate) fn is_fatal(e: &std::io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::ENOSPC) | Some(libc::EROFS) | Some(libc::EDQUOT)
     )
 }
 
-fn run_pipeline(
-    repo: &Repository,
-    plan: &Plan,
-    target: &Path,
-    opts: &RestoreOptions,
-    failures: &Failures<'_>,
-    written: &AtomicU64,
-) {
-    let fetchers = opts.fetch_concurrency.max(1);
-    let decoders = opts.decode_threads.max(1);
-    let writers = opts.write_threads.max(1);
-    std::thread::scope(|s| {
-        let (reads_tx, reads_rx) = bounded(fetchers);
-        let (fetched_tx, fetched_rx) = bounded(decoders * 4);
-        let (decoded_tx, decoded_rx) = bounded(writers * 4);
-        for _ in 0..fetchers {
-            let (rx, tx) = (reads_rx.clone(), fetched_tx.clone());
-            s.spawn(move || fetch::fetch_worker(repo, rx, tx, failures));
-        }
-        for _ in 0..decoders {
-            let (rx, tx) = (fetched_rx.clone(), decoded_tx.clone());
-            s.spawn(move || decode::decode_worker(repo, rx, tx, failures));
-        }
-        for _ in 0..writers {
-            let rx = decoded_rx.clone();
-            s.spawn(move || write::write_worker(target, plan, rx, failures, written));
-        }
-        drop((reads_rx, fetched_tx, fetched_rx, decoded_tx, decoded_rx));
-        for read in &plan.reads {
-            if reads_tx.send(read).is_err() {
-                break;
-            }
-        }
-    });
-}
-
-/// Finds the node at absolute `path` inside `snapshot` (`None` for `/`); `short` names the
+/// Finds the node at absolute `path` inside `snapshot` (`None` for `/`); `name` names the
 /// snapshot in errors.
 pub fn resolve_path(
     repo: &Repository,
     snapshot: &Snapshot,
     path: &str,
-    short: &str,
-) -> Result<Option<crate::tree::Node>> {
-    plan::resolve(repo, &snapshot.tree, path, short)
+    name: &str,
+) -> Result<Option<Node>> {
+    plan::resolve(repo, &snapshot.tree, path, name)
+}
+
+/// Restores `snapshot` (named `name` in messages), or its `path` (absolute inside the
+/// snapshot), into `target`.
+pub fn restore(
+    repo: &Repository,
+    snapshot: &Snapshot,
+    name: &str,
+    path: Option<&str>,
+    target: &Path,
+    opts: &RestoreOptions,
+    progress: &Progress,
+) -> Result<RestoreOutcome> {
+    let started = Instant::now();
+    let base = path
+        .map(|p| p.trim_end_matches('/'))
+        .filter(|p| !p.is_empty());
+    let (top, into_dir) = match base {
+        None => (Top::Tree(snapshot.tree), true),
+        Some(p) => match plan::resolve(repo, &snapshot.tree, p, name)? {
+            None => (Top::Tree(snapshot.tree), true),
+            Some(node) if node.kind == NodeKind::Dir => {
+                (Top::Tree(node.subtree.expect("validated dir")), true)
+            }
+            Some(node) => (Top::Node(Box::new(node)), false),
+        },
+    };
+    let filter = Filter::new(&opts.include, &opts.exclude)?;
+    let base_path = PathBuf::from(base.unwrap_or("/"));
+    let plan = plan::build(repo, top, &base_path, &filter)?;
+    let threads = opts.write_threads.max(1);
+    let states = if target_is_empty(target) {
+        plan.entries
+            .iter()
+            .map(|e| {
+                if e.node.kind == NodeKind::File && e.link_of.is_none() {
+                    FileState::Create { clear: false }
+                } else {
+                    FileState::NotFile
+                }
+            })
+            .collect()
+    } else {
+        check::check(target, &plan, repo.key(), opts.overwrite, threads)
+    };
+    let needed: Vec<Vec<(u64, BlobId)>> = plan
+        .entries
+        .iter()
+        .zip(&states)
+        .map(|(e, s)| s.needed(&e.node))
+        .collect();
+    let fetches = plan::fetches(repo, &plan, &needed);
+
+    let mut out = RestoreOutcome::default();
+    for (e, st) in plan.entries.iter().zip(&states) {
+        match e.node.kind {
+            NodeKind::File => out.files += 1,
+            NodeKind::Dir => out.dirs += 1,
+            _ => out.others += 1,
+        }
+        if e.node.kind != NodeKind::File || e.link_of.is_some() {
+            continue;
+        }
+        let zero: u64 = e
+            .node
+            .content
+            .iter()
+            .filter(|c| matches!(c, Chunk::Zero { .. }))
+            .map(Chunk::len)
+            .sum();
+        out.bytes_total += e.node.size;
+        out.bytes_zero += zero;
+        let needed_bytes: u64 = match st {
+            FileState::Create { .. } | FileState::InPlace { .. } => {
+                let lens: HashMap<&BlobId, u64> = e
+                    .node
+                    .content
+                    .iter()
+                    .filter_map(|c| match c {
+                        Chunk::Data { id, len } => Some((id, u64::from(*len))),
+                        Chunk::Zero { .. } => None,
+                    })
+                    .collect();
+                st.needed(&e.node)
+                    .iter()
+                    .map(|(_, id)| lens.get(id).copied().unwrap_or(0))
+                    .sum()
+            }
+            _ => 0,
+        };
+        if !matches!(st, FileState::Create { .. } | FileState::Skip) {
+            out.bytes_in_place += e.node.size - zero - needed_bytes;
+        }
+    }
+    progress
+        .total_bytes
+        .store(out.bytes_total, Ordering::Relaxed);
+    progress.total_files.store(out.files, Ordering::Relaxed);
+
+    if opts.dry_run {
+        let mut dry = DryRun::default();
+        for (e, st) in plan.entries.iter().zip(&states) {
+            match st {
+                FileState::Create { .. } => dry.create.push(e.rel.clone()),
+                FileState::InPlace { .. } => dry.update.push(e.rel.clone()),
+                FileState::Complete => dry.unchanged += 1,
+                _ => {}
+            }
+        }
+        if opts.delete {
+            dry.delete = extra_entries(target, &plan, into_dir);
+        }
+        out.bytes_fetched = fetches.fetch_bytes;
+        out.dry_run = Some(dry);
+        out.duration = started.elapsed();
+        return Ok(out);
+    }
+
+    std::fs::create_dir_all(target)
+        .map_err(|e| Error::io(target, "cannot create restore target", e))?;
+    let is_root = crate::platform::is_root();
+    let sparse = match (opts.sparse, opts.preallocate) {
+        (SparseMode::Never, _) => Sparse::Never,
+        (_, true) => Sparse::Preallocate,
+        (SparseMode::Always, false) => Sparse::Always,
+        (SparseMode::Auto, false) => Sparse::Auto,
+    };
+    let mut remaining: Vec<AtomicU32> =
+        (0..plan.entries.len()).map(|_| AtomicU32::new(0)).collect();
+    for dests in fetches.dests.values() {
+        for d in dests {
+            *remaining[d.entry as usize].get_mut() += 1;
+        }
+    }
+    let sh = Shared {
+        repo,
+        plan: &plan,
+        fetches: &fetches,
+        states: &states,
+        target,
+        budget: Budget::new(opts.max_memory),
+        failures: Failures {
+            dests: &fetches.dests,
+            entries: Mutex::new(BTreeMap::new()),
+        },
+        clocks: Default::default(),
+        remaining,
+        sized: (0..plan.entries.len())
+            .map(|_| AtomicBool::new(false))
+            .collect(),
+        meta_done: (0..plan.entries.len())
+            .map(|_| AtomicBool::new(false))
+            .collect(),
+        fetched: AtomicU64::new(0),
+        written: AtomicU64::new(0),
+        files_done: AtomicU64::new(0),
+        cancel: opts.cancel.clone().unwrap_or_default(),
+        fatal: Mutex::new(None),
+        warnings: Mutex::new(Vec::new()),
+        sparse,
+        is_root,
+    };
+    for &(entry, id) in &fetches.missing {
+        sh.failures.entry(
+            entry,
+            &format!("blob {} is not in the repository index", id.short()),
+        );
+    }
+
+    // Create stage: parents before children.
+    for (i, entry) in plan.entries.iter().enumerate() {
+        let has_data = sh.remaining[i].load(Ordering::Relaxed) > 0;
+        let path = target.join(&entry.rel);
+        if let Err(e) = create::prepare(&path, entry, &states[i], has_data, sparse, is_root) {
+            if is_fatal(&e) {
+                return Err(Error::io(path, "cannot create", e));
+            }
+            sh.failures.entry(i, &format!("cannot create: {e}"));
+        }
+    }
+    let base_done: u64 = out.bytes_in_place + out.bytes_zero;
+    progress.done_bytes.store(base_done, Ordering::Relaxed);
+
+    run_pipeline(&sh, opts, progress, base_done, &mut out.stalls);
+    if let Some(e) = sh.fatal.lock().expect("fatal lock").take() {
+        return Err(e);
+    }
+    if sh.cancelled() {
+        return Err(Error::Interrupted);
+    }
+    out.bytes_written = sh.written.load(Ordering::Relaxed);
+    out.bytes_fetched = sh.fetched.load(Ordering::Relaxed);
+    out.profile = [
+        sh.clocks[0].times(),
+        sh.clocks[1].times(),
+        sh.clocks[2].times(),
+    ];
+
+    let failed = std::mem::take(&mut *sh.failures.entries.lock().expect("failures lock"));
+    finish_all(&sh, &failed, opts, progress);
+    if opts.delete {
+        for p in extra_entries(target, &plan, into_dir) {
+            match create::remove_any(&target.join(&p)) {
+                Ok(()) => out.deleted += 1,
+                Err(e) => sh.warn(p, format!("cannot delete: {e}")),
+            }
+        }
+    }
+    // Directories last, deepest first, so their times stay as recorded.
+    for (i, entry) in plan.entries.iter().enumerate().rev() {
+        if entry.node.kind == NodeKind::Dir && !failed.contains_key(&i) {
+            if let Err(e) = finish::apply_to_path(&target.join(&entry.rel), &entry.node, is_root) {
+                sh.warn(entry.rel.clone(), e.to_string());
+            }
+        }
+    }
+    if opts.verify {
+        let (checked, bad) = verify::verify(target, &plan, &states, &failed, repo.key(), threads);
+        out.verified = checked;
+        out.failed.extend(bad);
+    }
+    for (i, why) in failed {
+        out.failed.push((plan.entries[i].rel.clone(), why));
+    }
+    out.failed.sort();
+    out.warnings = std::mem::take(&mut *sh.warnings.lock().expect("warnings lock"));
+    out.warnings.sort();
+    out.duration = started.elapsed();
+    Ok(out)
+}
+
+fn target_is_empty(target: &Path) -> bool {
+    match std::fs::read_dir(target) {
+        Ok(mut rd) => rd.next().is_none(),
+        Err(_) => true,
+    }
+}
+
+/// Hard links, then metadata of every file and other entry the write stage did not finish;
+/// failed files are removed so none is left with wrong content.
+fn finish_all(
+    sh: &Shared<'_>,
+    failed: &BTreeMap<usize, String>,
+    opts: &RestoreOptions,
+    progress: &Progress,
+) {
+    let plan = sh.plan;
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..opts.write_threads.max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(entry) = plan.entries.get(i) else {
+                    break;
+                };
+                if entry.node.kind == NodeKind::Dir || entry.link_of.is_some() {
+                    continue;
+                }
+                let path = sh.target.join(&entry.rel);
+                if failed.contains_key(&i) {
+                    if entry.node.kind == NodeKind::File
+                        && matches!(
+                            sh.states[i],
+                            FileState::Create { .. } | FileState::InPlace { .. }
+                        )
+                    {
+                        let _ = std::fs::remove_file(&path);
+                    }
+                    continue;
+                }
+                if sh.meta_done[i].load(Ordering::Acquire) || sh.states[i] == FileState::Skip {
+                    continue;
+                }
+                if let Err(e) = finish::apply_to_path(&path, &entry.node, sh.is_root) {
+                    sh.warn(entry.rel.clone(), e.to_string());
+                }
+                if entry.node.kind == NodeKind::File {
+                    progress.done_files.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    for (i, entry) in plan.entries.iter().enumerate() {
+        let Some(first) = entry.link_of else { continue };
+        if let Some(why) = failed.get(&first) {
+            sh.failures
+                .entry(i, &format!("its hard-link target failed: {why}"));
+            continue;
+        }
+        if let Err(e) = create::hard_link(
+            &sh.target.join(&plan.entries[first].rel),
+            &sh.target.join(&entry.rel),
+        ) {
+            sh.warn(entry.rel.clone(), format!("cannot create hard link: {e}"));
+        }
+    }
+}
+
+/// Entries in restored directories that the restore does not contain.
+fn extra_entries(target: &Path, plan: &Plan, include_root: bool) -> Vec<PathBuf> {
+    let mut children: HashMap<PathBuf, HashSet<OsString>> = HashMap::new();
+    if include_root {
+        children.entry(PathBuf::new()).or_default();
+    }
+    for e in &plan.entries {
+        if e.node.kind == NodeKind::Dir {
+            children.entry(e.rel.clone()).or_default();
+        }
+        let parent = e.rel.parent().map(Path::to_path_buf).unwrap_or_default();
+        if let Some(name) = e.rel.file_name() {
+            children
+                .entry(parent)
+                .or_default()
+                .insert(name.to_os_string());
+        }
+    }
+    let mut out = Vec::new();
+    for (dir, names) in &children {
+        let Ok(rd) = std::fs::read_dir(target.join(dir)) else {
+            continue;
+        };
+        for ent in rd.flatten() {
+            if !names.contains(&ent.file_name()) {
+                out.push(dir.join(ent.file_name()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn run_pipeline(
+    sh: &Shared<'_>,
+    opts: &RestoreOptions,
+    progress: &Progress,
+    base_done: u64,
+    stalls: &mut Vec<String>,
+) {
+    if sh.fetches.reads.is_empty() {
+        return;
+    }
+    let fetchers = opts.fetch_concurrency.max(1);
+    let decoders = opts.decode_threads.max(1);
+    let writers = opts.write_threads.max(1);
+    let finished = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (reads_tx, reads_rx) = bounded(fetchers);
+        let (fetched_tx, fetched_rx) = bounded(decoders * 4);
+        let (decoded_tx, decoded_rx) = bounded(writers * 4);
+        let mut workers = Vec::new();
+        for _ in 0..fetchers {
+            let (rx, tx) = (reads_rx.clone(), fetched_tx.clone());
+            workers.push(s.spawn(move || fetch::fetch_worker(sh, rx, tx)));
+        }
+        for _ in 0..decoders {
+            let (rx, tx) = (fetched_rx.clone(), decoded_tx.clone());
+            workers.push(s.spawn(move || decode::decode_worker(sh, rx, tx)));
+        }
+        for _ in 0..writers {
+            let rx = decoded_rx.clone();
+            workers.push(s.spawn(move || write::write_worker(sh, rx)));
+        }
+        drop((reads_rx, fetched_tx, fetched_rx, decoded_tx, decoded_rx));
+        let watchdog = s.spawn(|| watchdog(sh, opts.stall_timeout, progress, base_done, &finished));
+        for read in &sh.fetches.reads {
+            if sh.cancelled() || reads_tx.send(read).is_err() {
+                break;
+            }
+        }
+        drop(reads_tx);
+        for w in workers {
+            w.join().expect("restore worker panicked");
+        }
+        finished.store(true, Ordering::Relaxed);
+        stalls.extend(watchdog.join().expect("watchdog panicked"));
+    });
+}
+
+/// Publishes progress and reports a stall (no bytes moved for `timeout`), naming the stage
+/// that is waiting.
+fn watchdog(
+    sh: &Shared<'_>,
+    timeout: Duration,
+    progress: &Progress,
+    base_done: u64,
+    finished: &AtomicBool,
+) -> Vec<String> {
+    let tick = Duration::from_millis(100).min(timeout);
+    let mut last = (u64::MAX, u64::MAX);
+    let mut since = Instant::now();
+    let mut reported = false;
+    let mut stalls = Vec::new();
+    while !finished.load(Ordering::Relaxed) {
+        std::thread::sleep(tick);
+        let now = (
+            sh.fetched.load(Ordering::Relaxed),
+            sh.written.load(Ordering::Relaxed),
+        );
+        progress.fetched_bytes.store(now.0, Ordering::Relaxed);
+        progress
+            .done_bytes
+            .store(base_done + now.1, Ordering::Relaxed);
+        progress
+            .done_files
+            .store(sh.files_done.load(Ordering::Relaxed), Ordering::Relaxed);
+        if now != last {
+            last = now;
+            since = Instant::now();
+            reported = false;
+            *progress.stall.lock().expect("stall lock") = None;
+        } else if !reported && since.elapsed() >= timeout {
+            let msg = format!(
+                "no progress for {} s; waiting in the {} stage",
+                timeout.as_secs_f64().round(),
+                profile::stalled_stage(&sh.clocks)
+            );
+            *progress.stall.lock().expect("stall lock") = Some(msg.clone());
+            stalls.push(msg);
+            reported = true;
+        }
+    }
+    progress.done_bytes.store(
+        base_done + sh.written.load(Ordering::Relaxed),
+        Ordering::Relaxed,
+    );
+    progress
+        .fetched_bytes
+        .store(sh.fetched.load(Ordering::Relaxed), Ordering::Relaxed);
+    stalls
 }

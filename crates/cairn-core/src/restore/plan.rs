@@ -1,19 +1,23 @@
-//! Plan stage: list what to restore, where every blob goes, and which ranged reads fetch them.
+//! Plan stage: list the entries to restore (after `--include` / `--exclude`), then — once the
+//! check stage knows which chunks are missing from the target — where every needed blob goes
+//! and which ranged reads fetch them.
 //!
-//! Each distinct blob appears once in the plan, with all of its destinations (file, offset);
-//! the blobs of one pack are sorted by offset and neighbours are coalesced into one read.
+//! Each distinct blob appears once, with all of its destinations (file, offset); the blobs of
+//! one pack are sorted by offset and neighbours are coalesced into one read.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use globset::{Glob, GlobSet, GlobSetBuilder};
+
 use crate::crypto::SALT_LEN;
 use crate::error::{Error, Result};
 use crate::id::{BlobId, PackId};
 use crate::pack::BlobEntry;
 use crate::repository::Repository;
-use crate::tree::{Chunk, Node, NodeKind, Tree};
+use crate::tree::{Chunk, Node, NodeKind};
 
 /// One file system entry to restore.
 #[derive(Debug)]
@@ -29,7 +33,7 @@ pub struct Entry {
 /// One place a blob's bytes go.
 #[derive(Clone, Copy, Debug)]
 pub struct Dest {
-    /// Index into [`Plan::entries`].
+    /// Index into the plan's entries.
     pub entry: u32,
     /// Byte offset in that file.
     pub offset: u64,
@@ -50,21 +54,29 @@ pub struct PackRead {
     pub blobs: Vec<BlobEntry>,
 }
 
-/// Everything a restore will do.
+impl PackRead {
+    /// Plaintext bytes the blobs of this read decode to.
+    pub fn raw_bytes(&self) -> u64 {
+        self.blobs.iter().map(|b| u64::from(b.raw_length)).sum()
+    }
+}
+
+/// The entries of a restore, parents before children.
 #[derive(Debug, Default)]
 pub struct Plan {
     /// Entries, parents before children.
     pub entries: Vec<Entry>,
+}
+
+/// Where the needed blobs go and how to fetch them.
+#[derive(Debug, Default)]
+pub struct Fetches {
     /// Destinations of every blob to fetch.
     pub dests: HashMap<BlobId, Vec<Dest>>,
     /// The reads that fetch them.
     pub reads: Vec<PackRead>,
     /// Blobs a file needs that no index lists: `(entry, blob)`.
     pub missing: Vec<(usize, BlobId)>,
-    /// Bytes of file content in total.
-    pub total_bytes: u64,
-    /// Of which zero (holes, zero chunks: never fetched, never written).
-    pub zero_bytes: u64,
     /// Stored bytes the reads will fetch.
     pub fetch_bytes: u64,
 }
@@ -72,7 +84,51 @@ pub struct Plan {
 /// Reads with less than this gap between them are merged (the gap is read and dropped).
 const COALESCE_GAP: u64 = 64 * 1024;
 /// Largest single read.
-const MAX_READ: u64 = 8 * 1024 * 1024;
+pub const MAX_READ: u64 = 8 * 1024 * 1024;
+
+/// Which snapshot paths a restore takes.
+#[derive(Default)]
+pub struct Filter {
+    include: Option<GlobSet>,
+    exclude: Option<GlobSet>,
+}
+
+fn globset(patterns: &[String]) -> Result<Option<GlobSet>> {
+    if patterns.is_empty() {
+        return Ok(None);
+    }
+    let mut b = GlobSetBuilder::new();
+    for p in patterns {
+        b.add(Glob::new(p).map_err(|e| Error::Usage(format!("bad pattern {p:?}: {e}")))?);
+    }
+    Ok(Some(
+        b.build()
+            .map_err(|e| Error::Usage(format!("bad patterns: {e}")))?,
+    ))
+}
+
+impl Filter {
+    /// Builds a filter from `--include` and `--exclude` globs, matched against the absolute
+    /// path inside the snapshot and against the entry's name.
+    pub fn new(include: &[String], exclude: &[String]) -> Result<Self> {
+        Ok(Filter {
+            include: globset(include)?,
+            exclude: globset(exclude)?,
+        })
+    }
+
+    fn matches(set: &GlobSet, abs: &Path) -> bool {
+        set.is_match(abs) || abs.file_name().is_some_and(|n| set.is_match(n))
+    }
+
+    fn excluded(&self, abs: &Path) -> bool {
+        self.exclude.as_ref().is_some_and(|s| Self::matches(s, abs))
+    }
+
+    fn included(&self, abs: &Path) -> bool {
+        self.include.as_ref().is_none_or(|s| Self::matches(s, abs))
+    }
+}
 
 /// Finds the node at `path` (absolute, inside the snapshot) without following symlinks.
 /// Returns `None` for `/` (the root tree itself).
@@ -84,6 +140,10 @@ pub fn resolve(
 ) -> Result<Option<Node>> {
     let mut tree_id = *root;
     let mut found = None;
+    let not_found = || Error::PathNotFound {
+        path: path.to_string(),
+        snapshot: snapshot.to_string(),
+    };
     let parts: Vec<&str> = path
         .split('/')
         .filter(|p| !p.is_empty() && *p != ".")
@@ -94,31 +154,13 @@ pub fn resolve(
             .nodes
             .into_iter()
             .find(|n| n.name == part.as_bytes())
-            .ok_or_else(|| Error::PathNotFound {
-                path: path.to_string(),
-                snapshot: snapshot.to_string(),
-            })?;
+            .ok_or_else(not_found)?;
         if i + 1 < parts.len() {
-            tree_id = node.subtree.ok_or_else(|| Error::PathNotFound {
-                path: path.to_string(),
-                snapshot: snapshot.to_string(),
-            })?;
+            tree_id = node.subtree.ok_or_else(not_found)?;
         }
         found = Some(node);
     }
     Ok(found)
-}
-
-/// Builds the plan for restoring `top` (the children of a directory tree, or one node).
-pub fn build(repo: &Repository, top: Top) -> Result<Plan> {
-    let mut plan = Plan::default();
-    let mut links: HashMap<(u64, u64), usize> = HashMap::new();
-    match top {
-        Top::Tree(id) => add_tree(repo, &id, Path::new(""), &mut plan, &mut links)?,
-        Top::Node(node) => add_node(repo, *node, Path::new(""), &mut plan, &mut links)?,
-    }
-    plan_reads(repo, &mut plan);
-    Ok(plan)
 }
 
 /// What a restore starts from.
@@ -129,84 +171,127 @@ pub enum Top {
     Node(Box<Node>),
 }
 
-fn add_tree(
-    repo: &Repository,
-    id: &BlobId,
-    dir: &Path,
-    plan: &mut Plan,
-    links: &mut HashMap<(u64, u64), usize>,
-) -> Result<()> {
-    let tree: Tree = repo.read_tree(id)?;
-    for node in tree.nodes {
-        add_node(repo, node, dir, plan, links)?;
-    }
-    Ok(())
+struct Builder<'a> {
+    repo: &'a Repository,
+    filter: &'a Filter,
+    plan: Plan,
+    links: HashMap<(u64, u64), usize>,
 }
 
-fn add_node(
-    repo: &Repository,
-    node: Node,
-    dir: &Path,
-    plan: &mut Plan,
-    links: &mut HashMap<(u64, u64), usize>,
-) -> Result<()> {
-    let rel = dir.join(OsStr::from_bytes(&node.name));
-    let index = plan.entries.len();
-    let subtree = node.subtree;
-    let mut link_of = None;
-    if node.kind == NodeKind::File {
-        if node.links > 1 {
-            match links.get(&(node.device_id, node.inode)) {
+/// Lists the entries for restoring `top`, whose snapshot path is `base`.
+pub fn build(repo: &Repository, top: Top, base: &Path, filter: &Filter) -> Result<Plan> {
+    let mut b = Builder {
+        repo,
+        filter,
+        plan: Plan::default(),
+        links: HashMap::new(),
+    };
+    match top {
+        Top::Tree(id) => {
+            b.add_tree(&id, Path::new(""), base, false)?;
+        }
+        Top::Node(node) => {
+            let abs = base.to_path_buf();
+            b.add_node(*node, Path::new(""), &abs, false)?;
+        }
+    }
+    Ok(b.plan)
+}
+
+impl Builder<'_> {
+    /// Adds a tree's entries; returns whether anything was added.
+    fn add_tree(
+        &mut self,
+        id: &BlobId,
+        dir: &Path,
+        abs_dir: &Path,
+        parent_included: bool,
+    ) -> Result<bool> {
+        let tree = self.repo.read_tree(id)?;
+        let mut any = false;
+        for node in tree.nodes {
+            let abs = abs_dir.join(OsStr::from_bytes(&node.name));
+            any |= self.add_node(node, dir, &abs, parent_included)?;
+        }
+        Ok(any)
+    }
+
+    fn add_node(
+        &mut self,
+        node: Node,
+        dir: &Path,
+        abs: &Path,
+        parent_included: bool,
+    ) -> Result<bool> {
+        if self.filter.excluded(abs) {
+            return Ok(false);
+        }
+        let included = parent_included || self.filter.included(abs);
+        let rel = dir.join(OsStr::from_bytes(&node.name));
+        if let Some(sub) = node.subtree {
+            let index = self.plan.entries.len();
+            self.plan.entries.push(Entry {
+                rel: rel.clone(),
+                node,
+                link_of: None,
+            });
+            let any = self.add_tree(&sub, &rel, abs, included)?;
+            if !included && !any {
+                self.plan.entries.truncate(index);
+                return Ok(false);
+            }
+            return Ok(true);
+        }
+        if !included {
+            return Ok(false);
+        }
+        let index = self.plan.entries.len();
+        let mut link_of = None;
+        if node.kind == NodeKind::File && node.links > 1 {
+            match self.links.get(&(node.device_id, node.inode)) {
                 Some(&first) => link_of = Some(first),
                 None => {
-                    links.insert((node.device_id, node.inode), index);
+                    self.links.insert((node.device_id, node.inode), index);
                 }
             }
         }
-        if link_of.is_none() {
-            add_content(plan, index, &node.content);
-        }
+        self.plan.entries.push(Entry { rel, node, link_of });
+        Ok(true)
     }
-    plan.entries.push(Entry {
-        rel: rel.clone(),
-        node,
-        link_of,
-    });
-    if let Some(sub) = subtree {
-        add_tree(repo, &sub, &rel, plan, links)?;
-    }
-    Ok(())
 }
 
-fn add_content(plan: &mut Plan, entry: usize, content: &[Chunk]) {
-    let mut offset = 0u64;
-    for chunk in content {
-        match *chunk {
-            Chunk::Data { id, .. } => {
-                plan.dests.entry(id).or_default().push(Dest {
-                    entry: entry as u32,
-                    offset,
-                });
-            }
-            Chunk::Zero { len } => plan.zero_bytes += len,
-        }
-        offset += chunk.len();
-    }
-    plan.total_bytes += offset;
+/// The chunks of a file with their offsets.
+pub fn chunk_offsets(content: &[Chunk]) -> impl Iterator<Item = (u64, &Chunk)> {
+    content.iter().scan(0u64, |off, c| {
+        let at = *off;
+        *off += c.len();
+        Some((at, c))
+    })
 }
 
-/// Groups the needed blobs by pack, sorts them by offset and coalesces neighbours.
-fn plan_reads(repo: &Repository, plan: &mut Plan) {
+/// Builds the fetches for the chunks that `needed(entry)` lists, grouped by pack, sorted by
+/// offset and coalesced.
+pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<(u64, BlobId)>]) -> Fetches {
+    let mut f = Fetches::default();
+    for (i, chunks) in needed.iter().enumerate() {
+        for &(offset, id) in chunks {
+            f.dests.entry(id).or_default().push(Dest {
+                entry: i as u32,
+                offset,
+            });
+        }
+    }
+    debug_assert_eq!(needed.len(), plan.entries.len());
     let index = repo.index();
     let mut by_pack: BTreeMap<u32, (PackId, [u8; SALT_LEN], Vec<BlobEntry>)> = BTreeMap::new();
-    for (id, dests) in &plan.dests {
+    for (id, dests) in &f.dests {
         match index.get(id) {
             Some(loc) => by_pack
                 .entry(loc.pack_no)
                 .or_insert_with(|| (loc.pack, loc.salt, Vec::new()))
                 .2
                 .push(loc.entry),
-            None => plan
+            None => f
                 .missing
                 .extend(dests.iter().map(|d| (d.entry as usize, *id))),
         }
@@ -226,8 +311,8 @@ fn plan_reads(repo: &Repository, plan: &mut Plan) {
                     r.blobs.push(b);
                     continue;
                 }
-                plan.fetch_bytes += r.length;
-                plan.reads.push(current.take().expect("current read"));
+                f.fetch_bytes += r.length;
+                f.reads.push(current.take().expect("current read"));
             }
             current = Some(PackRead {
                 pack,
@@ -238,8 +323,9 @@ fn plan_reads(repo: &Repository, plan: &mut Plan) {
             });
         }
         if let Some(r) = current {
-            plan.fetch_bytes += r.length;
-            plan.reads.push(r);
+            f.fetch_bytes += r.length;
+            f.reads.push(r);
         }
     }
+    f
 }

@@ -1,42 +1,100 @@
-//! Write stage: positioned writes of each verified blob to every place it belongs.
+//! Write stage: positioned writes of each verified blob to every place it belongs — many files
+//! at once, and many offsets of one large file at once. A new file is created and sized by its
+//! first write; whoever writes its last chunk applies its metadata through the open descriptor.
 
-use std::fs::OpenOptions;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use crossbeam_channel::Receiver;
 
+use super::check::FileState;
+use super::create::{create_file, size_new_file};
 use super::decode::Decoded;
-use super::plan::Plan;
-use super::Failures;
+use super::finish::apply_to_file;
+use super::plan::Dest;
+use super::profile::work;
+use super::{is_fatal, Shared, Sparse};
+use crate::chunker::is_zero;
 
 /// Runs until `input` is drained.
-pub fn write_worker(
-    target: &Path,
-    plan: &Plan,
-    input: Receiver<Decoded>,
-    failures: &Failures,
-    written: &AtomicU64,
-) {
-    for blob in input {
-        let Some(dests) = plan.dests.get(&blob.id) else {
+pub fn write_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Decoded<'s>>) {
+    let clock = &sh.clocks[2];
+    loop {
+        let t = Instant::now();
+        let Ok(blob) = input.recv() else { return };
+        clock.idle(t);
+        if sh.cancelled() {
+            continue;
+        }
+        let Some(dests) = sh.fetches.dests.get(&blob.id) else {
             continue;
         };
-        for d in dests {
-            let rel = &plan.entries[d.entry as usize].rel;
-            let path = target.join(rel);
-            let res = OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&path)
-                .and_then(|f| f.write_all_at(&blob.data, d.offset));
-            match res {
-                Ok(()) => {
-                    written.fetch_add(blob.data.len() as u64, Ordering::Relaxed);
+        work(clock, || {
+            for d in dests {
+                if let Err(e) = write_one(sh, d, &blob.data) {
+                    if is_fatal(&e) {
+                        sh.fatal(sh.target.join(&sh.plan.entries[d.entry as usize].rel), e);
+                        return;
+                    }
+                    sh.failures
+                        .entry(d.entry as usize, &format!("cannot write: {e}"));
                 }
-                Err(e) => failures.entry(d.entry as usize, &format!("cannot write: {e}")),
             }
-        }
+        });
+        drop(blob.reservation); // written everywhere: its bytes leave the budget
     }
+}
+
+fn write_one(sh: &Shared<'_>, d: &Dest, data: &[u8]) -> io::Result<()> {
+    let i = d.entry as usize;
+    let entry = &sh.plan.entries[i];
+    let path = sh.target.join(&entry.rel);
+    let file = create_file(&path)?;
+    let fresh = matches!(sh.states[i], FileState::Create { .. });
+    if fresh && !sh.sized[i].swap(true, Ordering::AcqRel) {
+        size_new_file(&file, &entry.node, sh.sparse)?;
+    }
+    if fresh && sh.sparse == Sparse::Always {
+        write_skipping_zeros(&file, data, d.offset)?;
+    } else {
+        file.write_all_at(data, d.offset)?;
+    }
+    sh.written.fetch_add(data.len() as u64, Ordering::Relaxed);
+    if sh.remaining[i].fetch_sub(1, Ordering::AcqRel) == 1 {
+        finish_file(sh, i, &file);
+    }
+    Ok(())
+}
+
+/// The last chunk of file `i` is written: apply its metadata now, while it is open.
+fn finish_file(sh: &Shared<'_>, i: usize, file: &File) {
+    let entry = &sh.plan.entries[i];
+    if let Err(e) = apply_to_file(file, &entry.node, sh.is_root) {
+        sh.warn(entry.rel.clone(), e.to_string());
+    }
+    sh.meta_done[i].store(true, Ordering::Release);
+    sh.files_done.fetch_add(1, Ordering::Relaxed);
+}
+
+/// With `--sparse always`: 4 KiB blocks of zeros inside data are left as holes.
+fn write_skipping_zeros(file: &File, data: &[u8], offset: u64) -> io::Result<()> {
+    const BLOCK: usize = 4096;
+    let mut start = 0;
+    while start < data.len() {
+        let end = (start + BLOCK).min(data.len());
+        if is_zero(&data[start..end]) {
+            start = end;
+            continue;
+        }
+        let mut run_end = end;
+        while run_end < data.len() && !is_zero(&data[run_end..(run_end + BLOCK).min(data.len())]) {
+            run_end = (run_end + BLOCK).min(data.len());
+        }
+        file.write_all_at(&data[start..run_end], offset + start as u64)?;
+        start = run_end;
+    }
+    Ok(())
 }

@@ -1,0 +1,101 @@
+//! The memory budget: bytes in flight between fetch and write never exceed `--max-memory`.
+//!
+//! Only the fetch stage reserves (the fetched range plus the plaintext its blobs will decode
+//! to); every later stage only releases, by dropping its [`Reservation`]. So the pipeline
+//! cannot deadlock on the budget, and a single read larger than the whole budget still goes
+//! through on its own.
+
+use std::sync::{Condvar, Mutex};
+
+/// A byte budget shared by the stages of one restore.
+pub struct Budget {
+    limit: u64,
+    used: Mutex<u64>,
+    freed: Condvar,
+}
+
+/// Bytes held against the budget until dropped.
+pub struct Reservation<'b> {
+    budget: &'b Budget,
+    bytes: u64,
+}
+
+impl Budget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: u64) -> Self {
+        Budget {
+            limit,
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+        }
+    }
+
+    /// Waits until `bytes` fit (or nothing else is in flight), then reserves them. Returns
+    /// `None` if `stop()` says to give up while waiting.
+    pub fn reserve(&self, bytes: u64, stop: impl Fn() -> bool) -> Option<Reservation<'_>> {
+        let mut used = self.used.lock().expect("budget lock");
+        while *used > 0 && *used + bytes > self.limit {
+            if stop() {
+                return None;
+            }
+            used = self
+                .freed
+                .wait_timeout(used, std::time::Duration::from_millis(100))
+                .expect("budget lock")
+                .0;
+        }
+        *used += bytes;
+        Some(Reservation {
+            budget: self,
+            bytes,
+        })
+    }
+
+    /// Bytes reserved right now.
+    #[cfg(test)]
+    pub fn used(&self) -> u64 {
+        *self.used.lock().expect("budget lock")
+    }
+}
+
+impl Reservation<'_> {
+    /// Splits `bytes` off into a reservation of their own.
+    pub fn split(&mut self, bytes: u64) -> Self {
+        let bytes = bytes.min(self.bytes);
+        self.bytes -= bytes;
+        Reservation {
+            budget: self.budget,
+            bytes,
+        }
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            *self.budget.used.lock().expect("budget lock") -= self.bytes;
+            self.budget.freed.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserve_release_and_oversize() {
+        let b = Budget::new(100);
+        let mut r = b.reserve(60, || false).unwrap();
+        let part = r.split(20);
+        assert_eq!(b.used(), 60);
+        drop(r);
+        assert_eq!(b.used(), 20);
+        drop(part);
+        let big = b.reserve(500, || false).unwrap();
+        assert_eq!(b.used(), 500);
+        assert!(b.reserve(1, || true).is_none());
+        drop(big);
+        assert_eq!(b.used(), 0);
+    }
+}

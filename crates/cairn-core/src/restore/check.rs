@@ -1,0 +1,244 @@
+//! Check stage: compares what is already in the target with the snapshot, so a restore into a
+//! half-damaged target rewrites only what differs (restic's `--overwrite` semantics).
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::plan::{chunk_offsets, Plan};
+use crate::chunker::is_zero;
+use crate::crypto::MasterKey;
+use crate::error::Error;
+use crate::id::BlobId;
+use crate::tree::{Chunk, Node, NodeKind};
+
+/// What to do with a file that already exists in the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Overwrite {
+    /// Check the existing content chunk by chunk and rewrite only what differs (default).
+    Always,
+    /// Trust an existing file whose size and modification time match; rewrite it otherwise.
+    IfChanged,
+    /// Rewrite an existing file only if the snapshot's copy is newer.
+    IfNewer,
+    /// Never touch an existing file.
+    Never,
+}
+
+impl FromStr for Overwrite {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "always" => Ok(Overwrite::Always),
+            "if-changed" => Ok(Overwrite::IfChanged),
+            "if-newer" => Ok(Overwrite::IfNewer),
+            "never" => Ok(Overwrite::Never),
+            _ => Err(Error::Usage(format!(
+                "unknown --overwrite {s:?}: use always, if-changed, if-newer or never"
+            ))),
+        }
+    }
+}
+
+/// The state of one file entry of the plan against the target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FileState {
+    /// Not a file to restore (directory, symlink, hard link, …).
+    NotFile,
+    /// Nothing usable at the path: create the file; `clear` if something else is in the way.
+    Create {
+        /// Something (of another kind, or stale) must be removed first.
+        clear: bool,
+    },
+    /// An existing regular file is fixed in place.
+    InPlace {
+        /// Data chunks to write: (offset, blob).
+        needed: Vec<(u64, BlobId)>,
+        /// Ranges that must become zero (holes) but hold data.
+        zero_fix: Vec<(u64, u64)>,
+        /// Whether the size differs.
+        resize: bool,
+    },
+    /// Content already correct: at most metadata differs.
+    Complete,
+    /// Left alone (`--overwrite never` / `if-newer`).
+    Skip,
+}
+
+impl FileState {
+    /// The data chunks this state still needs written, for a file node.
+    pub fn needed(&self, node: &Node) -> Vec<(u64, BlobId)> {
+        match self {
+            FileState::Create { .. } => chunk_offsets(&node.content)
+                .filter_map(|(off, c)| match c {
+                    Chunk::Data { id, .. } => Some((off, *id)),
+                    Chunk::Zero { .. } => None,
+                })
+                .collect(),
+            FileState::InPlace { needed, .. } => needed.clone(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Checks every file entry against the target, on `threads` threads.
+pub fn check(
+    target: &Path,
+    plan: &Plan,
+    key: &MasterKey,
+    mode: Overwrite,
+    threads: usize,
+) -> Vec<FileState> {
+    let next = AtomicUsize::new(0);
+    let slots: Vec<std::sync::Mutex<Option<FileState>>> = (0..plan.entries.len())
+        .map(|_| std::sync::Mutex::new(None))
+        .collect();
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(entry) = plan.entries.get(i) else {
+                    break;
+                };
+                if entry.node.kind != NodeKind::File || entry.link_of.is_some() {
+                    continue;
+                }
+                let st = check_file(&target.join(&entry.rel), &entry.node, key, mode);
+                *slots[i].lock().expect("slot") = Some(st);
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|slot| {
+            slot.into_inner()
+                .expect("slot")
+                .unwrap_or(FileState::NotFile)
+        })
+        .collect()
+}
+
+fn check_file(path: &Path, node: &Node, key: &MasterKey, mode: Overwrite) -> FileState {
+    let md = match std::fs::symlink_metadata(path) {
+        Ok(md) => md,
+        Err(_) => return FileState::Create { clear: false },
+    };
+    if !md.file_type().is_file() {
+        return FileState::Create { clear: true };
+    }
+    let same_mtime = md.mtime() == node.mtime.secs && md.mtime_nsec() as u32 == node.mtime.nanos;
+    match mode {
+        Overwrite::Never => return FileState::Skip,
+        Overwrite::IfNewer => {
+            let theirs = (md.mtime(), md.mtime_nsec() as u32);
+            if theirs >= (node.mtime.secs, node.mtime.nanos) {
+                return FileState::Skip;
+            }
+            return FileState::Create { clear: true };
+        }
+        Overwrite::IfChanged => {
+            if md.len() == node.size && same_mtime {
+                return FileState::Complete;
+            }
+            return FileState::Create { clear: true };
+        }
+        Overwrite::Always => {}
+    }
+    match compare_content(path, node, key, md.len()) {
+        Ok(st) => st,
+        Err(_) => FileState::Create { clear: true },
+    }
+}
+
+fn open_noatime(path: &Path) -> io::Result<File> {
+    let open = |flags| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(flags)
+            .open(path)
+    };
+    match open(libc::O_NOFOLLOW | libc::O_NOATIME) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => open(libc::O_NOFOLLOW),
+        other => other,
+    }
+}
+
+/// Compares the file at `path` with the node chunk by chunk.
+pub fn compare(path: &Path, node: &Node, key: &MasterKey) -> io::Result<FileState> {
+    let size = std::fs::symlink_metadata(path)?.len();
+    compare_content(path, node, key, size)
+}
+
+/// Compares an existing file of `size` bytes with the node chunk by chunk.
+fn compare_content(path: &Path, node: &Node, key: &MasterKey, size: u64) -> io::Result<FileState> {
+    let file = open_noatime(path)?;
+    let mut needed = Vec::new();
+    let mut zero_fix = Vec::new();
+    let mut buf = Vec::new();
+    for (off, chunk) in chunk_offsets(&node.content) {
+        match *chunk {
+            Chunk::Data { id, len } => {
+                if off + u64::from(len) > size {
+                    needed.push((off, id));
+                    continue;
+                }
+                buf.resize(len as usize, 0);
+                file.read_exact_at(&mut buf, off)?;
+                if key.blob_id(&buf) != id {
+                    needed.push((off, id));
+                }
+            }
+            Chunk::Zero { len } => {
+                let end = (off + len).min(size);
+                if off < end && !region_is_zero(&file, off, end, &mut buf)? {
+                    zero_fix.push((off, end - off));
+                }
+            }
+        }
+    }
+    let resize = size != node.size;
+    if needed.is_empty() && zero_fix.is_empty() && !resize {
+        return Ok(FileState::Complete);
+    }
+    Ok(FileState::InPlace {
+        needed,
+        zero_fix,
+        resize,
+    })
+}
+
+/// Whether `[start, end)` of the file reads as zeros; holes are skipped without reading.
+fn region_is_zero(file: &File, start: u64, end: u64, buf: &mut Vec<u8>) -> io::Result<bool> {
+    let mut pos = start;
+    while pos < end {
+        // SAFETY: lseek on an open descriptor; no memory involved.
+        let data = unsafe { libc::lseek(file.as_raw_fd(), pos as i64, libc::SEEK_DATA) };
+        if data < 0 || data as u64 >= end {
+            return Ok(true); // only holes remain (ENXIO) or the next data is past the region
+        }
+        let data = data as u64;
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(file.as_raw_fd(), data as i64, libc::SEEK_HOLE) };
+        let stop = if hole < 0 {
+            end
+        } else {
+            (hole as u64).min(end)
+        };
+        let mut at = data;
+        while at < stop {
+            let n = (stop - at).min(1 << 20) as usize;
+            buf.resize(n, 0);
+            file.read_exact_at(&mut buf[..n], at)?;
+            if !is_zero(&buf[..n]) {
+                return Ok(false);
+            }
+            at += n as u64;
+        }
+        pos = stop;
+    }
+    Ok(true)
+}

@@ -1,0 +1,81 @@
+//! Per-stage clocks: how long each stage's workers were busy, idle (waiting for input) and
+//! blocked (waiting for the next stage), for `--profile`; and the watchdog that names the
+//! stage a stalled restore is waiting in.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Stage names, for reports, in pipeline order.
+pub const STAGE_NAMES: [&str; 3] = ["fetch", "decode", "write"];
+
+/// Time accounting of one stage (all workers summed).
+#[derive(Default, Debug)]
+pub struct StageClock {
+    busy_ns: AtomicU64,
+    idle_ns: AtomicU64,
+    blocked_ns: AtomicU64,
+    /// Workers inside a unit of work right now.
+    pub working: AtomicU64,
+}
+
+/// One stage's totals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StageTimes {
+    /// Doing work.
+    pub busy: Duration,
+    /// Waiting for input.
+    pub idle: Duration,
+    /// Waiting for the next stage to take output.
+    pub blocked: Duration,
+}
+
+impl StageClock {
+    fn add(counter: &AtomicU64, since: Instant) {
+        counter.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Records time spent waiting for input.
+    pub fn idle(&self, since: Instant) {
+        Self::add(&self.idle_ns, since);
+    }
+
+    /// Records time spent working.
+    pub fn busy(&self, since: Instant) {
+        Self::add(&self.busy_ns, since);
+    }
+
+    /// Records time spent waiting to hand output on.
+    pub fn blocked(&self, since: Instant) {
+        Self::add(&self.blocked_ns, since);
+    }
+
+    /// The totals so far.
+    pub fn times(&self) -> StageTimes {
+        let d = |c: &AtomicU64| Duration::from_nanos(c.load(Ordering::Relaxed));
+        StageTimes {
+            busy: d(&self.busy_ns),
+            idle: d(&self.idle_ns),
+            blocked: d(&self.blocked_ns),
+        }
+    }
+}
+
+/// Runs `f` as one unit of work of a stage, counting it as busy and as "working" meanwhile.
+pub fn work<T>(clock: &StageClock, f: impl FnOnce() -> T) -> T {
+    clock.working.fetch_add(1, Ordering::Relaxed);
+    let t = Instant::now();
+    let out = f();
+    clock.busy(t);
+    clock.working.fetch_sub(1, Ordering::Relaxed);
+    out
+}
+
+/// Names the stage a stalled pipeline is waiting in: the earliest stage with a worker stuck
+/// inside a unit of work, else "fetch" (nothing is arriving).
+pub fn stalled_stage(clocks: &[StageClock; 3]) -> &'static str {
+    clocks
+        .iter()
+        .position(|c| c.working.load(Ordering::Relaxed) > 0)
+        .map(|i| STAGE_NAMES[i])
+        .unwrap_or(STAGE_NAMES[0])
+}

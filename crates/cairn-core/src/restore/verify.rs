@@ -1,0 +1,57 @@
+//! `--verify`: re-reads every restored file after the restore and checks each chunk against
+//! the snapshot (data chunks by their keyed ID, zero chunks as zeros).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use super::check::{compare, FileState};
+use super::plan::Plan;
+use crate::crypto::MasterKey;
+use crate::tree::NodeKind;
+
+/// Checks the restored files; returns how many were checked and the ones that differ.
+pub fn verify(
+    target: &Path,
+    plan: &Plan,
+    states: &[FileState],
+    failed: &BTreeMap<usize, String>,
+    key: &MasterKey,
+    threads: usize,
+) -> (u64, Vec<(PathBuf, String)>) {
+    let next = AtomicUsize::new(0);
+    let checked = AtomicUsize::new(0);
+    let bad = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(e) = plan.entries.get(i) else { break };
+                if e.node.kind != NodeKind::File
+                    || failed.contains_key(&i)
+                    || states[i] == FileState::Skip
+                {
+                    continue;
+                }
+                checked.fetch_add(1, Ordering::Relaxed);
+                let path = target.join(&e.rel);
+                match compare(&path, &e.node, key) {
+                    Ok(FileState::Complete) => {}
+                    Ok(_) => bad.lock().expect("bad").push((
+                        e.rel.clone(),
+                        "verification failed: content differs from the snapshot".into(),
+                    )),
+                    Err(err) => bad
+                        .lock()
+                        .expect("bad")
+                        .push((e.rel.clone(), format!("verification failed: {err}"))),
+                }
+            });
+        }
+    });
+    (
+        checked.load(Ordering::Relaxed) as u64,
+        bad.into_inner().expect("bad"),
+    )
+}
