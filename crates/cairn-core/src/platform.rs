@@ -2,7 +2,7 @@
 //! system entry's metadata (the restore side lives in `restore::finish`).
 
 use std::collections::HashMap;
-use std::ffi::{CString, OsStr};
+use std::ffi::CString;
 use std::fs::File;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
