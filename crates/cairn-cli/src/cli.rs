@@ -33,13 +33,7 @@ pub struct Cli {
 #[derive(Args, Debug)]
 struct Global {
     /// Repository location: a local directory
-    #[arg(
-        short = 'r',
-        long = "repo",
-        env = "CAIRN_REPOSITORY",
-        global = true,
-        value_name = "REPO"
-    )]
+    #[arg(short = 'r', long = "repo", env = "CAIRN_REPOSITORY", global = true, value_name = "REPO")]
     repo: Option<String>,
     /// Read the repository password from the first line of FILE (CAIRN_PASSWORD takes precedence)
     #[arg(long, env = "CAIRN_PASSWORD_FILE", global = true, value_name = "FILE")]
@@ -75,11 +69,7 @@ struct InitArgs {
     #[arg(long, default_value_t = 16, value_name = "MIB")]
     pack_size: u32,
     /// Content-defined chunk sizes in bytes: MIN,AVG,MAX
-    #[arg(
-        long,
-        default_value = "524288,1048576,8388608",
-        value_name = "MIN,AVG,MAX"
-    )]
+    #[arg(long, default_value = "524288,1048576,8388608", value_name = "MIN,AVG,MAX")]
     chunk_sizes: String,
     /// Argon2id memory cost of the key file, in KiB
     #[arg(long, default_value_t = KdfParams::default().memory_kib, value_name = "KIB")]
@@ -190,12 +180,7 @@ fn storage(global: &Global) -> Result<Arc<dyn Storage>> {
 
 fn open(global: &Global) -> Result<Repository> {
     let storage = storage(global)?;
-    let pw = password::get(
-        global.password_file.as_deref(),
-        "CAIRN_PASSWORD",
-        "repository password",
-        false,
-    )?;
+    let pw = password::get(global.password_file.as_deref(), "CAIRN_PASSWORD", "repository password", false)?;
     Ok(Repository::open(storage, &pw)?)
 }
 
@@ -231,29 +216,15 @@ fn init(g: &Global, a: InitArgs) -> Result<ExitCode> {
         .map(|s| s.trim().parse::<u32>())
         .collect::<Result<_, _>>()
         .context("--chunk-sizes wants three byte counts MIN,AVG,MAX")?;
-    let [min, avg, max] = sizes[..] else {
-        bail!("--chunk-sizes wants three byte counts MIN,AVG,MAX")
-    };
+    let [min, avg, max] = sizes[..] else { bail!("--chunk-sizes wants three byte counts MIN,AVG,MAX") };
     let opts = InitOptions {
-        kdf: KdfParams {
-            memory_kib: a.kdf_memory,
-            iterations: a.kdf_iterations,
-            parallelism: 1,
-        },
+        kdf: KdfParams { memory_kib: a.kdf_memory, iterations: a.kdf_iterations, parallelism: 1 },
         chunk_sizes: (min, avg, max),
-        pack_size: a
-            .pack_size
-            .checked_mul(1024 * 1024)
-            .context("--pack-size is too large")?,
+        pack_size: a.pack_size.checked_mul(1024 * 1024).context("--pack-size is too large")?,
         compression: parse_codec(&a.compression)?,
     };
     let storage = storage(g)?;
-    let pw = password::get(
-        g.password_file.as_deref(),
-        "CAIRN_PASSWORD",
-        "new repository password",
-        true,
-    )?;
+    let pw = password::get(g.password_file.as_deref(), "CAIRN_PASSWORD", "new repository password", true)?;
     let repo = Repository::init(storage.clone(), &pw, &opts)?;
     if g.json {
         println!(
@@ -261,11 +232,7 @@ fn init(g: &Global, a: InitArgs) -> Result<ExitCode> {
             serde_json::json!({"message_type": "initialized", "id": repo.config().id, "repository": storage.location()})
         );
     } else {
-        println!(
-            "created cairn repository {} at {}",
-            &repo.config().id[..8],
-            storage.location()
-        );
+        println!("created cairn repository {} at {}", &repo.config().id[..8], storage.location());
         println!("Keep the password safe: without it the data cannot be read.");
     }
     Ok(ExitCode::SUCCESS)
@@ -314,10 +281,7 @@ fn run_backup(g: &Global, a: BackupArgs) -> Result<ExitCode> {
         println!("snapshot {} saved", out.id.short());
     }
     if out.warnings.iter().any(|w| !w.message.ends_with("skipped")) {
-        eprintln!(
-            "warning: {} entries could not be read (listed above); the snapshot lacks them",
-            s.errors
-        );
+        eprintln!("warning: {} entries could not be read completely (listed above)", s.errors);
         return Ok(ExitCode::from(3));
     }
     Ok(ExitCode::SUCCESS)
@@ -339,10 +303,7 @@ fn snapshots(g: &Global) -> Result<ExitCode> {
         println!("{}", serde_json::Value::Array(list));
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
-        "{:<10} {:<19}  {:<16} {:<16} paths",
-        "ID", "time", "host", "tags"
-    );
+    println!("{:<10} {:<19}  {:<16} {:<16} paths", "ID", "time", "host", "tags");
     for (id, s) in &snaps {
         println!(
             "{:<10} {:<19}  {:<16} {:<16} {}",
@@ -365,18 +326,13 @@ fn ls(g: &Global, a: LsArgs) -> Result<ExitCode> {
     let base = path.unwrap_or("/").trim_end_matches('/');
     let start = match cairn_core::restore::resolve_path(&repo, &snap, base, &id.short())? {
         None => snap.tree,
-        Some(node) if node.kind == NodeKind::Dir => {
-            node.subtree.context("directory without a subtree")?
-        }
+        Some(node) if node.kind == NodeKind::Dir => node.subtree.context("directory without a subtree")?,
         Some(node) => {
             print_node(g, &a, &PathBuf::from(base), &node);
             return Ok(ExitCode::SUCCESS);
         }
     };
-    let mut stack = vec![(
-        PathBuf::from(if base.is_empty() { "/" } else { base }),
-        start,
-    )];
+    let mut stack = vec![(PathBuf::from(if base.is_empty() { "/" } else { base }), start)];
     while let Some((dir, tree_id)) = stack.pop() {
         let tree = repo.read_tree(&tree_id)?;
         let mut subdirs = Vec::new();
@@ -411,16 +367,8 @@ fn print_node(g: &Global, a: &LsArgs, path: &Path, n: &Node) {
             NodeKind::Fifo => 'p',
             NodeKind::File => '-',
         };
-        let owner = if n.user.is_empty() {
-            n.uid.to_string()
-        } else {
-            n.user.clone()
-        };
-        let group = if n.group.is_empty() {
-            n.gid.to_string()
-        } else {
-            n.group.clone()
-        };
+        let owner = if n.user.is_empty() { n.uid.to_string() } else { n.user.clone() };
+        let group = if n.group.is_empty() { n.gid.to_string() } else { n.group.clone() };
         let mut line = format!(
             "{t}{:04o} {owner:>8} {group:>8} {:>12} {} {}",
             n.mode,
@@ -494,10 +442,7 @@ fn run_restore(g: &Global, a: RestoreArgs) -> Result<ExitCode> {
     }
     crate::progress::print_restore_summary(&id.to_hex(), &out, g.json, a.profile);
     if !out.failed.is_empty() {
-        eprintln!(
-            "cairn: {} entries could not be restored (listed above)",
-            out.failed.len()
-        );
+        eprintln!("cairn: {} entries could not be restored (listed above)", out.failed.len());
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
@@ -506,10 +451,7 @@ fn run_restore(g: &Global, a: RestoreArgs) -> Result<ExitCode> {
 /// Parses a byte size: a number with an optional K, M, G or T suffix (binary units).
 fn parse_size(s: &str) -> Result<u64> {
     let t = s.trim().to_ascii_uppercase();
-    let t = t
-        .strip_suffix("IB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(&t);
+    let t = t.strip_suffix("IB").or_else(|| t.strip_suffix('B')).unwrap_or(&t);
     let (num, mult) = match t.chars().last() {
         Some('K') => (&t[..t.len() - 1], 1u64 << 10),
         Some('M') => (&t[..t.len() - 1], 1 << 20),
@@ -517,24 +459,15 @@ fn parse_size(s: &str) -> Result<u64> {
         Some('T') => (&t[..t.len() - 1], 1 << 40),
         _ => (t, 1),
     };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .with_context(|| format!("invalid size {s:?}: use a number with K, M, G or T"))?;
-    n.checked_mul(mult)
-        .with_context(|| format!("size {s:?} is too large"))
+    let n: u64 = num.trim().parse().with_context(|| format!("invalid size {s:?}: use a number with K, M, G or T"))?;
+    n.checked_mul(mult).with_context(|| format!("size {s:?} is too large"))
 }
 
 fn key(g: &Global, k: KeyCommand) -> Result<ExitCode> {
     let repo = open(g)?;
     match k {
         KeyCommand::Add { new_password_file } => {
-            let pw = password::get(
-                new_password_file.as_deref(),
-                "CAIRN_NEW_PASSWORD",
-                "new password",
-                true,
-            )?;
+            let pw = password::get(new_password_file.as_deref(), "CAIRN_NEW_PASSWORD", "new password", true)?;
             let id = repo.add_key(&pw, KdfParams::default())?;
             println!("added key {}", id.short());
         }
@@ -543,13 +476,7 @@ fn key(g: &Global, k: KeyCommand) -> Result<ExitCode> {
                 let raw = repo.storage().read(&obj.path)?;
                 let kf = cairn_core::keyfile::KeyFile::parse(&obj.path, &raw)?;
                 let name = obj.path.rsplit('/').next().unwrap_or_default();
-                println!(
-                    "{}  {}  {}@{}",
-                    &name[..8.min(name.len())],
-                    kf.created,
-                    kf.username,
-                    kf.hostname
-                );
+                println!("{}  {}  {}@{}", &name[..8.min(name.len())], kf.created, kf.username, kf.hostname);
             }
         }
     }

@@ -18,10 +18,7 @@ pub fn bytes(n: u64) -> String {
 
 /// Formats a rate in MiB/s.
 pub fn rate(bytes: u64, secs: f64) -> String {
-    format!(
-        "{:.0} MiB/s",
-        bytes as f64 / (1024.0 * 1024.0) / secs.max(1e-6)
-    )
+    format!("{:.0} MiB/s", bytes as f64 / (1024.0 * 1024.0) / secs.max(1e-6))
 }
 
 /// Groups digits by thousands: 78579 → "78,579".

@@ -15,10 +15,8 @@ pub fn restore(p: &Progress, done: &AtomicBool, json: bool) {
     let bar = (tty && !json).then(|| {
         let bar = ProgressBar::new(0);
         bar.set_style(
-            ProgressStyle::with_template(
-                "{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
-            )
-            .expect("valid template"),
+            ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}")
+                .expect("valid template"),
         );
         bar
     });
@@ -28,10 +26,7 @@ pub fn restore(p: &Progress, done: &AtomicBool, json: bool) {
         std::thread::sleep(Duration::from_millis(100));
         let total = p.total_bytes.load(Ordering::Relaxed);
         let now = p.done_bytes.load(Ordering::Relaxed);
-        let files = (
-            p.done_files.load(Ordering::Relaxed),
-            p.total_files.load(Ordering::Relaxed),
-        );
+        let files = (p.done_files.load(Ordering::Relaxed), p.total_files.load(Ordering::Relaxed));
         let stall = p.stall.lock().expect("stall lock").clone();
         if let Some(bar) = &bar {
             bar.set_length(total);
@@ -95,16 +90,10 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
         println!("deleted {} entries the snapshot lacks", count(out.deleted));
     }
     if out.verified > 0 {
-        println!(
-            "verified {} files against the snapshot",
-            count(out.verified)
-        );
+        println!("verified {} files against the snapshot", count(out.verified));
     }
     if profile {
-        println!(
-            "{:<8} {:>9} {:>9} {:>9}",
-            "stage", "busy s", "idle s", "blocked s"
-        );
+        println!("{:<8} {:>9} {:>9} {:>9}", "stage", "busy s", "idle s", "blocked s");
         for (name, t) in STAGE_NAMES.iter().zip(&out.profile) {
             println!(
                 "{name:<8} {:>9.2} {:>9.2} {:>9.2}",

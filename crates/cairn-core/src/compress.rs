@@ -63,10 +63,7 @@ impl Codec {
             Codec::Zstd(_) => zstd::bulk::decompress(data, raw_len).map_err(|e| e.to_string())?,
         };
         if out.len() != raw_len {
-            return Err(format!(
-                "decompressed to {} bytes, expected {raw_len}",
-                out.len()
-            ));
+            return Err(format!("decompressed to {} bytes, expected {raw_len}", out.len()));
         }
         Ok(out)
     }
@@ -87,11 +84,7 @@ impl FromStr for Codec {
 
     /// Parses `none`, `lz4`, `zstd` or `zstd:LEVEL` (LEVEL from -7 to 22); `auto` is the default.
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || {
-            Error::Usage(format!(
-                "unknown compression {s:?}: use auto, none, lz4, zstd or zstd:LEVEL (1-22)"
-            ))
-        };
+        let bad = || Error::Usage(format!("unknown compression {s:?}: use auto, none, lz4, zstd or zstd:LEVEL (1-22)"));
         match s {
             "auto" => Ok(DEFAULT_CODEC),
             "none" => Ok(Codec::None),

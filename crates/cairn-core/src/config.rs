@@ -72,9 +72,7 @@ impl Config {
         };
         chunker.validate()?;
         if !(1 << 20..=1 << 30).contains(&pack_size) {
-            return Err(Error::Usage(
-                "pack size must be between 1 MiB and 1 GiB".into(),
-            ));
+            return Err(Error::Usage("pack size must be between 1 MiB and 1 GiB".into()));
         }
         Ok(Config {
             version: FORMAT_VERSION,

@@ -24,9 +24,7 @@ const CONTEXT_CHUNK_ID: &str = "cairn 2026-11-22 chunk id key v1";
 
 /// Fills `buf` with bytes from the operating system's CSPRNG.
 pub fn random_bytes(buf: &mut [u8]) {
-    SystemRandom::new()
-        .fill(buf)
-        .expect("the operating system's random number generator failed");
+    SystemRandom::new().fill(buf).expect("the operating system's random number generator failed");
 }
 
 /// A fresh random salt.
@@ -102,11 +100,7 @@ impl ObjectKey {
         out.extend_from_slice(plaintext);
         let tag = self
             .0
-            .seal_in_place_separate_tag(
-                Nonce::assume_unique_for_key(nonce),
-                Aad::from(aad),
-                &mut out[NONCE_LEN..],
-            )
+            .seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), Aad::from(aad), &mut out[NONCE_LEN..])
             .expect("AES-GCM seal of a message under 64 GiB");
         out.extend_from_slice(tag.as_ref());
         out
@@ -160,10 +154,7 @@ mod tests {
         let mk = MasterKey::from_secret([7u8; 32]);
         let again = MasterKey::from_secret([7u8; 32]);
         assert_eq!(mk.blob_id(b"x"), again.blob_id(b"x"));
-        assert_ne!(
-            mk.blob_id(b"x"),
-            MasterKey::from_secret([8u8; 32]).blob_id(b"x")
-        );
+        assert_ne!(mk.blob_id(b"x"), MasterKey::from_secret([8u8; 32]).blob_id(b"x"));
         assert_ne!(mk.encryption, mk.chunk_id);
     }
 }

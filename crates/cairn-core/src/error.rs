@@ -95,26 +95,16 @@ pub enum Error {
 impl Error {
     /// Builds an [`Error::Io`].
     pub fn io(path: impl Into<PathBuf>, what: &'static str, source: std::io::Error) -> Self {
-        Error::Io {
-            path: path.into(),
-            what,
-            source,
-        }
+        Error::Io { path: path.into(), what, source }
     }
 
     /// Builds an [`Error::Corrupt`].
     pub fn corrupt(file: impl Into<String>, why: impl Into<String>) -> Self {
-        Error::Corrupt {
-            file: file.into(),
-            why: why.into(),
-        }
+        Error::Corrupt { file: file.into(), why: why.into() }
     }
 
     /// Builds an [`Error::Invalid`].
     pub fn invalid(file: impl Into<String>, why: impl Into<String>) -> Self {
-        Error::Invalid {
-            file: file.into(),
-            why: why.into(),
-        }
+        Error::Invalid { file: file.into(), why: why.into() }
     }
 }

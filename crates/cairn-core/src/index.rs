@@ -95,8 +95,7 @@ impl Index {
         for p in all {
             let pack = idx.packs.len() as u32;
             idx.packs.push((p.id, p.salt));
-            idx.sorted
-                .extend(p.blobs.into_iter().map(|entry| Slot { entry, pack }));
+            idx.sorted.extend(p.blobs.into_iter().map(|entry| Slot { entry, pack }));
         }
         idx.sorted.sort_unstable_by_key(|s| s.entry.id);
         idx.sorted.dedup_by(|a, b| a.entry.id == b.entry.id);
@@ -119,12 +118,7 @@ impl Index {
             Err(_) => *self.recent.get(id)?,
         };
         let (pack, salt) = self.packs[slot.pack as usize];
-        Some(BlobLocation {
-            pack,
-            pack_no: slot.pack,
-            salt,
-            entry: slot.entry,
-        })
+        Some(BlobLocation { pack, pack_no: slot.pack, salt, entry: slot.entry })
     }
 
     /// Whether the repository holds this blob.
@@ -168,16 +162,8 @@ mod tests {
     #[test]
     fn encode_decode_lookup() {
         let packs = vec![
-            IndexedPack {
-                id: PackId([1; 32]),
-                salt: [2; 32],
-                blobs: vec![entry(5), entry(3)],
-            },
-            IndexedPack {
-                id: PackId([9; 32]),
-                salt: [8; 32],
-                blobs: vec![entry(7)],
-            },
+            IndexedPack { id: PackId([1; 32]), salt: [2; 32], blobs: vec![entry(5), entry(3)] },
+            IndexedPack { id: PackId([9; 32]), salt: [8; 32], blobs: vec![entry(7)] },
         ];
         let bytes = encode(&packs);
         assert_eq!(decode("i", &bytes).unwrap(), packs);
@@ -186,11 +172,7 @@ mod tests {
         assert_eq!(idx.get(&BlobId([7; 32])).unwrap().pack, PackId([9; 32]));
         assert_eq!(idx.get(&BlobId([3; 32])).unwrap().salt, [2; 32]);
         assert!(idx.get(&BlobId([4; 32])).is_none());
-        idx.add_pack(&IndexedPack {
-            id: PackId([4; 32]),
-            salt: [0; 32],
-            blobs: vec![entry(4)],
-        });
+        idx.add_pack(&IndexedPack { id: PackId([4; 32]), salt: [0; 32], blobs: vec![entry(4)] });
         assert!(idx.contains(&BlobId([4; 32])));
         assert_eq!(idx.len(), 4);
     }

@@ -23,11 +23,7 @@ pub struct KdfParams {
 impl Default for KdfParams {
     /// 64 MiB, 3 passes, 1 lane: about 0.15 s on this project's reference machine.
     fn default() -> Self {
-        KdfParams {
-            memory_kib: 64 * 1024,
-            iterations: 3,
-            parallelism: 1,
-        }
+        KdfParams { memory_kib: 64 * 1024, iterations: 3, parallelism: 1 }
     }
 }
 
@@ -53,13 +49,8 @@ pub struct KeyFile {
 }
 
 fn derive_kek(password: &[u8], salt: &[u8], params: KdfParams) -> Result<ObjectKey> {
-    let p = Params::new(
-        params.memory_kib,
-        params.iterations,
-        params.parallelism,
-        Some(32),
-    )
-    .map_err(|e| Error::Usage(format!("invalid Argon2id parameters: {e}")))?;
+    let p = Params::new(params.memory_kib, params.iterations, params.parallelism, Some(32))
+        .map_err(|e| Error::Usage(format!("invalid Argon2id parameters: {e}")))?;
     let mut kek = [0u8; 32];
     Argon2::new(Algorithm::Argon2id, Version::V0x13, p)
         .hash_password_into(password, salt, &mut kek)
@@ -69,12 +60,7 @@ fn derive_kek(password: &[u8], salt: &[u8], params: KdfParams) -> Result<ObjectK
 
 impl KeyFile {
     /// Wraps `master` under `password`.
-    pub fn create(
-        master: &MasterKey,
-        password: &[u8],
-        params: KdfParams,
-        created: String,
-    ) -> Result<Self> {
+    pub fn create(master: &MasterKey, password: &[u8], params: KdfParams, created: String) -> Result<Self> {
         let salt = random_salt();
         let kek = derive_kek(password, &salt, params)?;
         let data = kek.seal(WRAP_AAD, master.secret());
@@ -92,16 +78,10 @@ impl KeyFile {
 
     /// Parses a key file; `name` is its path, for errors.
     pub fn parse(name: &str, bytes: &[u8]) -> Result<Self> {
-        let kf: KeyFile = serde_json::from_slice(bytes)
-            .map_err(|e| Error::corrupt(name, format!("not a key file: {e}")))?;
+        let kf: KeyFile =
+            serde_json::from_slice(bytes).map_err(|e| Error::corrupt(name, format!("not a key file: {e}")))?;
         if kf.version != 1 || kf.kdf != "argon2id" {
-            return Err(Error::corrupt(
-                name,
-                format!(
-                    "unsupported key file version {} / kdf {}",
-                    kf.version, kf.kdf
-                ),
-            ));
+            return Err(Error::corrupt(name, format!("unsupported key file version {} / kdf {}", kf.version, kf.kdf)));
         }
         Ok(kf)
     }
@@ -112,19 +92,14 @@ impl KeyFile {
         let data = hex::decode(&self.data).map_err(|_| Error::corrupt(name, "data is not hex"))?;
         let p = self.argon2;
         if p.memory_kib > 4 * 1024 * 1024 || p.iterations > 100 || p.parallelism > 64 {
-            return Err(Error::corrupt(
-                name,
-                "Argon2id parameters are implausibly large",
-            ));
+            return Err(Error::corrupt(name, "Argon2id parameters are implausibly large"));
         }
-        let kek =
-            derive_kek(password, &salt, p).map_err(|e| Error::corrupt(name, e.to_string()))?;
+        let kek = derive_kek(password, &salt, p).map_err(|e| Error::corrupt(name, e.to_string()))?;
         let Some(secret) = kek.open(WRAP_AAD, &data) else {
             return Ok(None);
         };
-        let secret: [u8; 32] = secret
-            .try_into()
-            .map_err(|_| Error::corrupt(name, "wrapped master secret has the wrong length"))?;
+        let secret: [u8; 32] =
+            secret.try_into().map_err(|_| Error::corrupt(name, "wrapped master secret has the wrong length"))?;
         Ok(Some(MasterKey::from_secret(secret)))
     }
 
@@ -141,11 +116,7 @@ mod tests {
     #[test]
     fn wrap_unwrap() {
         let mk = MasterKey::generate();
-        let params = KdfParams {
-            memory_kib: 64,
-            iterations: 1,
-            parallelism: 1,
-        };
+        let params = KdfParams { memory_kib: 64, iterations: 1, parallelism: 1 };
         let kf = KeyFile::create(&mk, b"pw", params, "now".into()).unwrap();
         let parsed = KeyFile::parse("k", &kf.to_bytes()).unwrap();
         let back = parsed.unwrap_key("k", b"pw").unwrap().unwrap();

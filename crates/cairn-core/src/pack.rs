@@ -66,8 +66,7 @@ impl BlobEntry {
             1 => BlobKind::Tree,
             k => return Err(format!("unknown blob kind {k}")),
         };
-        let codec =
-            Codec::from_bytes(b[1], b[2] as i8).ok_or_else(|| format!("unknown codec {}", b[1]))?;
+        let codec = Codec::from_bytes(b[1], b[2] as i8).ok_or_else(|| format!("unknown codec {}", b[1]))?;
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let entry = BlobEntry {
             kind,
@@ -78,11 +77,7 @@ impl BlobEntry {
             id: BlobId(b[16..48].try_into().expect("32 bytes")),
         };
         if (entry.length as usize) < SEAL_OVERHEAD {
-            return Err(format!(
-                "blob {} has impossible length {}",
-                entry.id.short(),
-                entry.length
-            ));
+            return Err(format!("blob {} has impossible length {}", entry.id.short(), entry.length));
         }
         Ok(entry)
     }
@@ -112,12 +107,7 @@ impl PackWriter {
     /// Starts a pack with a fresh salt.
     pub fn new(master: &MasterKey, capacity: usize) -> Self {
         let salt = random_salt();
-        PackWriter {
-            salt,
-            key: master.object_key(&salt),
-            buf: Vec::with_capacity(capacity),
-            entries: Vec::new(),
-        }
+        PackWriter { salt, key: master.object_key(&salt), buf: Vec::with_capacity(capacity), entries: Vec::new() }
     }
 
     /// Bytes so far.
@@ -131,14 +121,7 @@ impl PackWriter {
     }
 
     /// Encrypts and appends a blob whose plaintext was already compressed to `stored`.
-    pub fn add(
-        &mut self,
-        id: BlobId,
-        kind: BlobKind,
-        codec: Codec,
-        raw_length: u32,
-        stored: &[u8],
-    ) {
+    pub fn add(&mut self, id: BlobId, kind: BlobKind, codec: Codec, raw_length: u32, stored: &[u8]) {
         let sealed = self.key.seal(&id.0, stored);
         self.entries.push(BlobEntry {
             id,
@@ -160,36 +143,20 @@ impl PackWriter {
         let sealed = self.key.seal(HEADER_AAD, &header);
         self.buf.extend_from_slice(&sealed);
         self.buf.extend_from_slice(&self.salt);
-        self.buf
-            .extend_from_slice(&(sealed.len() as u32).to_le_bytes());
+        self.buf.extend_from_slice(&(sealed.len() as u32).to_le_bytes());
         self.buf.extend_from_slice(TRAILER_MAGIC);
-        FinishedPack {
-            id: PackId::hash_of(&self.buf),
-            salt: self.salt,
-            bytes: self.buf,
-            entries: self.entries,
-        }
+        FinishedPack { id: PackId::hash_of(&self.buf), salt: self.salt, bytes: self.buf, entries: self.entries }
     }
 }
 
 /// Reads the header of a whole pack file (used to rebuild the index and by `check`).
-pub fn read_header(
-    master: &MasterKey,
-    name: &str,
-    pack: &[u8],
-) -> Result<([u8; SALT_LEN], Vec<BlobEntry>)> {
+pub fn read_header(master: &MasterKey, name: &str, pack: &[u8]) -> Result<([u8; SALT_LEN], Vec<BlobEntry>)> {
     if pack.len() < TRAILER_LEN + SEAL_OVERHEAD {
-        return Err(Error::corrupt(
-            name,
-            "truncated: shorter than a pack trailer",
-        ));
+        return Err(Error::corrupt(name, "truncated: shorter than a pack trailer"));
     }
     let trailer = &pack[pack.len() - TRAILER_LEN..];
     if &trailer[SALT_LEN + 4..] != TRAILER_MAGIC {
-        return Err(Error::corrupt(
-            name,
-            "bad pack trailer magic (truncated or not a pack)",
-        ));
+        return Err(Error::corrupt(name, "bad pack trailer magic (truncated or not a pack)"));
     }
     let salt: [u8; SALT_LEN] = trailer[..SALT_LEN].try_into().expect("salt");
     let hlen = u32::from_le_bytes(trailer[SALT_LEN..SALT_LEN + 4].try_into().expect("4")) as usize;
@@ -209,10 +176,7 @@ pub fn read_header(
         .map(|c| {
             let e = BlobEntry::decode(c).map_err(|why| Error::corrupt(name, why))?;
             if e.offset as usize + e.length as usize > body_end - hlen {
-                return Err(Error::corrupt(
-                    name,
-                    format!("blob {} lies outside the pack", e.id.short()),
-                ));
+                return Err(Error::corrupt(name, format!("blob {} lies outside the pack", e.id.short())));
             }
             Ok(e)
         })
@@ -230,21 +194,15 @@ pub fn decode_blob(
     mut sealed: Vec<u8>,
     file: &str,
 ) -> Result<Vec<u8>> {
-    let range = key.open_in_place(&entry.id.0, &mut sealed).ok_or_else(|| {
-        Error::corrupt(
-            file,
-            format!("blob {} failed authentication", entry.id.short()),
-        )
-    })?;
+    let range = key
+        .open_in_place(&entry.id.0, &mut sealed)
+        .ok_or_else(|| Error::corrupt(file, format!("blob {} failed authentication", entry.id.short())))?;
     let plain = match entry.codec {
         Codec::None => {
             sealed.truncate(range.end);
             sealed.drain(..range.start);
             if sealed.len() != entry.raw_length as usize {
-                return Err(Error::corrupt(
-                    file,
-                    format!("blob {} has the wrong length", entry.id.short()),
-                ));
+                return Err(Error::corrupt(file, format!("blob {} has the wrong length", entry.id.short())));
             }
             sealed
         }
@@ -253,10 +211,7 @@ pub fn decode_blob(
             .map_err(|why| Error::corrupt(file, format!("blob {}: {why}", entry.id.short())))?,
     };
     if master.blob_id(&plain) != entry.id {
-        return Err(Error::corrupt(
-            file,
-            format!("blob {} does not match its ID", entry.id.short()),
-        ));
+        return Err(Error::corrupt(file, format!("blob {} does not match its ID", entry.id.short())));
     }
     Ok(plain)
 }

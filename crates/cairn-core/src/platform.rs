@@ -20,20 +20,13 @@ pub fn hostname() -> String {
 /// The current user's name (or numeric ID when it has none).
 pub fn username() -> String {
     let uid = uzers::get_current_uid();
-    uzers::get_user_by_uid(uid)
-        .map(|u| u.name().to_string_lossy().into_owned())
-        .unwrap_or_else(|| uid.to_string())
+    uzers::get_user_by_uid(uid).map(|u| u.name().to_string_lossy().into_owned()).unwrap_or_else(|| uid.to_string())
 }
 
 /// The current time.
 pub fn now() -> Timestamp {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    Timestamp {
-        secs: d.as_secs() as i64,
-        nanos: d.subsec_nanos(),
-    }
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Timestamp { secs: d.as_secs() as i64, nanos: d.subsec_nanos() }
 }
 
 /// The current time as RFC 3339 (UTC).
@@ -55,6 +48,16 @@ pub fn is_root() -> bool {
     uzers::get_effective_uid() == 0
 }
 
+/// The process umask (read by setting it and putting it back, as POSIX offers no getter).
+pub fn umask() -> u32 {
+    // SAFETY: umask cannot fail; the old mask is restored at once.
+    unsafe {
+        let old = libc::umask(0o022);
+        libc::umask(old);
+        old as u32
+    }
+}
+
 /// Caches user and group names by ID.
 #[derive(Default)]
 pub struct NameCache {
@@ -68,9 +71,7 @@ impl NameCache {
         self.users
             .entry(uid)
             .or_insert_with(|| {
-                uzers::get_user_by_uid(uid)
-                    .map(|u| u.name().to_string_lossy().into_owned())
-                    .unwrap_or_default()
+                uzers::get_user_by_uid(uid).map(|u| u.name().to_string_lossy().into_owned()).unwrap_or_default()
             })
             .clone()
     }
@@ -80,9 +81,7 @@ impl NameCache {
         self.groups
             .entry(gid)
             .or_insert_with(|| {
-                uzers::get_group_by_gid(gid)
-                    .map(|g| g.name().to_string_lossy().into_owned())
-                    .unwrap_or_default()
+                uzers::get_group_by_gid(gid).map(|g| g.name().to_string_lossy().into_owned()).unwrap_or_default()
             })
             .clone()
     }
@@ -118,18 +117,9 @@ pub fn read_node(path: &Path, name: Vec<u8>, names: &mut NameCache) -> io::Resul
     node.gid = md.gid();
     node.user = names.user(md.uid());
     node.group = names.group(md.gid());
-    node.atime = Timestamp {
-        secs: md.atime(),
-        nanos: md.atime_nsec() as u32,
-    };
-    node.mtime = Timestamp {
-        secs: md.mtime(),
-        nanos: md.mtime_nsec() as u32,
-    };
-    node.ctime = Timestamp {
-        secs: md.ctime(),
-        nanos: md.ctime_nsec() as u32,
-    };
+    node.atime = Timestamp { secs: md.atime(), nanos: md.atime_nsec() as u32 };
+    node.mtime = Timestamp { secs: md.mtime(), nanos: md.mtime_nsec() as u32 };
+    node.ctime = Timestamp { secs: md.ctime(), nanos: md.ctime_nsec() as u32 };
     node.inode = md.ino();
     node.device_id = md.dev();
     node.links = md.nlink();
@@ -159,10 +149,7 @@ fn read_xattrs(path: &Path, node: &mut Node) -> io::Result<()> {
         match name.as_bytes() {
             ACL_ACCESS => node.acl_access = Some(value),
             ACL_DEFAULT => node.acl_default = Some(value),
-            n => node.xattrs.push(Xattr {
-                name: n.to_vec(),
-                value,
-            }),
+            n => node.xattrs.push(Xattr { name: n.to_vec(), value }),
         }
     }
     node.xattrs.sort_by(|a, b| a.name.cmp(&b.name));
@@ -184,9 +171,7 @@ pub fn data_regions(file: &File, size: u64) -> io::Result<Vec<(u64, u64)>> {
             let err = io::Error::last_os_error();
             match err.raw_os_error() {
                 Some(libc::ENXIO) => break, // only a hole remains
-                Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) if out.is_empty() => {
-                    return Ok(vec![(0, size)])
-                }
+                Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) if out.is_empty() => return Ok(vec![(0, size)]),
                 _ => return Err(err),
             }
         }

@@ -56,16 +56,10 @@ impl Repository {
         }
         let config = Config::new(opts.chunk_sizes, opts.pack_size, opts.compression)?;
         let key = MasterKey::generate();
-        let repo = Repository {
-            storage,
-            key,
-            config,
-            index: RwLock::new(Index::default()),
-        };
+        let repo = Repository { storage, key, config, index: RwLock::new(Index::default()) };
         repo.add_key(password, opts.kdf)?;
         let body = serde_json::to_vec(&repo.config).expect("config serializes");
-        repo.storage
-            .write("config", sealed::seal(&repo.key, SealedKind::Config, &body))?;
+        repo.storage.write("config", sealed::seal(&repo.key, SealedKind::Config, &body))?;
         Ok(repo)
     }
 
@@ -74,8 +68,7 @@ impl Repository {
         let kf = KeyFile::create(&self.key, password, kdf, crate::platform::now_rfc3339())?;
         let bytes = kf.to_bytes();
         let id = KeyId::hash_of(&bytes);
-        self.storage
-            .write(&format!("keys/{}", id.to_hex()), bytes)?;
+        self.storage.write(&format!("keys/{}", id.to_hex()), bytes)?;
         Ok(id)
     }
 
@@ -104,31 +97,16 @@ impl Repository {
         let key = match (key, damaged) {
             (Some(k), _) => k,
             (None, Some(e)) => return Err(e),
-            (None, None) => {
-                return Err(Error::WrongPassword {
-                    repo: storage.location().to_string(),
-                })
-            }
+            (None, None) => return Err(Error::WrongPassword { repo: storage.location().to_string() }),
         };
         let body = sealed::open(&key, SealedKind::Config, "config", &storage.read("config")?)?;
-        let config: Config = serde_json::from_slice(&body)
-            .map_err(|e| Error::corrupt("config", format!("not a config: {e}")))?;
+        let config: Config =
+            serde_json::from_slice(&body).map_err(|e| Error::corrupt("config", format!("not a config: {e}")))?;
         if config.version > FORMAT_VERSION {
-            return Err(Error::UnsupportedVersion {
-                found: config.version,
-                supported: FORMAT_VERSION,
-            });
+            return Err(Error::UnsupportedVersion { found: config.version, supported: FORMAT_VERSION });
         }
-        config
-            .chunker
-            .validate()
-            .map_err(|e| Error::invalid("config", e.to_string()))?;
-        Ok(Repository {
-            storage,
-            key,
-            config,
-            index: RwLock::new(Index::default()),
-        })
+        config.chunker.validate().map_err(|e| Error::invalid("config", e.to_string()))?;
+        Ok(Repository { storage, key, config, index: RwLock::new(Index::default()) })
     }
 
     /// Reads every index file into memory.
@@ -157,8 +135,7 @@ impl Repository {
     fn write_sealed(&self, dir: &str, kind: SealedKind, body: &[u8]) -> Result<[u8; 32]> {
         let bytes = sealed::seal(&self.key, kind, body);
         let id = *blake3::hash(&bytes).as_bytes();
-        self.storage
-            .write(&format!("{dir}/{}", hex::encode(id)), bytes)?;
+        self.storage.write(&format!("{dir}/{}", hex::encode(id)), bytes)?;
         Ok(id)
     }
 
@@ -183,11 +160,7 @@ impl Repository {
         }
         let pack = writer.finish();
         self.storage.write(&pack_path(&pack.id), pack.bytes)?;
-        let indexed = IndexedPack {
-            id: pack.id,
-            salt: pack.salt,
-            blobs: pack.entries,
-        };
+        let indexed = IndexedPack { id: pack.id, salt: pack.salt, blobs: pack.entries };
         self.save_index(std::slice::from_ref(&indexed))?;
         self.index_pack(&indexed);
         Ok(ids)
@@ -205,23 +178,11 @@ impl Repository {
 
     /// Reads, decrypts, decompresses and verifies one blob.
     pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
-        let loc = self
-            .index()
-            .get(id)
-            .ok_or_else(|| Error::NotFound(format!("blob {} (not in any index)", id.short())))?;
+        let loc =
+            self.index().get(id).ok_or_else(|| Error::NotFound(format!("blob {} (not in any index)", id.short())))?;
         let path = pack_path(&loc.pack);
-        let sealed = self.storage.read_range(
-            &path,
-            u64::from(loc.entry.offset),
-            u64::from(loc.entry.length),
-        )?;
-        decode_blob(
-            &self.key,
-            &self.key.object_key(&loc.salt),
-            &loc.entry,
-            sealed,
-            &path,
-        )
+        let sealed = self.storage.read_range(&path, u64::from(loc.entry.offset), u64::from(loc.entry.length))?;
+        decode_blob(&self.key, &self.key.object_key(&loc.salt), &loc.entry, sealed, &path)
     }
 
     /// Loads and validates a tree blob.
@@ -232,11 +193,7 @@ impl Repository {
 
     /// Writes a snapshot file.
     pub fn save_snapshot(&self, snap: &Snapshot) -> Result<SnapshotId> {
-        Ok(SnapshotId(self.write_sealed(
-            "snapshots",
-            SealedKind::Snapshot,
-            &snap.to_bytes(),
-        )?))
+        Ok(SnapshotId(self.write_sealed("snapshots", SealedKind::Snapshot, &snap.to_bytes())?))
     }
 
     /// Reads one snapshot.
@@ -250,8 +207,8 @@ impl Repository {
         let mut out = Vec::new();
         for obj in self.storage.list("snapshots")? {
             let name = obj.path.rsplit('/').next().unwrap_or_default();
-            let id = SnapshotId::from_hex(name)
-                .map_err(|_| Error::corrupt(&obj.path, "file name is not a snapshot ID"))?;
+            let id =
+                SnapshotId::from_hex(name).map_err(|_| Error::corrupt(&obj.path, "file name is not a snapshot ID"))?;
             out.push((id, self.read_snapshot(&id)?));
         }
         out.sort_by(|a, b| a.1.time.cmp(&b.1.time).then(a.0.cmp(&b.0)));
@@ -275,18 +232,15 @@ impl Repository {
                 .ok_or_else(|| Error::SnapshotSelect("the repository has no snapshots".into()));
         }
         match candidates.as_slice() {
-            [] => Err(Error::SnapshotSelect(format!(
-                "no snapshot matches {spec:?}; see `cairn snapshots`"
-            ))),
+            [] => Err(Error::SnapshotSelect(format!("no snapshot matches {spec:?}; see `cairn snapshots`"))),
             [one] => {
-                let id = SnapshotId::from_hex(one)
-                    .map_err(|_| Error::corrupt(format!("snapshots/{one}"), "bad name"))?;
+                let id =
+                    SnapshotId::from_hex(one).map_err(|_| Error::corrupt(format!("snapshots/{one}"), "bad name"))?;
                 Ok((id, self.read_snapshot(&id)?))
             }
-            many => Err(Error::SnapshotSelect(format!(
-                "{spec:?} matches {} snapshots; give more of the ID",
-                many.len()
-            ))),
+            many => {
+                Err(Error::SnapshotSelect(format!("{spec:?} matches {} snapshots; give more of the ID", many.len())))
+            }
         }
     }
 
@@ -310,10 +264,7 @@ impl Repository {
 pub fn check_name(path: &str, bytes: &[u8]) -> Result<()> {
     let name = path.rsplit('/').next().unwrap_or_default();
     if blake3::hash(bytes).to_hex().as_str() != name {
-        return Err(Error::corrupt(
-            path,
-            "content does not match its name (damaged or truncated)",
-        ));
+        return Err(Error::corrupt(path, "content does not match its name (damaged or truncated)"));
     }
     Ok(())
 }

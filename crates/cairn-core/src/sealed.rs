@@ -43,9 +43,7 @@ pub fn seal(key: &MasterKey, kind: SealedKind, body: &[u8]) -> Vec<u8> {
     plain.extend_from_slice(&(body.len() as u32).to_le_bytes());
     plain.extend_from_slice(&payload);
 
-    let header = [
-        MAGIC[0], MAGIC[1], MAGIC[2], MAGIC[3], kind as u8, VERSION, 0, 0,
-    ];
+    let header = [MAGIC[0], MAGIC[1], MAGIC[2], MAGIC[3], kind as u8, VERSION, 0, 0];
     let salt = crate::crypto::random_salt();
     let sealed = key.object_key(&salt).seal(&header, &plain);
     let mut out = Vec::with_capacity(HEADER_LEN + SALT_LEN + sealed.len());
@@ -58,34 +56,22 @@ pub fn seal(key: &MasterKey, kind: SealedKind, body: &[u8]) -> Vec<u8> {
 /// Decrypts and decompresses a sealed file; `name` is its repository path, for errors.
 pub fn open(key: &MasterKey, kind: SealedKind, name: &str, data: &[u8]) -> Result<Vec<u8>> {
     if data.len() < HEADER_LEN + SALT_LEN + SEAL_OVERHEAD + 6 {
-        return Err(Error::corrupt(
-            name,
-            format!("truncated ({} bytes)", data.len()),
-        ));
+        return Err(Error::corrupt(name, format!("truncated ({} bytes)", data.len())));
     }
     let (header, rest) = data.split_at(HEADER_LEN);
     if &header[..4] != MAGIC {
         return Err(Error::corrupt(name, "not a cairn sealed file (bad magic)"));
     }
     if header[4] != kind as u8 {
-        return Err(Error::corrupt(
-            name,
-            format!("holds kind {} where {kind:?} was expected", header[4]),
-        ));
+        return Err(Error::corrupt(name, format!("holds kind {} where {kind:?} was expected", header[4])));
     }
     if header[5] != VERSION {
-        return Err(Error::corrupt(
-            name,
-            format!("unknown sealed-file version {}", header[5]),
-        ));
+        return Err(Error::corrupt(name, format!("unknown sealed-file version {}", header[5])));
     }
     let (salt, sealed) = rest.split_at(SALT_LEN);
     let salt: &[u8; SALT_LEN] = salt.try_into().expect("split at SALT_LEN");
     let plain = key.object_key(salt).open(header, sealed).ok_or_else(|| {
-        Error::corrupt(
-            name,
-            "authentication failed (damaged, truncated or not from this repository)",
-        )
+        Error::corrupt(name, "authentication failed (damaged, truncated or not from this repository)")
     })?;
     let codec = Codec::from_bytes(plain[0], plain[1] as i8)
         .ok_or_else(|| Error::corrupt(name, format!("unknown codec {}", plain[0])))?;
@@ -93,9 +79,7 @@ pub fn open(key: &MasterKey, kind: SealedKind, name: &str, data: &[u8]) -> Resul
     if raw_len >= MAX_BODY {
         return Err(Error::corrupt(name, "body too large"));
     }
-    codec
-        .decompress(&plain[6..], raw_len)
-        .map_err(|why| Error::corrupt(name, format!("cannot decompress: {why}")))
+    codec.decompress(&plain[6..], raw_len).map_err(|why| Error::corrupt(name, format!("cannot decompress: {why}")))
 }
 
 #[cfg(test)]
@@ -108,9 +92,7 @@ mod tests {
         let body = b"snapshot body ".repeat(100);
         let file = seal(&key, SealedKind::Snapshot, &body);
         assert_eq!(open(&key, SealedKind::Snapshot, "s", &file).unwrap(), body);
-        let err = open(&key, SealedKind::Index, "s", &file)
-            .unwrap_err()
-            .to_string();
+        let err = open(&key, SealedKind::Index, "s", &file).unwrap_err().to_string();
         assert!(err.contains("where Index was expected"), "{err}");
         for i in [0, 5, 9, 40, 60, file.len() - 1] {
             let mut bad = file.clone();

@@ -64,7 +64,6 @@ impl Snapshot {
 
     /// Parses; `name` is the file's path, for errors.
     pub fn from_bytes(name: &str, bytes: &[u8]) -> Result<Self> {
-        postcard::from_bytes(bytes)
-            .map_err(|e| Error::invalid(name, format!("not a snapshot: {e}")))
+        postcard::from_bytes(bytes).map_err(|e| Error::invalid(name, format!("not a snapshot: {e}")))
     }
 }

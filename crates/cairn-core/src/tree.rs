@@ -7,9 +7,7 @@ use crate::error::{Error, Result};
 use crate::id::BlobId;
 
 /// A point in time: seconds and nanoseconds since the Unix epoch.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Timestamp {
     /// Seconds since 1970-01-01T00:00:00Z (negative before).
     pub secs: i64,
@@ -173,41 +171,23 @@ impl Tree {
     /// Parses and validates a tree blob: every name must be safe and unique, and the content
     /// must match the kind. `what` names the blob for errors.
     pub fn from_bytes(what: &str, bytes: &[u8]) -> Result<Self> {
-        let tree: Tree = postcard::from_bytes(bytes)
-            .map_err(|e| Error::invalid(what, format!("not a tree: {e}")))?;
+        let tree: Tree = postcard::from_bytes(bytes).map_err(|e| Error::invalid(what, format!("not a tree: {e}")))?;
         for (i, n) in tree.nodes.iter().enumerate() {
             check_name(&n.name).map_err(|why| Error::invalid(what, why))?;
             if i > 0 && tree.nodes[i - 1].name >= n.name {
-                return Err(Error::invalid(
-                    what,
-                    format!("entry {:?} is duplicated or out of order", n.name_lossy()),
-                ));
+                return Err(Error::invalid(what, format!("entry {:?} is duplicated or out of order", n.name_lossy())));
             }
             if (n.kind == NodeKind::Dir) != n.subtree.is_some() {
-                return Err(Error::invalid(
-                    what,
-                    format!("entry {:?}: subtree does not match kind", n.name_lossy()),
-                ));
+                return Err(Error::invalid(what, format!("entry {:?}: subtree does not match kind", n.name_lossy())));
             }
             if n.kind != NodeKind::File && !n.content.is_empty() {
-                return Err(Error::invalid(
-                    what,
-                    format!("entry {:?}: content on a non-file", n.name_lossy()),
-                ));
+                return Err(Error::invalid(what, format!("entry {:?}: content on a non-file", n.name_lossy())));
             }
-            let total: u64 = n
-                .content
-                .iter()
-                .map(Chunk::len)
-                .fold(0u64, u64::saturating_add);
+            let total: u64 = n.content.iter().map(Chunk::len).fold(0u64, u64::saturating_add);
             if n.kind == NodeKind::File && total != n.size {
                 return Err(Error::invalid(
                     what,
-                    format!(
-                        "entry {:?}: chunks add up to {total} bytes, size says {}",
-                        n.name_lossy(),
-                        n.size
-                    ),
+                    format!("entry {:?}: chunks add up to {total} bytes, size says {}", n.name_lossy(), n.size),
                 ));
             }
         }
@@ -235,36 +215,20 @@ mod tests {
     fn round_trip_and_validation() {
         let mut f = Node::new(b"a".to_vec(), NodeKind::File);
         f.size = 10;
-        f.content = vec![
-            Chunk::Data {
-                id: BlobId([1; 32]),
-                len: 4,
-            },
-            Chunk::Zero { len: 6 },
-        ];
+        f.content = vec![Chunk::Data { id: BlobId([1; 32]), len: 4 }, Chunk::Zero { len: 6 }];
         let mut d = Node::new(b"b".to_vec(), NodeKind::Dir);
         d.subtree = Some(BlobId([2; 32]));
-        let t = Tree {
-            nodes: vec![f.clone(), d],
-        };
+        let t = Tree { nodes: vec![f.clone(), d] };
         assert_eq!(Tree::from_bytes("t", &t.to_bytes()).unwrap(), t);
 
         for bad in [&b".."[..], b"", b"a/b", b".", b"x\0"] {
             let mut n = f.clone();
             n.name = bad.to_vec();
             let t = Tree { nodes: vec![n] };
-            assert!(
-                Tree::from_bytes("t", &t.to_bytes()).is_err(),
-                "{bad:?} accepted"
-            );
+            assert!(Tree::from_bytes("t", &t.to_bytes()).is_err(), "{bad:?} accepted");
         }
-        let dup = Tree {
-            nodes: vec![f.clone(), f.clone()],
-        };
-        assert!(Tree::from_bytes("t", &dup.to_bytes())
-            .unwrap_err()
-            .to_string()
-            .contains("duplicated"));
+        let dup = Tree { nodes: vec![f.clone(), f.clone()] };
+        assert!(Tree::from_bytes("t", &dup.to_bytes()).unwrap_err().to_string().contains("duplicated"));
         let mut short = f;
         short.size = 11;
         assert!(Tree::from_bytes("t", &Tree { nodes: vec![short] }.to_bytes()).is_err());

@@ -41,9 +41,7 @@ impl Default for BackupOptions {
             tags: Vec::new(),
             compression: None,
             fixed_chunk_size: None,
-            threads: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(2),
+            threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
             hostname: None,
         }
     }
@@ -85,9 +83,7 @@ pub struct BackupOutcome {
 /// Backs up `paths` into `repo` and writes a snapshot.
 pub fn backup(repo: &Repository, paths: &[PathBuf], opts: &BackupOptions) -> Result<BackupOutcome> {
     if paths.is_empty() {
-        return Err(Error::Usage(
-            "nothing to back up: give at least one path".into(),
-        ));
+        return Err(Error::Usage("nothing to back up: give at least one path".into()));
     }
     let started = Instant::now();
     let time = platform::now();
@@ -125,10 +121,7 @@ pub fn backup(repo: &Repository, paths: &[PathBuf], opts: &BackupOptions) -> Res
     let snapshot = Snapshot {
         time,
         tree: root,
-        paths: abs
-            .iter()
-            .map(|p| p.to_string_lossy().into_owned())
-            .collect(),
+        paths: abs.iter().map(|p| p.to_string_lossy().into_owned()).collect(),
         hostname: opts.hostname.clone().unwrap_or_else(platform::hostname),
         username: platform::username(),
         uid: uzers::get_current_uid(),
@@ -149,9 +142,5 @@ pub fn backup(repo: &Repository, paths: &[PathBuf], opts: &BackupOptions) -> Res
         },
     };
     let id = repo.save_snapshot(&snapshot)?;
-    Ok(BackupOutcome {
-        id,
-        snapshot,
-        warnings,
-    })
+    Ok(BackupOutcome { id, snapshot, warnings })
 }

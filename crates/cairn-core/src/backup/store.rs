@@ -84,20 +84,14 @@ impl<'scope> BlobStore<'scope> {
     /// Stores a blob unless the repository has it or it is already on its way. Returns its ID.
     pub fn save(&self, kind: BlobKind, data: Vec<u8>) -> Result<BlobId> {
         let id = self.repo.key().blob_id(&data);
-        if self.repo.index().contains(&id)
-            || !self.inflight.lock().expect("inflight lock").insert(id)
-        {
+        if self.repo.index().contains(&id) || !self.inflight.lock().expect("inflight lock").insert(id) {
             return Ok(id);
         }
-        self.stats
-            .bytes_added
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.stats.bytes_added.fetch_add(data.len() as u64, Ordering::Relaxed);
         let jobs = self.jobs.as_ref().expect("store is running");
         if jobs.send(Job { id, kind, data }).is_err() {
             // The packer stopped early; its error is reported by `finish`.
-            return Err(Error::Usage(
-                "the store stage stopped; see the error below".into(),
-            ));
+            return Err(Error::Usage("the store stage stopped; see the error below".into()));
         }
         Ok(id)
     }
@@ -108,11 +102,7 @@ impl<'scope> BlobStore<'scope> {
         for w in self.workers.drain(..) {
             w.join().expect("compression worker panicked");
         }
-        self.packer
-            .take()
-            .expect("packer")
-            .join()
-            .expect("packer panicked")
+        self.packer.take().expect("packer").join().expect("packer panicked")
     }
 }
 
@@ -123,42 +113,20 @@ fn compress_worker(rx: Receiver<Job>, tx: Sender<Compressed>, codec: Codec) {
             Some(c) => (codec, c),
             None => (Codec::None, job.data),
         };
-        if tx
-            .send(Compressed {
-                id: job.id,
-                kind: job.kind,
-                codec,
-                raw_length,
-                stored,
-            })
-            .is_err()
-        {
+        if tx.send(Compressed { id: job.id, kind: job.kind, codec, raw_length, stored }).is_err() {
             return;
         }
     }
 }
 
-fn pack_and_upload(
-    repo: &Repository,
-    rx: Receiver<Compressed>,
-    stats: &StoreStats,
-) -> Result<Vec<IndexedPack>> {
+fn pack_and_upload(repo: &Repository, rx: Receiver<Compressed>, stats: &StoreStats) -> Result<Vec<IndexedPack>> {
     let target = repo.config().pack_size as usize;
     let mut packs = Vec::new();
     let mut writer = PackWriter::new(repo.key(), target + target / 8);
     for blob in rx {
-        writer.add(
-            blob.id,
-            blob.kind,
-            blob.codec,
-            blob.raw_length,
-            &blob.stored,
-        );
+        writer.add(blob.id, blob.kind, blob.codec, blob.raw_length, &blob.stored);
         if writer.len() >= target {
-            let full = std::mem::replace(
-                &mut writer,
-                PackWriter::new(repo.key(), target + target / 8),
-            );
+            let full = std::mem::replace(&mut writer, PackWriter::new(repo.key(), target + target / 8));
             packs.push(upload(repo, full, stats)?);
         }
     }
@@ -170,15 +138,9 @@ fn pack_and_upload(
 
 fn upload(repo: &Repository, writer: PackWriter, stats: &StoreStats) -> Result<IndexedPack> {
     let pack = writer.finish();
-    stats
-        .bytes_stored
-        .fetch_add(pack.bytes.len() as u64, Ordering::Relaxed);
+    stats.bytes_stored.fetch_add(pack.bytes.len() as u64, Ordering::Relaxed);
     repo.storage().write(&pack_path(&pack.id), pack.bytes)?;
-    let indexed = IndexedPack {
-        id: pack.id,
-        salt: pack.salt,
-        blobs: pack.entries,
-    };
+    let indexed = IndexedPack { id: pack.id, salt: pack.salt, blobs: pack.entries };
     repo.index_pack(&indexed);
     Ok(indexed)
 }

@@ -76,10 +76,7 @@ pub struct Walker<'a, 's> {
 impl Walker<'_, '_> {
     fn warn(&mut self, path: &Path, what: String) {
         self.counters.errors += 1;
-        self.warnings.push(Warning {
-            path: path.to_path_buf(),
-            message: what,
-        });
+        self.warnings.push(Warning { path: path.to_path_buf(), message: what });
     }
 
     /// Stores the tree for directory `dir` according to `sel`; returns its blob ID.
@@ -94,15 +91,14 @@ impl Walker<'_, '_> {
                 continue;
             };
             if child.whole {
-                self.fill(&path, &mut node)?;
+                if !self.fill(&path, &mut node)? {
+                    continue;
+                }
             } else if node.kind == NodeKind::Dir {
                 node.subtree = Some(self.selection_tree(&path, child)?);
                 self.counters.dirs += 1;
             } else {
-                self.warn(
-                    &path,
-                    "is not a directory, but paths below it were given".into(),
-                );
+                self.warn(&path, "is not a directory, but paths below it were given".into());
                 continue;
             }
             tree.nodes.push(node);
@@ -114,10 +110,7 @@ impl Walker<'_, '_> {
         match read_node(path, name, &mut self.names) {
             Ok(Some(n)) => Some(n),
             Ok(None) => {
-                self.warnings.push(Warning {
-                    path: path.to_path_buf(),
-                    message: "is a socket: skipped".into(),
-                });
+                self.warnings.push(Warning { path: path.to_path_buf(), message: "is a socket: skipped".into() });
                 None
             }
             Err(e) => {
@@ -127,25 +120,26 @@ impl Walker<'_, '_> {
         }
     }
 
-    /// Fills in a node's content (files) or subtree (directories).
-    fn fill(&mut self, path: &Path, node: &mut Node) -> Result<()> {
+    /// Fills in a node's content (files) or subtree (directories); `false` when the entry
+    /// could not be read and is left out of the snapshot.
+    fn fill(&mut self, path: &Path, node: &mut Node) -> Result<bool> {
         match node.kind {
             NodeKind::Dir => {
                 node.subtree = Some(self.dir_tree(path)?);
+                Ok(true)
             }
-            NodeKind::File => self.file(path, node)?,
-            _ => {}
+            NodeKind::File => self.file(path, node),
+            _ => Ok(true),
         }
-        Ok(())
     }
 
-    fn file(&mut self, path: &Path, node: &mut Node) -> Result<()> {
+    fn file(&mut self, path: &Path, node: &mut Node) -> Result<bool> {
         let link_key = (node.device_id, node.inode);
         if node.links > 1 {
             if let Some(content) = self.hardlinks.get(&link_key) {
                 node.content = content.clone();
                 self.counters.files_new += 1;
-                return Ok(());
+                return Ok(true);
             }
         }
         match read_file(path, node, &self.chunker, self.store) {
@@ -160,14 +154,11 @@ impl Walker<'_, '_> {
                 if node.links > 1 {
                     self.hardlinks.insert(link_key, node.content.clone());
                 }
-                Ok(())
+                Ok(true)
             }
             Err(Error::Io { source, what, .. }) => {
-                self.warn(path, format!("{what}: {source}"));
-                node.content.clear();
-                node.size = 0;
-                self.counters.files_new += 1;
-                Ok(())
+                self.warn(path, format!("{what}: {source}; not backed up"));
+                Ok(false)
             }
             Err(e) => Err(e),
         }
@@ -197,7 +188,9 @@ impl Walker<'_, '_> {
             let Some(mut node) = self.node(&path, name) else {
                 continue;
             };
-            self.fill(&path, &mut node)?;
+            if !self.fill(&path, &mut node)? {
+                continue;
+            }
             tree.nodes.push(node);
         }
         self.store.save(BlobKind::Tree, tree.to_bytes())

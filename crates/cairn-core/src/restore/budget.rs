@@ -23,11 +23,7 @@ pub struct Reservation<'b> {
 impl Budget {
     /// A budget of `limit` bytes.
     pub fn new(limit: u64) -> Self {
-        Budget {
-            limit,
-            used: Mutex::new(0),
-            freed: Condvar::new(),
-        }
+        Budget { limit, used: Mutex::new(0), freed: Condvar::new() }
     }
 
     /// Waits until `bytes` fit (or nothing else is in flight), then reserves them. Returns
@@ -38,17 +34,10 @@ impl Budget {
             if stop() {
                 return None;
             }
-            used = self
-                .freed
-                .wait_timeout(used, std::time::Duration::from_millis(100))
-                .expect("budget lock")
-                .0;
+            used = self.freed.wait_timeout(used, std::time::Duration::from_millis(100)).expect("budget lock").0;
         }
         *used += bytes;
-        Some(Reservation {
-            budget: self,
-            bytes,
-        })
+        Some(Reservation { budget: self, bytes })
     }
 
     /// Bytes reserved right now.
@@ -63,10 +52,7 @@ impl Reservation<'_> {
     pub fn split(&mut self, bytes: u64) -> Self {
         let bytes = bytes.min(self.bytes);
         self.bytes -= bytes;
-        Reservation {
-            budget: self.budget,
-            bytes,
-        }
+        Reservation { budget: self.budget, bytes }
     }
 }
 

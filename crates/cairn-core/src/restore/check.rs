@@ -37,9 +37,7 @@ impl FromStr for Overwrite {
             "if-changed" => Ok(Overwrite::IfChanged),
             "if-newer" => Ok(Overwrite::IfNewer),
             "never" => Ok(Overwrite::Never),
-            _ => Err(Error::Usage(format!(
-                "unknown --overwrite {s:?}: use always, if-changed, if-newer or never"
-            ))),
+            _ => Err(Error::Usage(format!("unknown --overwrite {s:?}: use always, if-changed, if-newer or never"))),
         }
     }
 }
@@ -56,8 +54,8 @@ pub enum FileState {
     },
     /// An existing regular file is fixed in place.
     InPlace {
-        /// Data chunks to write: (offset, blob).
-        needed: Vec<(u64, BlobId)>,
+        /// Data chunks to write.
+        needed: Vec<NeededChunk>,
         /// Ranges that must become zero (holes) but hold data.
         zero_fix: Vec<(u64, u64)>,
         /// Whether the size differs.
@@ -71,11 +69,11 @@ pub enum FileState {
 
 impl FileState {
     /// The data chunks this state still needs written, for a file node.
-    pub fn needed(&self, node: &Node) -> Vec<(u64, BlobId)> {
+    pub fn needed(&self, node: &Node) -> Vec<NeededChunk> {
         match self {
             FileState::Create { .. } => chunk_offsets(&node.content)
-                .filter_map(|(off, c)| match c {
-                    Chunk::Data { id, .. } => Some((off, *id)),
+                .filter_map(|(offset, c)| match *c {
+                    Chunk::Data { id, len } => Some(NeededChunk { offset, id, len }),
                     Chunk::Zero { .. } => None,
                 })
                 .collect(),
@@ -85,18 +83,22 @@ impl FileState {
     }
 }
 
+/// A data chunk that must be written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NeededChunk {
+    /// Where in the file.
+    pub offset: u64,
+    /// The blob.
+    pub id: BlobId,
+    /// Its length as the tree records it.
+    pub len: u32,
+}
+
 /// Checks every file entry against the target, on `threads` threads.
-pub fn check(
-    target: &Path,
-    plan: &Plan,
-    key: &MasterKey,
-    mode: Overwrite,
-    threads: usize,
-) -> Vec<FileState> {
+pub fn check(target: &Path, plan: &Plan, key: &MasterKey, mode: Overwrite, threads: usize) -> Vec<FileState> {
     let next = AtomicUsize::new(0);
-    let slots: Vec<std::sync::Mutex<Option<FileState>>> = (0..plan.entries.len())
-        .map(|_| std::sync::Mutex::new(None))
-        .collect();
+    let slots: Vec<std::sync::Mutex<Option<FileState>>> =
+        (0..plan.entries.len()).map(|_| std::sync::Mutex::new(None)).collect();
     std::thread::scope(|s| {
         for _ in 0..threads.max(1) {
             s.spawn(|| loop {
@@ -112,14 +114,7 @@ pub fn check(
             });
         }
     });
-    slots
-        .into_iter()
-        .map(|slot| {
-            slot.into_inner()
-                .expect("slot")
-                .unwrap_or(FileState::NotFile)
-        })
-        .collect()
+    slots.into_iter().map(|slot| slot.into_inner().expect("slot").unwrap_or(FileState::NotFile)).collect()
 }
 
 fn check_file(path: &Path, node: &Node, key: &MasterKey, mode: Overwrite) -> FileState {
@@ -127,7 +122,9 @@ fn check_file(path: &Path, node: &Node, key: &MasterKey, mode: Overwrite) -> Fil
         Ok(md) => md,
         Err(_) => return FileState::Create { clear: false },
     };
-    if !md.file_type().is_file() {
+    // Not a plain file, or a file with other names (possibly outside the target): replace it,
+    // never write through it.
+    if !md.file_type().is_file() || md.nlink() > 1 {
         return FileState::Create { clear: true };
     }
     let same_mtime = md.mtime() == node.mtime.secs && md.mtime_nsec() as u32 == node.mtime.nanos;
@@ -155,12 +152,7 @@ fn check_file(path: &Path, node: &Node, key: &MasterKey, mode: Overwrite) -> Fil
 }
 
 fn open_noatime(path: &Path) -> io::Result<File> {
-    let open = |flags| {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(flags)
-            .open(path)
-    };
+    let open = |flags| std::fs::OpenOptions::new().read(true).custom_flags(flags).open(path);
     match open(libc::O_NOFOLLOW | libc::O_NOATIME) {
         Err(e) if e.raw_os_error() == Some(libc::EPERM) => open(libc::O_NOFOLLOW),
         other => other,
@@ -183,13 +175,13 @@ fn compare_content(path: &Path, node: &Node, key: &MasterKey, size: u64) -> io::
         match *chunk {
             Chunk::Data { id, len } => {
                 if off + u64::from(len) > size {
-                    needed.push((off, id));
+                    needed.push(NeededChunk { offset: off, id, len });
                     continue;
                 }
                 buf.resize(len as usize, 0);
                 file.read_exact_at(&mut buf, off)?;
                 if key.blob_id(&buf) != id {
-                    needed.push((off, id));
+                    needed.push(NeededChunk { offset: off, id, len });
                 }
             }
             Chunk::Zero { len } => {
@@ -204,11 +196,7 @@ fn compare_content(path: &Path, node: &Node, key: &MasterKey, size: u64) -> io::
     if needed.is_empty() && zero_fix.is_empty() && !resize {
         return Ok(FileState::Complete);
     }
-    Ok(FileState::InPlace {
-        needed,
-        zero_fix,
-        resize,
-    })
+    Ok(FileState::InPlace { needed, zero_fix, resize })
 }
 
 /// Whether `[start, end)` of the file reads as zeros; holes are skipped without reading.
@@ -223,11 +211,7 @@ fn region_is_zero(file: &File, start: u64, end: u64, buf: &mut Vec<u8>) -> io::R
         let data = data as u64;
         // SAFETY: as above.
         let hole = unsafe { libc::lseek(file.as_raw_fd(), data as i64, libc::SEEK_HOLE) };
-        let stop = if hole < 0 {
-            end
-        } else {
-            (hole as u64).min(end)
-        };
+        let stop = if hole < 0 { end } else { (hole as u64).min(end) };
         let mut at = data;
         while at < stop {
             let n = (stop - at).min(1 << 20) as usize;

@@ -36,9 +36,7 @@ fn already_there(path: &Path, node: &Node) -> io::Result<bool> {
     let ft = md.file_type();
     Ok(match node.kind {
         NodeKind::Dir => ft.is_dir(),
-        NodeKind::Symlink => {
-            ft.is_symlink() && fs::read_link(path)?.as_os_str().as_bytes() == node.target
-        }
+        NodeKind::Symlink => ft.is_symlink() && fs::read_link(path)?.as_os_str().as_bytes() == node.target,
         NodeKind::Fifo => ft.is_fifo(),
         NodeKind::CharDevice => ft.is_char_device() && md.rdev() == node.rdev,
         NodeKind::BlockDevice => ft.is_block_device() && md.rdev() == node.rdev,
@@ -76,45 +74,29 @@ pub fn prepare(
         }
         NodeKind::CharDevice | NodeKind::BlockDevice if is_root => {
             remove_any(path)?;
-            let kind = if node.kind == NodeKind::CharDevice {
-                libc::S_IFCHR
-            } else {
-                libc::S_IFBLK
-            };
+            let kind = if node.kind == NodeKind::CharDevice { libc::S_IFCHR } else { libc::S_IFBLK };
             mknod(path, kind | node.mode, node.rdev)
         }
-        NodeKind::CharDevice | NodeKind::BlockDevice => Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            "device nodes can only be restored as root",
-        )),
+        NodeKind::CharDevice | NodeKind::BlockDevice => {
+            Err(io::Error::new(io::ErrorKind::PermissionDenied, "device nodes can only be restored as root"))
+        }
     }
 }
 
-fn prepare_file(
-    path: &Path,
-    node: &Node,
-    state: &FileState,
-    has_data: bool,
-    sparse: Sparse,
-) -> io::Result<()> {
+fn prepare_file(path: &Path, node: &Node, state: &FileState, has_data: bool, sparse: Sparse) -> io::Result<()> {
     match state {
         FileState::Create { clear } => {
             if *clear {
                 remove_any(path)?;
             }
             if !has_data {
-                let f = create_file(path)?;
+                let f = create_file(path, node.mode)?;
                 size_new_file(&f, node, sparse)?;
             }
             Ok(())
         }
-        FileState::InPlace {
-            zero_fix, resize, ..
-        } => {
-            let f = OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(path)?;
+        FileState::InPlace { zero_fix, resize, .. } => {
+            let f = OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
             if *resize {
                 f.set_len(node.size)?;
             }
@@ -128,19 +110,17 @@ fn prepare_file(
 }
 
 /// Opens (creating if needed) a file for writing, never through a symlink.
-pub fn create_file(path: &Path) -> io::Result<fs::File> {
-    OpenOptions::new()
-        .write(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
+pub fn create_file(path: &Path, mode: u32) -> io::Result<fs::File> {
+    OpenOptions::new().write(true).create(true).mode((mode & 0o777) | 0o600).custom_flags(libc::O_NOFOLLOW).open(path)
 }
 
 /// Gives a new file its final size: zero ranges stay holes, except with `--sparse never`
 /// (everything allocated) or `--preallocate` (data ranges reserved).
 pub fn size_new_file(f: &fs::File, node: &Node, sparse: Sparse) -> io::Result<()> {
-    f.set_len(node.size)?;
+    // Writes extend the file themselves; only trailing zeros need the size set.
+    if sparse != Sparse::Auto || !matches!(node.content.last(), Some(Chunk::Data { .. })) {
+        f.set_len(node.size)?;
+    }
     match sparse {
         Sparse::Never if node.size > 0 => fallocate(f, 0, node.size),
         Sparse::Preallocate => {

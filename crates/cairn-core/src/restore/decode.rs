@@ -24,11 +24,7 @@ pub struct Decoded<'b> {
 }
 
 /// Runs until `input` is drained or `out` is closed.
-pub fn decode_worker<'s>(
-    sh: &'s Shared<'_>,
-    input: Receiver<Fetched<'s>>,
-    out: Sender<Decoded<'s>>,
-) {
+pub fn decode_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Fetched<'s>>, out: Sender<Decoded<'s>>) {
     let clock = &sh.clocks[1];
     loop {
         let t = Instant::now();
@@ -45,11 +41,7 @@ pub fn decode_worker<'s>(
         match decoded {
             Ok(data) => {
                 let t = Instant::now();
-                let job = Decoded {
-                    id: f.entry.id,
-                    data: Arc::new(data),
-                    reservation: f.reservation,
-                };
+                let job = Decoded { id: f.entry.id, data: Arc::new(data), reservation: f.reservation };
                 if out.send(job).is_err() {
                     return;
                 }

@@ -42,18 +42,11 @@ pub fn fetch_worker<'s>(sh: &'s Shared<'_>, reads: Receiver<&PackRead>, out: Sen
         if sh.cancelled() {
             return;
         }
-        let Some(mut reservation) = sh
-            .budget
-            .reserve(read.length + read.raw_bytes(), || sh.cancelled())
-        else {
+        let Some(mut reservation) = sh.budget.reserve(read.length + read.raw_bytes(), || sh.cancelled()) else {
             return;
         };
         let path: Arc<str> = pack_path(&read.pack).into();
-        let bytes = match work(clock, || {
-            sh.repo
-                .storage()
-                .read_range(&path, read.offset, read.length)
-        }) {
+        let bytes = match work(clock, || sh.repo.storage().read_range(&path, read.offset, read.length)) {
             Ok(b) => b,
             Err(e) => {
                 for b in &read.blobs {
@@ -62,15 +55,11 @@ pub fn fetch_worker<'s>(sh: &'s Shared<'_>, reads: Receiver<&PackRead>, out: Sen
                 continue;
             }
         };
-        sh.fetched
-            .fetch_add(read.length, std::sync::atomic::Ordering::Relaxed);
+        sh.fetched.fetch_add(read.length, std::sync::atomic::Ordering::Relaxed);
         let key = Arc::new(sh.repo.key().object_key(&read.salt));
         let range = Arc::new(bytes);
-        let blob_parts: Vec<Reservation<'s>> = read
-            .blobs
-            .iter()
-            .map(|b| reservation.split(u64::from(b.raw_length)))
-            .collect();
+        let blob_parts: Vec<Reservation<'s>> =
+            read.blobs.iter().map(|b| reservation.split(u64::from(b.raw_length))).collect();
         let range_reservation = Arc::new(reservation);
         for (b, part) in read.blobs.iter().zip(blob_parts) {
             let job = Fetched {

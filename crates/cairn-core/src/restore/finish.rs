@@ -74,14 +74,7 @@ impl Target for PathTarget<'_> {
     }
     fn set_times(&self, times: &[libc::timespec; 2]) -> io::Result<()> {
         // SAFETY: as above; AT_SYMLINK_NOFOLLOW sets a symlink's own times.
-        check(unsafe {
-            libc::utimensat(
-                libc::AT_FDCWD,
-                self.c.as_ptr(),
-                times.as_ptr(),
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        })
+        check(unsafe { libc::utimensat(libc::AT_FDCWD, self.c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })
     }
     fn list_xattrs(&self) -> io::Result<Vec<OsString>> {
         Ok(xattr::list(self.path)?.collect())
@@ -99,10 +92,7 @@ fn annotate(what: &str) -> impl Fn(io::Error) -> io::Error + '_ {
 }
 
 fn timespecs(atime: Timestamp, mtime: Timestamp) -> [libc::timespec; 2] {
-    let ts = |t: Timestamp| libc::timespec {
-        tv_sec: t.secs as libc::time_t,
-        tv_nsec: t.nanos as libc::c_long,
-    };
+    let ts = |t: Timestamp| libc::timespec { tv_sec: t.secs as libc::time_t, tv_nsec: t.nanos as libc::c_long };
     [ts(atime), ts(mtime)]
 }
 
@@ -137,42 +127,57 @@ fn sync_xattrs(t: &impl Target, node: &Node) -> io::Result<()> {
     Ok(())
 }
 
-fn apply(t: &impl Target, node: &Node, is_root: bool) -> io::Result<()> {
-    let symlink = node.kind == NodeKind::Symlink;
-    if !symlink || is_root {
-        sync_xattrs(t, node).map_err(annotate("cannot set extended attributes"))?;
-    }
-    if is_root {
-        t.chown(node.uid, node.gid)
-            .map_err(annotate("cannot change owner"))?;
-    }
-    if !symlink {
-        t.chmod(node.mode).map_err(annotate("cannot change mode"))?;
-        // The access ACL goes after the mode: chmod would rewrite its mask.
-        if let Some(acl) = &node.acl_access {
-            t.set_xattr(OsStr::from_bytes(ACL_ACCESS), acl)
-                .map_err(annotate("cannot set ACL"))?;
-        }
-    }
-    t.set_times(&timespecs(node.atime, node.mtime))
-        .map_err(annotate("cannot set times"))
+/// How a file this restore just created was made: with the node's permission bits less
+/// `umask`, and without extended attributes.
+#[derive(Clone, Copy)]
+struct Created {
+    umask: u32,
 }
 
-/// Applies `node`'s metadata through an open file (the write stage, after the last chunk).
-pub fn apply_to_file(file: &File, node: &Node, is_root: bool) -> io::Result<()> {
-    apply(file, node, is_root)
+fn apply(t: &impl Target, node: &Node, is_root: bool, created: Option<Created>) -> io::Result<()> {
+    let symlink = node.kind == NodeKind::Symlink;
+    let xattr_err = annotate("cannot set extended attributes");
+    match created {
+        // A new file has no xattrs: only set the ones the node has.
+        Some(_) => {
+            for x in &node.xattrs {
+                t.set_xattr(OsStr::from_bytes(&x.name), &x.value).map_err(&xattr_err)?;
+            }
+        }
+        None if !symlink || is_root => sync_xattrs(t, node).map_err(&xattr_err)?,
+        None => {}
+    }
+    if is_root {
+        t.chown(node.uid, node.gid).map_err(annotate("cannot change owner"))?;
+    }
+    // Creation already set the permission bits unless the umask took some away; setuid,
+    // setgid and sticky bits are always set here, after chown (which would clear them).
+    let mode_ok = created.is_some_and(|c| node.mode & 0o7600 == 0o600 && node.mode & c.umask == 0);
+    if !symlink && !mode_ok {
+        t.chmod(node.mode).map_err(annotate("cannot change mode"))?;
+    }
+    if !symlink {
+        // The access ACL goes after the mode: chmod would rewrite its mask.
+        if let Some(acl) = &node.acl_access {
+            t.set_xattr(OsStr::from_bytes(ACL_ACCESS), acl).map_err(annotate("cannot set ACL"))?;
+        }
+    }
+    t.set_times(&timespecs(node.atime, node.mtime)).map_err(annotate("cannot set times"))
+}
+
+/// Applies `node`'s metadata through an open file (the write stage, after the last chunk);
+/// `created` when this restore created the file.
+pub fn apply_to_file(file: &File, node: &Node, is_root: bool, created: Option<u32>) -> io::Result<()> {
+    apply(file, node, is_root, created.map(|umask| Created { umask }))
 }
 
 /// Applies `node`'s metadata to `path` (never followed), unless it already matches.
 pub fn apply_to_path(path: &Path, node: &Node, is_root: bool) -> io::Result<()> {
-    let t = PathTarget {
-        path,
-        c: cstring(path)?,
-    };
+    let t = PathTarget { path, c: cstring(path)? };
     if matches(&t, node, is_root)? {
         return Ok(());
     }
-    apply(&t, node, is_root)
+    apply(&t, node, is_root, None)
 }
 
 /// Whether the entry at the path already carries exactly the node's metadata.
@@ -192,9 +197,7 @@ fn matches(t: &PathTarget<'_>, node: &Node, is_root: bool) -> io::Result<bool> {
         Err(e) if unsupported(&e) => Vec::new(),
         Err(e) => return Err(e),
     };
-    let want = node.xattrs.len()
-        + usize::from(node.acl_access.is_some())
-        + usize::from(node.acl_default.is_some());
+    let want = node.xattrs.len() + usize::from(node.acl_access.is_some()) + usize::from(node.acl_default.is_some());
     if names.len() != want {
         return Ok(false);
     }
@@ -203,10 +206,7 @@ fn matches(t: &PathTarget<'_>, node: &Node, is_root: bool) -> io::Result<bool> {
             return Ok(false);
         }
     }
-    for (name, value) in [
-        (ACL_ACCESS, &node.acl_access),
-        (ACL_DEFAULT, &node.acl_default),
-    ] {
+    for (name, value) in [(ACL_ACCESS, &node.acl_access), (ACL_DEFAULT, &node.acl_default)] {
         if let Some(v) = value {
             if xattr::get(t.path, OsStr::from_bytes(name))?.as_deref() != Some(&v[..]) {
                 return Ok(false);

@@ -58,9 +58,7 @@ impl std::str::FromStr for SparseMode {
             "auto" => Ok(SparseMode::Auto),
             "always" => Ok(SparseMode::Always),
             "never" => Ok(SparseMode::Never),
-            _ => Err(Error::Usage(format!(
-                "unknown --sparse {s:?}: use auto, always or never"
-            ))),
+            _ => Err(Error::Usage(format!("unknown --sparse {s:?}: use auto, always or never"))),
         }
     }
 }
@@ -116,9 +114,7 @@ pub const DEFAULT_MAX_MEMORY: u64 = 256 * 1024 * 1024;
 
 impl Default for RestoreOptions {
     fn default() -> Self {
-        let cores = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2);
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
         RestoreOptions {
             fetch_concurrency: 4,
             decode_threads: cores,
@@ -221,11 +217,7 @@ impl Failures<'_> {
 
     /// Entry `i` fails with `why` (the first reason is kept).
     pub fn entry(&self, i: usize, why: &str) {
-        self.entries
-            .lock()
-            .expect("failures lock")
-            .entry(i)
-            .or_insert_with(|| why.to_string());
+        self.entries.lock().expect("failures lock").entry(i).or_insert_with(|| why.to_string());
     }
 }
 
@@ -250,6 +242,7 @@ pub struct Shared<'a> {
     warnings: Mutex<Vec<(PathBuf, String)>>,
     sparse: Sparse,
     is_root: bool,
+    umask: u32,
 }
 
 impl Shared<'_> {
@@ -268,29 +261,18 @@ impl Shared<'_> {
     }
 
     fn warn(&self, path: PathBuf, why: String) {
-        self.warnings
-            .lock()
-            .expect("warnings lock")
-            .push((path, why));
+        self.warnings.lock().expect("warnings lock").push((path, why));
     }
 }
 
 /// Errors that no other entry will escape either: the restore stops.
 pub(crate) fn is_fatal(e: &std::io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::ENOSPC) | Some(libc::EROFS) | Some(libc::EDQUOT)
-    )
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EROFS) | Some(libc::EDQUOT))
 }
 
 /// Finds the node at absolute `path` inside `snapshot` (`None` for `/`); `name` names the
 /// snapshot in errors.
-pub fn resolve_path(
-    repo: &Repository,
-    snapshot: &Snapshot,
-    path: &str,
-    name: &str,
-) -> Result<Option<Node>> {
+pub fn resolve_path(repo: &Repository, snapshot: &Snapshot, path: &str, name: &str) -> Result<Option<Node>> {
     plan::resolve(repo, &snapshot.tree, path, name)
 }
 
@@ -306,16 +288,12 @@ pub fn restore(
     progress: &Progress,
 ) -> Result<RestoreOutcome> {
     let started = Instant::now();
-    let base = path
-        .map(|p| p.trim_end_matches('/'))
-        .filter(|p| !p.is_empty());
+    let base = path.map(|p| p.trim_end_matches('/')).filter(|p| !p.is_empty());
     let (top, into_dir) = match base {
         None => (Top::Tree(snapshot.tree), true),
         Some(p) => match plan::resolve(repo, &snapshot.tree, p, name)? {
             None => (Top::Tree(snapshot.tree), true),
-            Some(node) if node.kind == NodeKind::Dir => {
-                (Top::Tree(node.subtree.expect("validated dir")), true)
-            }
+            Some(node) if node.kind == NodeKind::Dir => (Top::Tree(node.subtree.expect("validated dir")), true),
             Some(node) => (Top::Node(Box::new(node)), false),
         },
     };
@@ -323,7 +301,27 @@ pub fn restore(
     let base_path = PathBuf::from(base.unwrap_or("/"));
     let plan = plan::build(repo, top, &base_path, &filter)?;
     let threads = opts.write_threads.max(1);
-    let states = if target_is_empty(target) {
+    let is_root = crate::platform::is_root();
+    // Directories first, so the check below never looks through a symlink standing where a
+    // directory belongs (it is replaced by a real directory here).
+    let empty = target_is_empty(target);
+    let mut dir_failures = Vec::new();
+    if !opts.dry_run {
+        std::fs::create_dir_all(target).map_err(|e| Error::io(target, "cannot create restore target", e))?;
+        for (i, entry) in plan.entries.iter().enumerate() {
+            if entry.node.kind != NodeKind::Dir {
+                continue;
+            }
+            let path = target.join(&entry.rel);
+            if let Err(e) = create::prepare(&path, entry, &FileState::NotFile, false, Sparse::Auto, is_root) {
+                if is_fatal(&e) {
+                    return Err(Error::io(path, "cannot create", e));
+                }
+                dir_failures.push((i, format!("cannot create: {e}")));
+            }
+        }
+    }
+    let states = if empty {
         plan.entries
             .iter()
             .map(|e| {
@@ -337,12 +335,8 @@ pub fn restore(
     } else {
         check::check(target, &plan, repo.key(), opts.overwrite, threads)
     };
-    let needed: Vec<Vec<(u64, BlobId)>> = plan
-        .entries
-        .iter()
-        .zip(&states)
-        .map(|(e, s)| s.needed(&e.node))
-        .collect();
+    let needed: Vec<Vec<check::NeededChunk>> =
+        plan.entries.iter().zip(&states).map(|(e, s)| s.needed(&e.node)).collect();
     let fetches = plan::fetches(repo, &plan, &needed);
 
     let mut out = RestoreOutcome::default();
@@ -355,40 +349,15 @@ pub fn restore(
         if e.node.kind != NodeKind::File || e.link_of.is_some() {
             continue;
         }
-        let zero: u64 = e
-            .node
-            .content
-            .iter()
-            .filter(|c| matches!(c, Chunk::Zero { .. }))
-            .map(Chunk::len)
-            .sum();
+        let zero: u64 = e.node.content.iter().filter(|c| matches!(c, Chunk::Zero { .. })).map(Chunk::len).sum();
         out.bytes_total += e.node.size;
         out.bytes_zero += zero;
-        let needed_bytes: u64 = match st {
-            FileState::Create { .. } | FileState::InPlace { .. } => {
-                let lens: HashMap<&BlobId, u64> = e
-                    .node
-                    .content
-                    .iter()
-                    .filter_map(|c| match c {
-                        Chunk::Data { id, len } => Some((id, u64::from(*len))),
-                        Chunk::Zero { .. } => None,
-                    })
-                    .collect();
-                st.needed(&e.node)
-                    .iter()
-                    .map(|(_, id)| lens.get(id).copied().unwrap_or(0))
-                    .sum()
-            }
-            _ => 0,
-        };
+        let needed_bytes: u64 = st.needed(&e.node).iter().map(|c| u64::from(c.len)).sum();
         if !matches!(st, FileState::Create { .. } | FileState::Skip) {
             out.bytes_in_place += e.node.size - zero - needed_bytes;
         }
     }
-    progress
-        .total_bytes
-        .store(out.bytes_total, Ordering::Relaxed);
+    progress.total_bytes.store(out.bytes_total, Ordering::Relaxed);
     progress.total_files.store(out.files, Ordering::Relaxed);
 
     if opts.dry_run {
@@ -410,17 +379,13 @@ pub fn restore(
         return Ok(out);
     }
 
-    std::fs::create_dir_all(target)
-        .map_err(|e| Error::io(target, "cannot create restore target", e))?;
-    let is_root = crate::platform::is_root();
     let sparse = match (opts.sparse, opts.preallocate) {
         (SparseMode::Never, _) => Sparse::Never,
         (_, true) => Sparse::Preallocate,
         (SparseMode::Always, false) => Sparse::Always,
         (SparseMode::Auto, false) => Sparse::Auto,
     };
-    let mut remaining: Vec<AtomicU32> =
-        (0..plan.entries.len()).map(|_| AtomicU32::new(0)).collect();
+    let mut remaining: Vec<AtomicU32> = (0..plan.entries.len()).map(|_| AtomicU32::new(0)).collect();
     for dests in fetches.dests.values() {
         for d in dests {
             *remaining[d.entry as usize].get_mut() += 1;
@@ -433,18 +398,11 @@ pub fn restore(
         states: &states,
         target,
         budget: Budget::new(opts.max_memory),
-        failures: Failures {
-            dests: &fetches.dests,
-            entries: Mutex::new(BTreeMap::new()),
-        },
+        failures: Failures { dests: &fetches.dests, entries: Mutex::new(BTreeMap::new()) },
         clocks: Default::default(),
         remaining,
-        sized: (0..plan.entries.len())
-            .map(|_| AtomicBool::new(false))
-            .collect(),
-        meta_done: (0..plan.entries.len())
-            .map(|_| AtomicBool::new(false))
-            .collect(),
+        sized: (0..plan.entries.len()).map(|_| AtomicBool::new(false)).collect(),
+        meta_done: (0..plan.entries.len()).map(|_| AtomicBool::new(false)).collect(),
         fetched: AtomicU64::new(0),
         written: AtomicU64::new(0),
         files_done: AtomicU64::new(0),
@@ -453,16 +411,23 @@ pub fn restore(
         warnings: Mutex::new(Vec::new()),
         sparse,
         is_root,
+        umask: crate::platform::umask(),
     };
     for &(entry, id) in &fetches.missing {
-        sh.failures.entry(
-            entry,
-            &format!("blob {} is not in the repository index", id.short()),
-        );
+        sh.failures.entry(entry, &format!("blob {} is not in the repository index", id.short()));
+    }
+    for &(entry, id) in &fetches.mismatched {
+        sh.failures.entry(entry, &format!("a chunk's recorded length differs from blob {}", id.short()));
+    }
+    for (entry, why) in dir_failures {
+        sh.failures.entry(entry, &why);
     }
 
-    // Create stage: parents before children.
+    // Create stage (directories are done): parents before children.
     for (i, entry) in plan.entries.iter().enumerate() {
+        if entry.node.kind == NodeKind::Dir {
+            continue;
+        }
         let has_data = sh.remaining[i].load(Ordering::Relaxed) > 0;
         let path = target.join(&entry.rel);
         if let Err(e) = create::prepare(&path, entry, &states[i], has_data, sparse, is_root) {
@@ -484,11 +449,7 @@ pub fn restore(
     }
     out.bytes_written = sh.written.load(Ordering::Relaxed);
     out.bytes_fetched = sh.fetched.load(Ordering::Relaxed);
-    out.profile = [
-        sh.clocks[0].times(),
-        sh.clocks[1].times(),
-        sh.clocks[2].times(),
-    ];
+    out.profile = [sh.clocks[0].times(), sh.clocks[1].times(), sh.clocks[2].times()];
 
     let failed = std::mem::take(&mut *sh.failures.entries.lock().expect("failures lock"));
     finish_all(&sh, &failed, opts, progress);
@@ -514,6 +475,11 @@ pub fn restore(
         out.failed.extend(bad);
     }
     for (i, why) in failed {
+        match plan.entries[i].node.kind {
+            NodeKind::File => out.files -= 1,
+            NodeKind::Dir => out.dirs -= 1,
+            _ => out.others -= 1,
+        }
         out.failed.push((plan.entries[i].rel.clone(), why));
     }
     out.failed.sort();
@@ -532,12 +498,7 @@ fn target_is_empty(target: &Path) -> bool {
 
 /// Hard links, then metadata of every file and other entry the write stage did not finish;
 /// failed files are removed so none is left with wrong content.
-fn finish_all(
-    sh: &Shared<'_>,
-    failed: &BTreeMap<usize, String>,
-    opts: &RestoreOptions,
-    progress: &Progress,
-) {
+fn finish_all(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, opts: &RestoreOptions, progress: &Progress) {
     let plan = sh.plan;
     let next = AtomicUsize::new(0);
     std::thread::scope(|s| {
@@ -553,10 +514,7 @@ fn finish_all(
                 let path = sh.target.join(&entry.rel);
                 if failed.contains_key(&i) {
                     if entry.node.kind == NodeKind::File
-                        && matches!(
-                            sh.states[i],
-                            FileState::Create { .. } | FileState::InPlace { .. }
-                        )
+                        && matches!(sh.states[i], FileState::Create { .. } | FileState::InPlace { .. })
                     {
                         let _ = std::fs::remove_file(&path);
                     }
@@ -577,14 +535,10 @@ fn finish_all(
     for (i, entry) in plan.entries.iter().enumerate() {
         let Some(first) = entry.link_of else { continue };
         if let Some(why) = failed.get(&first) {
-            sh.failures
-                .entry(i, &format!("its hard-link target failed: {why}"));
+            sh.failures.entry(i, &format!("its hard-link target failed: {why}"));
             continue;
         }
-        if let Err(e) = create::hard_link(
-            &sh.target.join(&plan.entries[first].rel),
-            &sh.target.join(&entry.rel),
-        ) {
+        if let Err(e) = create::hard_link(&sh.target.join(&plan.entries[first].rel), &sh.target.join(&entry.rel)) {
             sh.warn(entry.rel.clone(), format!("cannot create hard link: {e}"));
         }
     }
@@ -602,10 +556,7 @@ fn extra_entries(target: &Path, plan: &Plan, include_root: bool) -> Vec<PathBuf>
         }
         let parent = e.rel.parent().map(Path::to_path_buf).unwrap_or_default();
         if let Some(name) = e.rel.file_name() {
-            children
-                .entry(parent)
-                .or_default()
-                .insert(name.to_os_string());
+            children.entry(parent).or_default().insert(name.to_os_string());
         }
     }
     let mut out = Vec::new();
@@ -623,13 +574,7 @@ fn extra_entries(target: &Path, plan: &Plan, include_root: bool) -> Vec<PathBuf>
     out
 }
 
-fn run_pipeline(
-    sh: &Shared<'_>,
-    opts: &RestoreOptions,
-    progress: &Progress,
-    base_done: u64,
-    stalls: &mut Vec<String>,
-) {
+fn run_pipeline(sh: &Shared<'_>, opts: &RestoreOptions, progress: &Progress, base_done: u64, stalls: &mut Vec<String>) {
     if sh.fetches.reads.is_empty() {
         return;
     }
@@ -686,17 +631,10 @@ fn watchdog(
     let mut stalls = Vec::new();
     while !finished.load(Ordering::Relaxed) {
         std::thread::sleep(tick);
-        let now = (
-            sh.fetched.load(Ordering::Relaxed),
-            sh.written.load(Ordering::Relaxed),
-        );
+        let now = (sh.fetched.load(Ordering::Relaxed), sh.written.load(Ordering::Relaxed));
         progress.fetched_bytes.store(now.0, Ordering::Relaxed);
-        progress
-            .done_bytes
-            .store(base_done + now.1, Ordering::Relaxed);
-        progress
-            .done_files
-            .store(sh.files_done.load(Ordering::Relaxed), Ordering::Relaxed);
+        progress.done_bytes.store(base_done + now.1, Ordering::Relaxed);
+        progress.done_files.store(sh.files_done.load(Ordering::Relaxed), Ordering::Relaxed);
         if now != last {
             last = now;
             since = Instant::now();
@@ -713,12 +651,7 @@ fn watchdog(
             reported = true;
         }
     }
-    progress.done_bytes.store(
-        base_done + sh.written.load(Ordering::Relaxed),
-        Ordering::Relaxed,
-    );
-    progress
-        .fetched_bytes
-        .store(sh.fetched.load(Ordering::Relaxed), Ordering::Relaxed);
+    progress.done_bytes.store(base_done + sh.written.load(Ordering::Relaxed), Ordering::Relaxed);
+    progress.fetched_bytes.store(sh.fetched.load(Ordering::Relaxed), Ordering::Relaxed);
     stalls
 }

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
+use super::check::NeededChunk;
 use crate::crypto::SALT_LEN;
 use crate::error::{Error, Result};
 use crate::id::{BlobId, PackId};
@@ -77,6 +78,8 @@ pub struct Fetches {
     pub reads: Vec<PackRead>,
     /// Blobs a file needs that no index lists: `(entry, blob)`.
     pub missing: Vec<(usize, BlobId)>,
+    /// Chunks whose recorded length differs from their blob's: `(entry, blob)`.
+    pub mismatched: Vec<(usize, BlobId)>,
     /// Stored bytes the reads will fetch.
     pub fetch_bytes: u64,
 }
@@ -101,20 +104,14 @@ fn globset(patterns: &[String]) -> Result<Option<GlobSet>> {
     for p in patterns {
         b.add(Glob::new(p).map_err(|e| Error::Usage(format!("bad pattern {p:?}: {e}")))?);
     }
-    Ok(Some(
-        b.build()
-            .map_err(|e| Error::Usage(format!("bad patterns: {e}")))?,
-    ))
+    Ok(Some(b.build().map_err(|e| Error::Usage(format!("bad patterns: {e}")))?))
 }
 
 impl Filter {
     /// Builds a filter from `--include` and `--exclude` globs, matched against the absolute
     /// path inside the snapshot and against the entry's name.
     pub fn new(include: &[String], exclude: &[String]) -> Result<Self> {
-        Ok(Filter {
-            include: globset(include)?,
-            exclude: globset(exclude)?,
-        })
+        Ok(Filter { include: globset(include)?, exclude: globset(exclude)? })
     }
 
     fn matches(set: &GlobSet, abs: &Path) -> bool {
@@ -132,29 +129,14 @@ impl Filter {
 
 /// Finds the node at `path` (absolute, inside the snapshot) without following symlinks.
 /// Returns `None` for `/` (the root tree itself).
-pub fn resolve(
-    repo: &Repository,
-    root: &BlobId,
-    path: &str,
-    snapshot: &str,
-) -> Result<Option<Node>> {
+pub fn resolve(repo: &Repository, root: &BlobId, path: &str, snapshot: &str) -> Result<Option<Node>> {
     let mut tree_id = *root;
     let mut found = None;
-    let not_found = || Error::PathNotFound {
-        path: path.to_string(),
-        snapshot: snapshot.to_string(),
-    };
-    let parts: Vec<&str> = path
-        .split('/')
-        .filter(|p| !p.is_empty() && *p != ".")
-        .collect();
+    let not_found = || Error::PathNotFound { path: path.to_string(), snapshot: snapshot.to_string() };
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty() && *p != ".").collect();
     for (i, part) in parts.iter().enumerate() {
         let tree = repo.read_tree(&tree_id)?;
-        let node = tree
-            .nodes
-            .into_iter()
-            .find(|n| n.name == part.as_bytes())
-            .ok_or_else(not_found)?;
+        let node = tree.nodes.into_iter().find(|n| n.name == part.as_bytes()).ok_or_else(not_found)?;
         if i + 1 < parts.len() {
             tree_id = node.subtree.ok_or_else(not_found)?;
         }
@@ -176,16 +158,16 @@ struct Builder<'a> {
     filter: &'a Filter,
     plan: Plan,
     links: HashMap<(u64, u64), usize>,
+    depth: usize,
 }
+
+/// Deepest directory nesting a restore accepts (a path that deep is already longer than
+/// Linux's PATH_MAX); deeper trees are rejected instead of exhausting the stack.
+pub const MAX_DEPTH: usize = 2048;
 
 /// Lists the entries for restoring `top`, whose snapshot path is `base`.
 pub fn build(repo: &Repository, top: Top, base: &Path, filter: &Filter) -> Result<Plan> {
-    let mut b = Builder {
-        repo,
-        filter,
-        plan: Plan::default(),
-        links: HashMap::new(),
-    };
+    let mut b = Builder { repo, filter, plan: Plan::default(), links: HashMap::new(), depth: 0 };
     match top {
         Top::Tree(id) => {
             b.add_tree(&id, Path::new(""), base, false)?;
@@ -200,29 +182,25 @@ pub fn build(repo: &Repository, top: Top, base: &Path, filter: &Filter) -> Resul
 
 impl Builder<'_> {
     /// Adds a tree's entries; returns whether anything was added.
-    fn add_tree(
-        &mut self,
-        id: &BlobId,
-        dir: &Path,
-        abs_dir: &Path,
-        parent_included: bool,
-    ) -> Result<bool> {
+    fn add_tree(&mut self, id: &BlobId, dir: &Path, abs_dir: &Path, parent_included: bool) -> Result<bool> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(Error::invalid(
+                format!("tree {}", id.short()),
+                format!("directories nested deeper than {MAX_DEPTH} levels"),
+            ));
+        }
         let tree = self.repo.read_tree(id)?;
         let mut any = false;
         for node in tree.nodes {
             let abs = abs_dir.join(OsStr::from_bytes(&node.name));
             any |= self.add_node(node, dir, &abs, parent_included)?;
         }
+        self.depth -= 1;
         Ok(any)
     }
 
-    fn add_node(
-        &mut self,
-        node: Node,
-        dir: &Path,
-        abs: &Path,
-        parent_included: bool,
-    ) -> Result<bool> {
+    fn add_node(&mut self, node: Node, dir: &Path, abs: &Path, parent_included: bool) -> Result<bool> {
         if self.filter.excluded(abs) {
             return Ok(false);
         }
@@ -230,11 +208,7 @@ impl Builder<'_> {
         let rel = dir.join(OsStr::from_bytes(&node.name));
         if let Some(sub) = node.subtree {
             let index = self.plan.entries.len();
-            self.plan.entries.push(Entry {
-                rel: rel.clone(),
-                node,
-                link_of: None,
-            });
+            self.plan.entries.push(Entry { rel: rel.clone(), node, link_of: None });
             let any = self.add_tree(&sub, &rel, abs, included)?;
             if !included && !any {
                 self.plan.entries.truncate(index);
@@ -271,39 +245,34 @@ pub fn chunk_offsets(content: &[Chunk]) -> impl Iterator<Item = (u64, &Chunk)> {
 
 /// Builds the fetches for the chunks that `needed(entry)` lists, grouped by pack, sorted by
 /// offset and coalesced.
-pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<(u64, BlobId)>]) -> Fetches {
+pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>]) -> Fetches {
     let mut f = Fetches::default();
+    let index = repo.index();
     for (i, chunks) in needed.iter().enumerate() {
-        for &(offset, id) in chunks {
-            f.dests.entry(id).or_default().push(Dest {
-                entry: i as u32,
-                offset,
-            });
+        for c in chunks {
+            // A tree whose chunk length disagrees with the blob would make a file of the wrong
+            // size: that file fails instead.
+            match index.get(&c.id) {
+                Some(loc) if loc.entry.raw_length != c.len => f.mismatched.push((i, c.id)),
+                _ => f.dests.entry(c.id).or_default().push(Dest { entry: i as u32, offset: c.offset }),
+            }
         }
     }
     debug_assert_eq!(needed.len(), plan.entries.len());
-    let index = repo.index();
     let mut by_pack: BTreeMap<u32, (PackId, [u8; SALT_LEN], Vec<BlobEntry>)> = BTreeMap::new();
     for (id, dests) in &f.dests {
         match index.get(id) {
-            Some(loc) => by_pack
-                .entry(loc.pack_no)
-                .or_insert_with(|| (loc.pack, loc.salt, Vec::new()))
-                .2
-                .push(loc.entry),
-            None => f
-                .missing
-                .extend(dests.iter().map(|d| (d.entry as usize, *id))),
+            Some(loc) => {
+                by_pack.entry(loc.pack_no).or_insert_with(|| (loc.pack, loc.salt, Vec::new())).2.push(loc.entry)
+            }
+            None => f.missing.extend(dests.iter().map(|d| (d.entry as usize, *id))),
         }
     }
     for (_, (pack, salt, mut blobs)) in by_pack {
         blobs.sort_by_key(|b| b.offset);
         let mut current: Option<PackRead> = None;
         for b in blobs {
-            let (start, end) = (
-                u64::from(b.offset),
-                u64::from(b.offset) + u64::from(b.length),
-            );
+            let (start, end) = (u64::from(b.offset), u64::from(b.offset) + u64::from(b.length));
             if let Some(r) = current.as_mut() {
                 let r_end = r.offset + r.length;
                 if start >= r_end && start - r_end <= COALESCE_GAP && end - r.offset <= MAX_READ {
@@ -314,13 +283,7 @@ pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<(u64, BlobId)>]) ->
                 f.fetch_bytes += r.length;
                 f.reads.push(current.take().expect("current read"));
             }
-            current = Some(PackRead {
-                pack,
-                salt,
-                offset: start,
-                length: end - start,
-                blobs: vec![b],
-            });
+            current = Some(PackRead { pack, salt, offset: start, length: end - start, blobs: vec![b] });
         }
         if let Some(r) = current {
             f.fetch_bytes += r.length;

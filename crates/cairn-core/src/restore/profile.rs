@@ -52,11 +52,7 @@ impl StageClock {
     /// The totals so far.
     pub fn times(&self) -> StageTimes {
         let d = |c: &AtomicU64| Duration::from_nanos(c.load(Ordering::Relaxed));
-        StageTimes {
-            busy: d(&self.busy_ns),
-            idle: d(&self.idle_ns),
-            blocked: d(&self.blocked_ns),
-        }
+        StageTimes { busy: d(&self.busy_ns), idle: d(&self.idle_ns), blocked: d(&self.blocked_ns) }
     }
 }
 
@@ -73,9 +69,5 @@ pub fn work<T>(clock: &StageClock, f: impl FnOnce() -> T) -> T {
 /// Names the stage a stalled pipeline is waiting in: the earliest stage with a worker stuck
 /// inside a unit of work, else "fetch" (nothing is arriving).
 pub fn stalled_stage(clocks: &[StageClock; 3]) -> &'static str {
-    clocks
-        .iter()
-        .position(|c| c.working.load(Ordering::Relaxed) > 0)
-        .map(|i| STAGE_NAMES[i])
-        .unwrap_or(STAGE_NAMES[0])
+    clocks.iter().position(|c| c.working.load(Ordering::Relaxed) > 0).map(|i| STAGE_NAMES[i]).unwrap_or(STAGE_NAMES[0])
 }

@@ -28,30 +28,21 @@ pub fn verify(
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(e) = plan.entries.get(i) else { break };
-                if e.node.kind != NodeKind::File
-                    || failed.contains_key(&i)
-                    || states[i] == FileState::Skip
-                {
+                if e.node.kind != NodeKind::File || failed.contains_key(&i) || states[i] == FileState::Skip {
                     continue;
                 }
                 checked.fetch_add(1, Ordering::Relaxed);
                 let path = target.join(&e.rel);
                 match compare(&path, &e.node, key) {
                     Ok(FileState::Complete) => {}
-                    Ok(_) => bad.lock().expect("bad").push((
-                        e.rel.clone(),
-                        "verification failed: content differs from the snapshot".into(),
-                    )),
-                    Err(err) => bad
+                    Ok(_) => bad
                         .lock()
                         .expect("bad")
-                        .push((e.rel.clone(), format!("verification failed: {err}"))),
+                        .push((e.rel.clone(), "verification failed: content differs from the snapshot".into())),
+                    Err(err) => bad.lock().expect("bad").push((e.rel.clone(), format!("verification failed: {err}"))),
                 }
             });
         }
     });
-    (
-        checked.load(Ordering::Relaxed) as u64,
-        bad.into_inner().expect("bad"),
-    )
+    (checked.load(Ordering::Relaxed) as u64, bad.into_inner().expect("bad"))
 }

@@ -39,8 +39,7 @@ pub fn write_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Decoded<'s>>) {
                         sh.fatal(sh.target.join(&sh.plan.entries[d.entry as usize].rel), e);
                         return;
                     }
-                    sh.failures
-                        .entry(d.entry as usize, &format!("cannot write: {e}"));
+                    sh.failures.entry(d.entry as usize, &format!("cannot write: {e}"));
                 }
             }
         });
@@ -52,7 +51,7 @@ fn write_one(sh: &Shared<'_>, d: &Dest, data: &[u8]) -> io::Result<()> {
     let i = d.entry as usize;
     let entry = &sh.plan.entries[i];
     let path = sh.target.join(&entry.rel);
-    let file = create_file(&path)?;
+    let file = create_file(&path, entry.node.mode)?;
     let fresh = matches!(sh.states[i], FileState::Create { .. });
     if fresh && !sh.sized[i].swap(true, Ordering::AcqRel) {
         size_new_file(&file, &entry.node, sh.sparse)?;
@@ -64,15 +63,16 @@ fn write_one(sh: &Shared<'_>, d: &Dest, data: &[u8]) -> io::Result<()> {
     }
     sh.written.fetch_add(data.len() as u64, Ordering::Relaxed);
     if sh.remaining[i].fetch_sub(1, Ordering::AcqRel) == 1 {
-        finish_file(sh, i, &file);
+        finish_file(sh, i, &file, fresh);
     }
     Ok(())
 }
 
 /// The last chunk of file `i` is written: apply its metadata now, while it is open.
-fn finish_file(sh: &Shared<'_>, i: usize, file: &File) {
+fn finish_file(sh: &Shared<'_>, i: usize, file: &File, fresh: bool) {
     let entry = &sh.plan.entries[i];
-    if let Err(e) = apply_to_file(file, &entry.node, sh.is_root) {
+    let created = fresh.then_some(sh.umask);
+    if let Err(e) = apply_to_file(file, &entry.node, sh.is_root, created) {
         sh.warn(entry.rel.clone(), e.to_string());
     }
     sh.meta_done[i].store(true, Ordering::Release);

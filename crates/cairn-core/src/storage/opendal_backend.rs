@@ -36,16 +36,11 @@ impl OpendalStorage {
     /// leaves a partial object behind.
     pub fn local(root: &str) -> Result<Self> {
         let tmp = format!("{}/.tmp", root.trim_end_matches('/'));
-        let builder = opendal::services::Fs::default()
-            .root(root)
-            .atomic_write_dir(&tmp);
+        let builder = opendal::services::Fs::default().root(root).atomic_write_dir(&tmp);
         let op = Operator::new(builder).map_err(|e| storage_err("open", root, e))?;
         let _guard = runtime().enter();
         let op = blocking::Operator::new(op).map_err(|e| storage_err("open", root, e))?;
-        Ok(Self {
-            op,
-            location: root.into(),
-        })
+        Ok(Self { op, location: root.into() })
     }
 }
 
@@ -53,11 +48,7 @@ fn storage_err(op: &'static str, path: &str, source: opendal::Error) -> Error {
     if source.kind() == ErrorKind::NotFound {
         Error::NotFound(path.to_string())
     } else {
-        Error::Storage {
-            op,
-            path: path.to_string(),
-            source: Box::new(source),
-        }
+        Error::Storage { op, path: path.to_string(), source: Box::new(source) }
     }
 }
 
@@ -67,52 +58,33 @@ impl Storage for OpendalStorage {
     }
 
     fn read(&self, path: &str) -> Result<Vec<u8>> {
-        let buf = self
-            .op
-            .read(path)
-            .map_err(|e| storage_err("read", path, e))?;
+        let buf = self.op.read(path).map_err(|e| storage_err("read", path, e))?;
         Ok(buf.to_vec())
     }
 
     fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
-        let opts = ReadOptions {
-            range: (offset..offset + len).into(),
-            ..Default::default()
-        };
-        let buf = self
-            .op
-            .read_options(path, opts)
-            .map_err(|e| match e.kind() {
-                ErrorKind::RangeNotSatisfied => {
-                    Error::corrupt(path, "truncated (range past the end)")
-                }
-                _ => storage_err("read", path, e),
-            })?;
+        let opts = ReadOptions { range: (offset..offset + len).into(), ..Default::default() };
+        let buf = self.op.read_options(path, opts).map_err(|e| match e.kind() {
+            ErrorKind::RangeNotSatisfied => Error::corrupt(path, "truncated (range past the end)"),
+            _ => storage_err("read", path, e),
+        })?;
         if buf.len() as u64 != len {
             return Err(Error::corrupt(
                 path,
-                format!(
-                    "truncated: wanted {len} bytes at offset {offset}, got {}",
-                    buf.len()
-                ),
+                format!("truncated: wanted {len} bytes at offset {offset}, got {}", buf.len()),
             ));
         }
         Ok(buf.to_vec())
     }
 
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {
-        self.op
-            .write(path, data)
-            .map_err(|e| storage_err("write", path, e))?;
+        self.op.write(path, data).map_err(|e| storage_err("write", path, e))?;
         Ok(())
     }
 
     fn list(&self, dir: &str) -> Result<Vec<ObjectInfo>> {
         let dir = format!("{}/", dir.trim_end_matches('/'));
-        let opts = opendal::options::ListOptions {
-            recursive: true,
-            ..Default::default()
-        };
+        let opts = opendal::options::ListOptions { recursive: true, ..Default::default() };
         let entries = match self.op.list_options(&dir, opts) {
             Ok(e) => e,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
@@ -123,10 +95,7 @@ impl Storage for OpendalStorage {
             if entry.metadata().is_dir() {
                 continue;
             }
-            out.push(ObjectInfo {
-                path: entry.path().to_string(),
-                size: entry.metadata().content_length(),
-            });
+            out.push(ObjectInfo { path: entry.path().to_string(), size: entry.metadata().content_length() });
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
@@ -141,8 +110,6 @@ impl Storage for OpendalStorage {
     }
 
     fn exists(&self, path: &str) -> Result<bool> {
-        self.op
-            .exists(path)
-            .map_err(|e| storage_err("stat", path, e))
+        self.op.exists(path).map_err(|e| storage_err("stat", path, e))
     }
 }
