@@ -6,13 +6,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::io::{IsTerminal, Write};
+
 use anyhow::{bail, Context, Result};
 use cairn_core::backup::{self, BackupOptions};
 use cairn_core::compress::Codec;
 use cairn_core::keyfile::KdfParams;
 use cairn_core::repository::{InitOptions, Repository};
 use cairn_core::restore::{self, Progress, RestoreOptions};
-use cairn_core::storage::{OpendalStorage, Storage};
+use cairn_core::storage::{Faults, FaultyStorage, OpendalStorage, Storage};
 use cairn_core::tree::{Node, NodeKind};
 use clap::{Args, Parser, Subcommand};
 
@@ -55,6 +57,8 @@ enum Command {
     Ls(LsArgs),
     /// Restore a snapshot (or a path inside it) into a directory
     Restore(RestoreArgs),
+    /// Write a file (raw) or a directory (as a tar stream) from a snapshot to stdout
+    Dump(DumpArgs),
     /// Manage the key files that unlock the repository
     #[command(subcommand)]
     Key(KeyCommand),
@@ -159,6 +163,16 @@ struct RestoreArgs {
     stall_timeout: u64,
 }
 
+#[derive(Args, Debug)]
+struct DumpArgs {
+    /// Snapshot (`latest` or an ID prefix) and the absolute PATH inside it (`/` for everything)
+    #[arg(value_name = "SNAPSHOT:PATH")]
+    snapshot: String,
+    /// Blobs fetched and decoded at once
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    fetch_concurrency: usize,
+}
+
 #[derive(Subcommand, Debug)]
 enum KeyCommand {
     /// Add a key file for a new password (from CAIRN_NEW_PASSWORD, --new-password-file or a prompt)
@@ -175,7 +189,12 @@ fn storage(global: &Global) -> Result<Arc<dyn Storage>> {
     let Some(repo) = &global.repo else {
         bail!("no repository given: use -r/--repo or set CAIRN_REPOSITORY");
     };
-    Ok(Arc::new(OpendalStorage::local(repo)?))
+    let local = OpendalStorage::local(repo)?;
+    // Fault injection for tests and benchmarks (docs/DESIGN.md): wraps the real backend.
+    match std::env::var("CAIRN_INJECT_FAULTS") {
+        Ok(spec) if !spec.is_empty() => Ok(Arc::new(FaultyStorage::new(local, Faults::parse(&spec)?))),
+        _ => Ok(Arc::new(local)),
+    }
 }
 
 fn open(global: &Global) -> Result<Repository> {
@@ -201,6 +220,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Snapshots => snapshots(g),
         Command::Ls(a) => ls(g, a),
         Command::Restore(a) => run_restore(g, a),
+        Command::Dump(a) => run_dump(g, a),
         Command::Key(k) => key(g, k),
     }
 }
@@ -461,6 +481,21 @@ fn parse_size(s: &str) -> Result<u64> {
     };
     let n: u64 = num.trim().parse().with_context(|| format!("invalid size {s:?}: use a number with K, M, G or T"))?;
     n.checked_mul(mult).with_context(|| format!("size {s:?} is too large"))
+}
+
+fn run_dump(g: &Global, a: DumpArgs) -> Result<ExitCode> {
+    let repo = open(g)?;
+    repo.load_index()?;
+    let (spec, path) = split_spec(&a.snapshot);
+    let (id, snap) = repo.find_snapshot(spec)?;
+    let stdout = std::io::stdout();
+    if stdout.is_terminal() {
+        bail!("refusing to write a dump to a terminal: redirect stdout to a file or a pipe");
+    }
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+    restore::dump(&repo, &snap, &id.short(), path.unwrap_or("/"), &mut out, a.fetch_concurrency)?;
+    out.flush().context("cannot write to stdout")?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn key(g: &Global, k: KeyCommand) -> Result<ExitCode> {

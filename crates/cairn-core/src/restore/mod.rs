@@ -10,6 +10,7 @@ mod budget;
 mod check;
 mod create;
 mod decode;
+mod dump;
 mod fetch;
 mod finish;
 mod plan;
@@ -27,6 +28,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::bounded;
 
 pub use check::Overwrite;
+pub use dump::{dump, DumpStats};
 pub use plan::{Filter, Plan};
 pub use profile::{StageTimes, STAGE_NAMES};
 

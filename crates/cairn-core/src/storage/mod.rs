@@ -3,8 +3,10 @@
 //! Every backend goes through Apache OpenDAL ([`opendal_backend`]); fault injection and other
 //! layers wrap a [`Storage`] rather than replace it.
 
+mod fault;
 mod opendal_backend;
 
+pub use fault::{Faults, FaultyStorage};
 pub use opendal_backend::OpendalStorage;
 
 use crate::error::Result;

@@ -1,0 +1,148 @@
+//! A fault-injection layer around any [`Storage`]: latency per request, stalls, failed,
+//! truncated and corrupted reads. Tests and benchmarks wrap a real backend with it; it is never
+//! a substitute for one.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::{ObjectInfo, Storage};
+use crate::error::{Error, Result};
+
+/// Which faults to inject.
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    /// Added to every request.
+    pub latency: Duration,
+    /// Every n-th read (n > 0) fails with a storage error.
+    pub fail_every: u64,
+    /// Every n-th read (n > 0) returns one byte short.
+    pub truncate_every: u64,
+    /// Every n-th read (n > 0) has one bit flipped.
+    pub corrupt_every: u64,
+    /// Ranged reads of objects whose path contains this string hang for `stall_for`.
+    pub stall_path: Option<String>,
+    /// How long a stalled read hangs.
+    pub stall_for: Duration,
+}
+
+impl Faults {
+    /// Parses `key=value` pairs separated by commas: `latency=50ms`, `fail-every=N`,
+    /// `truncate-every=N`, `corrupt-every=N`, `stall=PATH-SUBSTRING`, `stall-for=10s`.
+    pub fn parse(spec: &str) -> Result<Self> {
+        let mut f = Faults::default();
+        let bad = |what: &str| Error::Usage(format!("bad fault spec {what:?}"));
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = part.split_once('=').ok_or_else(|| bad(part))?;
+            let num = || v.parse::<u64>().map_err(|_| bad(part));
+            match k {
+                "latency" => f.latency = parse_duration(v).ok_or_else(|| bad(part))?,
+                "stall-for" => f.stall_for = parse_duration(v).ok_or_else(|| bad(part))?,
+                "fail-every" => f.fail_every = num()?,
+                "truncate-every" => f.truncate_every = num()?,
+                "corrupt-every" => f.corrupt_every = num()?,
+                "stall" => f.stall_path = Some(v.to_string()),
+                _ => return Err(bad(part)),
+            }
+        }
+        Ok(f)
+    }
+}
+
+fn parse_duration(v: &str) -> Option<Duration> {
+    if let Some(ms) = v.strip_suffix("ms") {
+        return ms.parse().ok().map(Duration::from_millis);
+    }
+    v.strip_suffix('s').unwrap_or(v).parse::<f64>().ok().map(Duration::from_secs_f64)
+}
+
+/// A [`Storage`] that injects [`Faults`] into another.
+pub struct FaultyStorage<S> {
+    inner: S,
+    faults: Faults,
+    reads: AtomicU64,
+}
+
+impl<S: Storage> FaultyStorage<S> {
+    /// Wraps `inner`.
+    pub fn new(inner: S, faults: Faults) -> Self {
+        FaultyStorage { inner, faults, reads: AtomicU64::new(0) }
+    }
+
+    fn delay(&self) {
+        if !self.faults.latency.is_zero() {
+            std::thread::sleep(self.faults.latency);
+        }
+    }
+
+    fn mangle(&self, path: &str, mut data: Vec<u8>) -> Result<Vec<u8>> {
+        let n = self.reads.fetch_add(1, Ordering::Relaxed) + 1;
+        let every = |k: u64| k > 0 && n.is_multiple_of(k);
+        if every(self.faults.fail_every) {
+            return Err(Error::Usage(format!("injected fault: read of {path} failed")));
+        }
+        if every(self.faults.truncate_every) && !data.is_empty() {
+            data.pop();
+        }
+        if every(self.faults.corrupt_every) && !data.is_empty() {
+            let i = data.len() / 2;
+            data[i] ^= 0x01;
+        }
+        Ok(data)
+    }
+}
+
+impl<S: Storage> Storage for FaultyStorage<S> {
+    fn location(&self) -> &str {
+        self.inner.location()
+    }
+
+    fn read(&self, path: &str) -> Result<Vec<u8>> {
+        self.delay();
+        let data = self.inner.read(path)?;
+        self.mangle(path, data)
+    }
+
+    fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        self.delay();
+        if self.faults.stall_path.as_deref().is_some_and(|p| path.contains(p)) {
+            std::thread::sleep(self.faults.stall_for);
+        }
+        let data = self.inner.read_range(path, offset, len)?;
+        self.mangle(path, data)
+    }
+
+    fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {
+        self.delay();
+        self.inner.write(path, data)
+    }
+
+    fn list(&self, dir: &str) -> Result<Vec<ObjectInfo>> {
+        self.delay();
+        self.inner.list(dir)
+    }
+
+    fn delete(&self, path: &str) -> Result<()> {
+        self.delay();
+        self.inner.delete(path)
+    }
+
+    fn exists(&self, path: &str) -> Result<bool> {
+        self.delay();
+        self.inner.exists(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_spec() {
+        let f = Faults::parse("latency=50ms, fail-every=3,stall=data/,stall-for=2s").unwrap();
+        assert_eq!(f.latency, Duration::from_millis(50));
+        assert_eq!(f.fail_every, 3);
+        assert_eq!(f.stall_path.as_deref(), Some("data/"));
+        assert_eq!(f.stall_for, Duration::from_secs(2));
+        assert!(Faults::parse("nonsense=1").is_err());
+    }
+}
