@@ -93,6 +93,8 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
         println!("verified {} files against the snapshot", count(out.verified));
     }
     if profile {
+        let phases: Vec<String> = out.phases.iter().map(|(n, d)| format!("{n} {:.2} s", d.as_secs_f64())).collect();
+        println!("phases: {}", phases.join(", "));
         println!("{:<8} {:>9} {:>9} {:>9}", "stage", "busy s", "idle s", "blocked s");
         for (name, t) in STAGE_NAMES.iter().zip(&out.profile) {
             println!(

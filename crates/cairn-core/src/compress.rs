@@ -24,6 +24,12 @@ pub enum Codec {
 /// less reduction, and decompresses just as fast, so restores lose nothing.
 pub const DEFAULT_CODEC: Codec = Codec::Zstd(1);
 
+thread_local! {
+    // Contexts are reused per thread: making one per blob costs more than small blobs take.
+    static ZSTD_DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
+    static ZSTD_CCTX: std::cell::RefCell<Option<(i8, zstd::bulk::Compressor<'static>)>> = const { std::cell::RefCell::new(None) };
+}
+
 impl Codec {
     /// The codec byte and level byte stored in pack headers and index files.
     pub fn to_bytes(self) -> (u8, i8) {
@@ -50,7 +56,13 @@ impl Codec {
         let out = match self {
             Codec::None => return None,
             Codec::Lz4 => lz4_flex::block::compress(data),
-            Codec::Zstd(level) => zstd::bulk::compress(data, i32::from(level)).ok()?,
+            Codec::Zstd(level) => ZSTD_CCTX.with(|c| {
+                let mut c = c.borrow_mut();
+                if c.as_ref().is_none_or(|(l, _)| *l != level) {
+                    *c = Some((level, zstd::bulk::Compressor::new(i32::from(level)).ok()?));
+                }
+                c.as_mut()?.1.compress(data).ok()
+            })?,
         };
         (out.len() < data.len()).then_some(out)
     }
@@ -60,7 +72,14 @@ impl Codec {
         let out = match self {
             Codec::None => data.to_vec(),
             Codec::Lz4 => lz4_flex::block::decompress(data, raw_len).map_err(|e| e.to_string())?,
-            Codec::Zstd(_) => zstd::bulk::decompress(data, raw_len).map_err(|e| e.to_string())?,
+            Codec::Zstd(_) => ZSTD_DCTX.with(|d| {
+                let mut d = d.borrow_mut();
+                let dctx = match d.as_mut() {
+                    Some(x) => x,
+                    None => d.insert(zstd::bulk::Decompressor::new().map_err(|e| e.to_string())?),
+                };
+                dctx.decompress(data, raw_len).map_err(|e| e.to_string())
+            })?,
         };
         if out.len() != raw_len {
             return Err(format!("decompressed to {} bytes, expected {raw_len}", out.len()));

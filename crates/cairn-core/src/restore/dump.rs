@@ -130,8 +130,9 @@ pub fn dump(
         Some(n) if n.kind == NodeKind::File => (Top::Node(Box::new(n)), true),
         Some(_) => return Err(Error::Usage(format!("{path:?} is neither a file nor a directory; nothing to dump"))),
     };
+    let workers = workers.max(1);
     let base_path = Path::new(if base.is_empty() { "/" } else { base });
-    let plan = plan::build(repo, top, base_path, &Filter::default())?;
+    let plan = plan::build(repo, top, base_path, &Filter::default(), workers)?;
     let wanted: Vec<BlobId> = plan
         .entries
         .iter()
@@ -142,7 +143,6 @@ pub fn dump(
             Chunk::Zero { .. } => None,
         })
         .collect();
-    let workers = workers.max(1);
     std::thread::scope(|s| {
         let (jobs_tx, jobs_rx) = bounded::<(u64, BlobId)>(workers * 4);
         let (res_tx, res_rx) = bounded::<Fetched>(workers * 4);

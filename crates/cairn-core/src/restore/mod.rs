@@ -199,8 +199,24 @@ pub struct RestoreOutcome {
     pub profile: [StageTimes; 3],
     /// Set for `--dry-run`.
     pub dry_run: Option<DryRun>,
+    /// Wall time of each phase: plan, check, create, pipeline, finish (and verify).
+    pub phases: Vec<(&'static str, Duration)>,
     /// Wall time.
     pub duration: Duration,
+}
+
+/// Measures consecutive phases of a restore.
+struct PhaseClock(Instant);
+
+impl PhaseClock {
+    fn new() -> Self {
+        PhaseClock(Instant::now())
+    }
+
+    fn lap(&mut self, phases: &mut Vec<(&'static str, Duration)>, name: &'static str) {
+        phases.push((name, self.0.elapsed()));
+        self.0 = Instant::now();
+    }
 }
 
 /// Failures collected while the pipeline runs.
@@ -301,7 +317,9 @@ pub fn restore(
     };
     let filter = Filter::new(&opts.include, &opts.exclude)?;
     let base_path = PathBuf::from(base.unwrap_or("/"));
-    let plan = plan::build(repo, top, &base_path, &filter)?;
+    let mut phase = PhaseClock::new();
+    let mut out_phases = Vec::new();
+    let plan = plan::build(repo, top, &base_path, &filter, opts.fetch_concurrency)?;
     let threads = opts.write_threads.max(1);
     let is_root = crate::platform::is_root();
     // Directories first, so the check below never looks through a symlink standing where a
@@ -323,6 +341,7 @@ pub fn restore(
             }
         }
     }
+    phase.lap(&mut out_phases, "plan");
     let states = if empty {
         plan.entries
             .iter()
@@ -339,9 +358,10 @@ pub fn restore(
     };
     let needed: Vec<Vec<check::NeededChunk>> =
         plan.entries.iter().zip(&states).map(|(e, s)| s.needed(&e.node)).collect();
+    phase.lap(&mut out_phases, "check");
     let fetches = plan::fetches(repo, &plan, &needed);
 
-    let mut out = RestoreOutcome::default();
+    let mut out = RestoreOutcome { phases: out_phases, ..Default::default() };
     for (e, st) in plan.entries.iter().zip(&states) {
         match e.node.kind {
             NodeKind::File => out.files += 1,
@@ -442,6 +462,7 @@ pub fn restore(
     let base_done: u64 = out.bytes_in_place + out.bytes_zero;
     progress.done_bytes.store(base_done, Ordering::Relaxed);
 
+    phase.lap(&mut out.phases, "create");
     run_pipeline(&sh, opts, progress, base_done, &mut out.stalls);
     if let Some(e) = sh.fatal.lock().expect("fatal lock").take() {
         return Err(e);
@@ -454,6 +475,7 @@ pub fn restore(
     out.profile = [sh.clocks[0].times(), sh.clocks[1].times(), sh.clocks[2].times()];
 
     let failed = std::mem::take(&mut *sh.failures.entries.lock().expect("failures lock"));
+    phase.lap(&mut out.phases, "pipeline");
     finish_all(&sh, &failed, opts, progress);
     if opts.delete {
         for p in extra_entries(target, &plan, into_dir) {
@@ -471,6 +493,7 @@ pub fn restore(
             }
         }
     }
+    phase.lap(&mut out.phases, "finish");
     if opts.verify {
         let (checked, bad) = verify::verify(target, &plan, &states, &failed, repo.key(), threads);
         out.verified = checked;
@@ -487,6 +510,9 @@ pub fn restore(
     out.failed.sort();
     out.warnings = std::mem::take(&mut *sh.warnings.lock().expect("warnings lock"));
     out.warnings.sort();
+    if opts.verify {
+        phase.lap(&mut out.phases, "verify");
+    }
     out.duration = started.elapsed();
     Ok(out)
 }

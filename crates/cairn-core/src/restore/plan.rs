@@ -9,6 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
@@ -16,9 +18,10 @@ use super::check::NeededChunk;
 use crate::crypto::SALT_LEN;
 use crate::error::{Error, Result};
 use crate::id::{BlobId, PackId};
-use crate::pack::BlobEntry;
+use crate::index::BlobLocation;
+use crate::pack::{decode_blob, pack_path, BlobEntry};
 use crate::repository::Repository;
-use crate::tree::{Chunk, Node, NodeKind};
+use crate::tree::{Chunk, Node, NodeKind, Tree};
 
 /// One file system entry to restore.
 #[derive(Debug)]
@@ -159,15 +162,21 @@ struct Builder<'a> {
     plan: Plan,
     links: HashMap<(u64, u64), usize>,
     depth: usize,
+    trees: HashMap<BlobId, Tree>,
 }
 
 /// Deepest directory nesting a restore accepts (a path that deep is already longer than
 /// Linux's PATH_MAX); deeper trees are rejected instead of exhausting the stack.
 pub const MAX_DEPTH: usize = 2048;
 
-/// Lists the entries for restoring `top`, whose snapshot path is `base`.
-pub fn build(repo: &Repository, top: Top, base: &Path, filter: &Filter) -> Result<Plan> {
-    let mut b = Builder { repo, filter, plan: Plan::default(), links: HashMap::new(), depth: 0 };
+/// Lists the entries for restoring `top`, whose snapshot path is `base`; trees are loaded on
+/// `threads` threads first.
+pub fn build(repo: &Repository, top: Top, base: &Path, filter: &Filter, threads: usize) -> Result<Plan> {
+    let trees = match &top {
+        Top::Tree(id) => load_trees(repo, *id, threads)?,
+        Top::Node(_) => HashMap::new(),
+    };
+    let mut b = Builder { repo, filter, plan: Plan::default(), links: HashMap::new(), depth: 0, trees };
     match top {
         Top::Tree(id) => {
             b.add_tree(&id, Path::new(""), base, false)?;
@@ -190,7 +199,7 @@ impl Builder<'_> {
                 format!("directories nested deeper than {MAX_DEPTH} levels"),
             ));
         }
-        let tree = self.repo.read_tree(id)?;
+        let tree = self.trees.get(id).cloned().map(Ok).unwrap_or_else(|| self.repo.read_tree(id))?;
         let mut any = false;
         for node in tree.nodes {
             let abs = abs_dir.join(OsStr::from_bytes(&node.name));
@@ -259,15 +268,25 @@ pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>]) -> F
         }
     }
     debug_assert_eq!(needed.len(), plan.entries.len());
-    let mut by_pack: BTreeMap<u32, (PackId, [u8; SALT_LEN], Vec<BlobEntry>)> = BTreeMap::new();
+    let mut located = Vec::with_capacity(f.dests.len());
     for (id, dests) in &f.dests {
         match index.get(id) {
-            Some(loc) => {
-                by_pack.entry(loc.pack_no).or_insert_with(|| (loc.pack, loc.salt, Vec::new())).2.push(loc.entry)
-            }
+            Some(loc) => located.push(loc),
             None => f.missing.extend(dests.iter().map(|d| (d.entry as usize, *id))),
         }
     }
+    f.reads = coalesce(located);
+    f.fetch_bytes = f.reads.iter().map(|r| r.length).sum();
+    f
+}
+
+/// Groups blob locations by pack, sorts them by offset and merges neighbours into ranged reads.
+pub fn coalesce(located: Vec<BlobLocation>) -> Vec<PackRead> {
+    let mut by_pack: BTreeMap<u32, (PackId, [u8; SALT_LEN], Vec<BlobEntry>)> = BTreeMap::new();
+    for loc in located {
+        by_pack.entry(loc.pack_no).or_insert_with(|| (loc.pack, loc.salt, Vec::new())).2.push(loc.entry);
+    }
+    let mut reads = Vec::new();
     for (_, (pack, salt, mut blobs)) in by_pack {
         blobs.sort_by_key(|b| b.offset);
         let mut current: Option<PackRead> = None;
@@ -280,15 +299,91 @@ pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>]) -> F
                     r.blobs.push(b);
                     continue;
                 }
-                f.fetch_bytes += r.length;
-                f.reads.push(current.take().expect("current read"));
+                reads.push(current.take().expect("current read"));
             }
             current = Some(PackRead { pack, salt, offset: start, length: end - start, blobs: vec![b] });
         }
-        if let Some(r) = current {
-            f.fetch_bytes += r.length;
-            f.reads.push(r);
-        }
+        reads.extend(current);
     }
-    f
+    reads
+}
+
+/// Loads every tree below `root` ahead of planning: level by level, each level's tree blobs
+/// fetched with coalesced ranged reads on `threads` threads.
+pub fn load_trees(repo: &Repository, root: BlobId, threads: usize) -> Result<HashMap<BlobId, Tree>> {
+    let mut trees: HashMap<BlobId, Tree> = HashMap::new();
+    let mut level = vec![root];
+    for depth in 0.. {
+        if level.is_empty() {
+            break;
+        }
+        if depth > MAX_DEPTH {
+            return Err(Error::invalid(
+                format!("tree {}", level[0].short()),
+                format!("directories nested deeper than {MAX_DEPTH} levels"),
+            ));
+        }
+        let index = repo.index();
+        let mut located = Vec::with_capacity(level.len());
+        for id in &level {
+            located
+                .push(index.get(id).ok_or_else(|| Error::NotFound(format!("tree {} (not in any index)", id.short())))?);
+        }
+        drop(index);
+        let reads = coalesce(located);
+        let next = AtomicUsize::new(0);
+        let loaded: Mutex<Vec<(BlobId, Tree)>> = Mutex::new(Vec::new());
+        let failed: Mutex<Option<Error>> = Mutex::new(None);
+        std::thread::scope(|s| {
+            for _ in 0..threads.clamp(1, reads.len().max(1)) {
+                s.spawn(|| {
+                    while let Some(read) = reads.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        if failed.lock().expect("lock").is_some() {
+                            return;
+                        }
+                        match read_trees(repo, read) {
+                            Ok(mut t) => loaded.lock().expect("lock").append(&mut t),
+                            Err(e) => {
+                                failed.lock().expect("lock").get_or_insert(e);
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = failed.into_inner().expect("lock") {
+            return Err(e);
+        }
+        level.clear();
+        for (id, tree) in loaded.into_inner().expect("lock") {
+            for n in &tree.nodes {
+                if let Some(sub) = n.subtree {
+                    if !trees.contains_key(&sub) {
+                        level.push(sub);
+                    }
+                }
+            }
+            trees.insert(id, tree);
+        }
+        level.sort_unstable();
+        level.dedup();
+        level.retain(|id| !trees.contains_key(id));
+    }
+    Ok(trees)
+}
+
+fn read_trees(repo: &Repository, read: &PackRead) -> Result<Vec<(BlobId, Tree)>> {
+    let path = pack_path(&read.pack);
+    let bytes = repo.storage().read_range(&path, read.offset, read.length)?;
+    let key = repo.key().object_key(&read.salt);
+    read.blobs
+        .iter()
+        .map(|b| {
+            let start = (u64::from(b.offset) - read.offset) as usize;
+            let sealed = bytes[start..start + b.length as usize].to_vec();
+            let plain = decode_blob(repo.key(), &key, b, sealed, &path)?;
+            Ok((b.id, Tree::from_bytes(&format!("tree {}", b.id.short()), &plain)?))
+        })
+        .collect()
 }
