@@ -22,9 +22,22 @@ use crate::output::{bytes, count, rate};
 
 use crate::password;
 
-/// Cairn: deduplicating, compressed, encrypted backups with fast, exact restores.
+const AFTER_HELP: &str = "\
+Environment:
+  CAIRN_REPOSITORY      repository location (instead of -r)
+  CAIRN_PASSWORD        repository password
+  CAIRN_PASSWORD_FILE   file whose first line is the password (instead of --password-file)
+  CAIRN_NEW_PASSWORD    new password for `key add`
+  CAIRN_INJECT_FAULTS   fault injection for tests, e.g. latency=50ms (see docs/DESIGN.md)
+Without a password from the environment or a file, cairn asks for it on the terminal.
+
+Exit codes: 0 success; 1 fatal error, or some entries could not be restored (each named);
+3 a backup completed but some files could not be read (each named); 130 interrupted.";
+
+/// Cairn: deduplicating, compressed, encrypted backups whose restores run at the speed of the
+/// hardware.
 #[derive(Parser, Debug)]
-#[command(name = "cairn", version, about, long_about = None, max_term_width = 100)]
+#[command(name = "cairn", version, max_term_width = 100, after_help = AFTER_HELP)]
 pub struct Cli {
     #[command(flatten)]
     global: Global,
@@ -97,6 +110,10 @@ struct BackupArgs {
     /// Host name to record instead of this machine's
     #[arg(long, value_name = "NAME")]
     host: Option<String>,
+    /// Chunking: cdc (content-defined, the repository's parameters) or fixed:SIZE (bytes, with
+    /// an optional K or M suffix; for disk images)
+    #[arg(long, default_value = "cdc", value_name = "CHUNKER")]
+    chunker: String,
 }
 
 #[derive(Args, Debug)]
@@ -265,6 +282,7 @@ fn run_backup(g: &Global, a: BackupArgs) -> Result<ExitCode> {
         tags: a.tags,
         compression: a.compression.as_deref().map(parse_codec).transpose()?,
         hostname: a.host,
+        fixed_chunk_size: parse_chunker(&a.chunker)?,
         ..Default::default()
     };
     let out = backup::backup(&repo, &a.paths, &opts)?;
@@ -466,6 +484,19 @@ fn run_restore(g: &Global, a: RestoreArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Parses `--chunker`: `cdc` or `fixed:SIZE`.
+fn parse_chunker(s: &str) -> Result<Option<u32>> {
+    if s == "cdc" {
+        return Ok(None);
+    }
+    let size = s.strip_prefix("fixed:").with_context(|| format!("unknown --chunker {s:?}: use cdc or fixed:SIZE"))?;
+    let n = parse_size(size)?;
+    if !(4096..=16 << 20).contains(&n) {
+        bail!("--chunker fixed:SIZE wants a size from 4K to 16M");
+    }
+    Ok(Some(n as u32))
 }
 
 /// Parses a byte size: a number with an optional K, M, G or T suffix (binary units).
