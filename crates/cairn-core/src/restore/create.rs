@@ -124,12 +124,23 @@ pub fn size_new_file(f: &fs::File, node: &Node, sparse: Sparse) -> io::Result<()
     match sparse {
         Sparse::Never if node.size > 0 => fallocate(f, 0, node.size),
         Sparse::Preallocate => {
+            // One call per run of adjacent data chunks, so the file stays in few extents.
             let mut off = 0u64;
+            let mut run: Option<(u64, u64)> = None;
             for c in &node.content {
-                if let Chunk::Data { len, .. } = c {
-                    fallocate(f, off, u64::from(*len))?;
+                match (c, run.as_mut()) {
+                    (Chunk::Data { .. }, Some((_, len))) => *len += c.len(),
+                    (Chunk::Data { .. }, None) => run = Some((off, c.len())),
+                    (Chunk::Zero { .. }, _) => {
+                        if let Some((start, len)) = run.take() {
+                            fallocate(f, start, len)?;
+                        }
+                    }
                 }
                 off += c.len();
+            }
+            if let Some((start, len)) = run {
+                fallocate(f, start, len)?;
             }
             Ok(())
         }
@@ -173,6 +184,12 @@ fn mknod(path: &Path, mode: u32, rdev: u64) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Whether the directory at `path` has a default ACL (new files in it inherit an access ACL
+/// and a mode masked by it, so their metadata must be set in full).
+pub fn has_default_acl(path: &Path) -> bool {
+    matches!(xattr::get(path, "system.posix_acl_default"), Ok(Some(_)))
 }
 
 /// Makes a hard link at `path` to `first`, replacing what is there unless it already is one.

@@ -261,6 +261,8 @@ pub struct Shared<'a> {
     sparse: Sparse,
     is_root: bool,
     umask: u32,
+    /// Directories (relative to the target) with a default ACL while files are written.
+    acl_dirs: HashSet<PathBuf>,
 }
 
 impl Shared<'_> {
@@ -326,8 +328,12 @@ pub fn restore(
     // directory belongs (it is replaced by a real directory here).
     let empty = target_is_empty(target);
     let mut dir_failures = Vec::new();
+    let mut acl_dirs = HashSet::new();
     if !opts.dry_run {
         std::fs::create_dir_all(target).map_err(|e| Error::io(target, "cannot create restore target", e))?;
+        if create::has_default_acl(target) {
+            acl_dirs.insert(PathBuf::new());
+        }
         for (i, entry) in plan.entries.iter().enumerate() {
             if entry.node.kind != NodeKind::Dir {
                 continue;
@@ -338,6 +344,8 @@ pub fn restore(
                     return Err(Error::io(path, "cannot create", e));
                 }
                 dir_failures.push((i, format!("cannot create: {e}")));
+            } else if create::has_default_acl(&path) {
+                acl_dirs.insert(entry.rel.clone());
             }
         }
     }
@@ -434,6 +442,7 @@ pub fn restore(
         sparse,
         is_root,
         umask: crate::platform::umask(),
+        acl_dirs,
     };
     for &(entry, id) in &fetches.missing {
         sh.failures.entry(entry, &format!("blob {} is not in the repository index", id.short()));

@@ -5,6 +5,7 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -71,7 +72,9 @@ fn write_one(sh: &Shared<'_>, d: &Dest, data: &[u8]) -> io::Result<()> {
 /// The last chunk of file `i` is written: apply its metadata now, while it is open.
 fn finish_file(sh: &Shared<'_>, i: usize, file: &File, fresh: bool) {
     let entry = &sh.plan.entries[i];
-    let created = fresh.then_some(sh.umask);
+    // A file created in a directory with a default ACL inherited an ACL: treat it as existing.
+    let inherited = !sh.acl_dirs.is_empty() && sh.acl_dirs.contains(entry.rel.parent().unwrap_or(Path::new("")));
+    let created = (fresh && !inherited).then_some(sh.umask);
     if let Err(e) = apply_to_file(file, &entry.node, sh.is_root, created) {
         sh.warn(entry.rel.clone(), e.to_string());
     }

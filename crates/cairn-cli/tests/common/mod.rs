@@ -1,0 +1,677 @@
+//! Helpers shared by `roundtrip.rs` and `golden.rs`: running the `cairn` binary, scanning a file
+//! tree into comparable metadata, and comparing two scans.
+//!
+//! Scans read each entry's metadata *before* anything that could change its access time
+//! (listing a directory, reading a symlink), and read file contents with `O_NOATIME`, so a scan
+//! records the tree as it was. Listing a directory or reading a symlink still updates its atime
+//! on a `relatime` mount; [`reset_times`] puts the recorded times back before a backup.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ffi::OsStr;
+use std::fs;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use cairn_core::compress::Codec;
+use cairn_core::crypto::MasterKey;
+use cairn_core::id::BlobId;
+use cairn_core::pack::{read_header, BlobKind};
+use cairn_core::repository::Repository;
+use cairn_core::storage::{OpendalStorage, Storage};
+use filetime::FileTime;
+use serde_json::Value;
+
+/// Cheap Argon2id settings for every `init` in the tests.
+pub const KDF_ARGS: [&str; 4] = ["--kdf-memory", "1024", "--kdf-iterations", "1"];
+
+/// Longest any one command may run.
+pub const COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The password of the repositories the round-trip tests make.
+pub const PASSWORD: &str = "round trip password";
+
+/// Runs the `cairn` binary against one repository.
+pub struct Cairn {
+    /// The repository directory.
+    pub repo: PathBuf,
+    /// Passed in `CAIRN_PASSWORD`.
+    pub password: String,
+}
+
+impl Cairn {
+    /// A runner for `repo` with `password`.
+    pub fn new(repo: &Path, password: &str) -> Self {
+        Cairn { repo: repo.to_path_buf(), password: password.to_string() }
+    }
+
+    /// `cairn -r REPO` with a clean environment: only `CAIRN_PASSWORD` is set.
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_cairn"));
+        for var in ["CAIRN_REPOSITORY", "CAIRN_PASSWORD_FILE", "CAIRN_NEW_PASSWORD", "CAIRN_NEW_PASSWORD_FILE"] {
+            c.env_remove(var);
+        }
+        c.env("CAIRN_PASSWORD", &self.password).arg("-r").arg(&self.repo);
+        c
+    }
+
+    /// Runs `cairn -r REPO ARGS...`; kills it and panics if it runs longer than
+    /// [`COMMAND_TIMEOUT`] (a hung pipeline must fail the test, not stall the suite).
+    pub fn run<I, S>(&self, args: I) -> Output
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        use std::process::Stdio;
+        let mut c = self.command();
+        c.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let shown = format!("{c:?}");
+        let mut child = c.spawn().expect("running the cairn binary");
+        let drain = |mut r: Box<dyn Read + Send>| {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let _ = r.read_to_end(&mut buf);
+                buf
+            })
+        };
+        let out = drain(Box::new(child.stdout.take().expect("stdout")));
+        let err = drain(Box::new(child.stderr.take().expect("stderr")));
+        let deadline = std::time::Instant::now() + COMMAND_TIMEOUT;
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "{shown} did not finish within {COMMAND_TIMEOUT:?}; stderr:\n{}",
+                    String::from_utf8_lossy(&err.join().expect("stderr reader"))
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        Output { status, stdout: out.join().expect("stdout reader"), stderr: err.join().expect("stderr reader") }
+    }
+
+    /// Runs a command that must succeed without writing to stderr; returns stdout.
+    pub fn ok<I, S>(&self, args: I) -> String
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+        let out = self.run(&args);
+        let shown = format!(
+            "cairn -r {} {:?}\nstatus: {}\nstdout:\n{}\nstderr:\n{}",
+            self.repo.display(),
+            args,
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "command failed: {shown}");
+        assert!(out.stderr.is_empty(), "command wrote to stderr (warnings?): {shown}");
+        String::from_utf8(out.stdout).expect("stdout is UTF-8")
+    }
+
+    /// `init` with cheap KDF settings plus `extra`.
+    pub fn init(&self, extra: &[&str]) {
+        let mut args = vec!["init"];
+        args.extend(KDF_ARGS);
+        args.extend(extra);
+        self.ok(args);
+    }
+
+    /// `--json backup PATHS... EXTRA...`; returns the summary.
+    pub fn backup(&self, paths: &[&Path], extra: &[&str]) -> Value {
+        let mut args: Vec<&OsStr> = vec![OsStr::new("--json"), OsStr::new("backup")];
+        args.extend(paths.iter().map(|p| p.as_os_str()));
+        args.extend(extra.iter().map(OsStr::new));
+        let summary = last_json(&self.ok(args));
+        assert_eq!(summary["message_type"], "summary", "{summary}");
+        assert_eq!(summary["errors"], 0, "{summary}");
+        summary
+    }
+
+    /// `--json restore SPEC --target TARGET`; checks that nothing failed; returns the summary.
+    pub fn restore(&self, spec: &str, target: &Path) -> Value {
+        self.restore_with(spec, target, &[])
+    }
+
+    /// [`Cairn::restore`] with extra options.
+    pub fn restore_with(&self, spec: &str, target: &Path, extra: &[&str]) -> Value {
+        let mut args: Vec<&OsStr> = vec![
+            OsStr::new("--json"),
+            OsStr::new("restore"),
+            OsStr::new(spec),
+            OsStr::new("--target"),
+            target.as_os_str(),
+        ];
+        args.extend(extra.iter().map(OsStr::new));
+        let summary = last_json(&self.ok(args));
+        assert_eq!(summary["message_type"], "summary", "{summary}");
+        assert_eq!(summary["failed"], 0, "{summary}");
+        assert_eq!(summary["warnings"], 0, "{summary}");
+        summary
+    }
+
+    /// `--json snapshots`.
+    pub fn snapshots(&self) -> Vec<Value> {
+        match last_json(&self.ok(["--json", "snapshots"])) {
+            Value::Array(a) => a,
+            other => panic!("snapshots --json printed {other}"),
+        }
+    }
+
+    /// Opens the repository with the library.
+    pub fn open(&self) -> (Repository, Arc<dyn Storage>) {
+        let storage: Arc<dyn Storage> =
+            Arc::new(OpendalStorage::local(self.repo.to_str().expect("UTF-8 repository path")).expect("open storage"));
+        let repo = Repository::open(storage.clone(), self.password.as_bytes()).expect("open repository");
+        (repo, storage)
+    }
+
+    /// The tree blob of directory `path` (absolute) in snapshot `snapshot`.
+    pub fn subtree_id(&self, snapshot: &str, path: &Path) -> BlobId {
+        let (repo, _) = self.open();
+        repo.load_index().expect("load index");
+        let (_, snap) = repo.find_snapshot(snapshot).expect("find snapshot");
+        let mut id = snap.tree;
+        for part in path.strip_prefix("/").expect("absolute").iter() {
+            let tree = repo.read_tree(&id).expect("read tree");
+            let node = tree
+                .nodes
+                .into_iter()
+                .find(|n| n.name == part.as_bytes())
+                .unwrap_or_else(|| panic!("{} not in snapshot {snapshot}", path.display()));
+            id = node.subtree.expect("a directory");
+        }
+        id
+    }
+
+    /// Every blob of every pack, read from the pack headers (not the index).
+    pub fn stored_blobs(&self) -> Vec<StoredBlob> {
+        let (repo, storage) = self.open();
+        let mut out = Vec::new();
+        for obj in storage.list("data").expect("list packs") {
+            let bytes = storage.read(&obj.path).expect("read pack");
+            let (_, entries) = read_header(repo.key(), &obj.path, &bytes).expect("pack header");
+            out.extend(entries.into_iter().map(|e| StoredBlob {
+                pack: obj.path.clone(),
+                id: e.id,
+                kind: e.kind,
+                codec: e.codec,
+                raw_length: e.raw_length,
+            }));
+        }
+        out
+    }
+}
+
+/// One blob as its pack header lists it.
+#[derive(Clone, Debug)]
+pub struct StoredBlob {
+    /// The pack's path in the repository.
+    pub pack: String,
+    /// The blob.
+    pub id: BlobId,
+    /// Data or tree.
+    pub kind: BlobKind,
+    /// How it was compressed.
+    pub codec: Codec,
+    /// Plaintext length.
+    pub raw_length: u32,
+}
+
+/// Parses the last non-empty line of `stdout` as JSON.
+pub fn last_json(stdout: &str) -> Value {
+    let line =
+        stdout.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_else(|| panic!("no output to parse: {stdout:?}"));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+}
+
+/// Where a backed-up absolute path lands under a full restore into `target`.
+pub fn restored_path(target: &Path, source: &Path) -> PathBuf {
+    target.join(source.strip_prefix("/").expect("absolute source path"))
+}
+
+/// The kind of a file system entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link.
+    Symlink,
+    /// Named pipe.
+    Fifo,
+    /// Character device.
+    CharDevice,
+    /// Block device.
+    BlockDevice,
+    /// Socket.
+    Socket,
+}
+
+impl Kind {
+    /// Lowercase name, as in manifests.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::File => "file",
+            Kind::Dir => "dir",
+            Kind::Symlink => "symlink",
+            Kind::Fifo => "fifo",
+            Kind::CharDevice => "chardev",
+            Kind::BlockDevice => "blockdev",
+            Kind::Socket => "socket",
+        }
+    }
+}
+
+/// Everything the tests compare about one entry.
+#[derive(Clone, Debug)]
+pub struct Meta {
+    /// Kind.
+    pub kind: Kind,
+    /// `st_mode & 0o7777`.
+    pub mode: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Files: length; symlinks: target length; others 0.
+    pub size: u64,
+    /// Access time (seconds, nanoseconds).
+    pub atime: (i64, i64),
+    /// Modification time (seconds, nanoseconds).
+    pub mtime: (i64, i64),
+    /// Device number of device nodes (0 otherwise).
+    pub rdev: u64,
+    /// Symlink target.
+    pub target: Option<Vec<u8>>,
+    /// Every extended attribute, ACLs (`system.posix_acl_*`) included.
+    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// [`content_digest`] of a file.
+    pub digest: Option<[u8; 32]>,
+    /// Inode number (hard-link identity).
+    pub ino: u64,
+    /// Link count.
+    pub nlink: u64,
+    /// Allocated 512-byte blocks.
+    pub blocks: u64,
+}
+
+/// A scanned tree: path relative to the scanned root (`""` is the root) → metadata.
+pub type Scan = BTreeMap<PathBuf, Meta>;
+
+/// Keyed BLAKE3 (through cairn-core) as a content digest.
+pub fn digest(data: &[u8]) -> [u8; 32] {
+    MasterKey::from_secret([0x5a; 32]).blob_id(data).0
+}
+
+/// Opens a file for reading without touching its access time.
+fn open_noatime(path: &Path) -> fs::File {
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOATIME | libc::O_NOFOLLOW)
+        .open(path)
+        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
+}
+
+/// Reads a file without touching its access time.
+pub fn read_noatime(path: &Path) -> Vec<u8> {
+    let mut data = Vec::new();
+    open_noatime(path).read_to_end(&mut data).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    data
+}
+
+/// A digest of a file's content that depends on the bytes only (not on where the holes are),
+/// computed without reading holes, so that multi-GiB sparse files are cheap: the file is cut
+/// into 64 KiB blocks; runs of all-zero blocks count as runs, other blocks by their hash.
+pub fn content_digest(path: &Path) -> [u8; 32] {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+    const BLOCK: u64 = 64 * 1024;
+    let f = open_noatime(path);
+    let size = f.metadata().expect("fstat").len();
+    let mut tokens: Vec<u8> = size.to_le_bytes().to_vec();
+    let mut zero_run = 0u64;
+    let mut buf = vec![0u8; BLOCK as usize];
+    let mut pos = 0u64;
+    while pos < size {
+        // SAFETY: lseek on a descriptor we own.
+        let data = unsafe { libc::lseek(f.as_raw_fd(), pos as libc::off_t, libc::SEEK_DATA) };
+        let data = if data < 0 { size } else { data as u64 };
+        // Blocks wholly inside the hole are zero.
+        let first_data_block = data / BLOCK * BLOCK;
+        if first_data_block > pos {
+            zero_run += (first_data_block - pos).div_ceil(BLOCK);
+            pos = first_data_block.min(size);
+            if pos >= size {
+                break;
+            }
+        }
+        let n = BLOCK.min(size - pos) as usize;
+        f.read_exact_at(&mut buf[..n], pos).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        if buf[..n].iter().all(|&b| b == 0) {
+            zero_run += 1;
+        } else {
+            if zero_run > 0 {
+                tokens.push(b'Z');
+                tokens.extend_from_slice(&zero_run.to_le_bytes());
+                zero_run = 0;
+            }
+            tokens.push(b'D');
+            tokens.extend_from_slice(&digest(&buf[..n]));
+        }
+        pos += n as u64;
+    }
+    if zero_run > 0 {
+        tokens.push(b'Z');
+        tokens.extend_from_slice(&zero_run.to_le_bytes());
+    }
+    digest(&tokens)
+}
+
+/// All extended attributes of `path` (not following a symlink).
+pub fn xattrs_of(path: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let names = match xattr::list(path) {
+        Ok(n) => n,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return out,
+        Err(e) => panic!("listxattr {}: {e}", path.display()),
+    };
+    for name in names {
+        if let Some(v) = xattr::get(path, &name).unwrap_or_else(|e| panic!("getxattr {} {name:?}: {e}", path.display()))
+        {
+            out.insert(name.as_bytes().to_vec(), v);
+        }
+    }
+    out
+}
+
+/// Reads one entry's metadata (and, for files, its content digest).
+pub fn meta_of(path: &Path) -> Meta {
+    let md = fs::symlink_metadata(path).unwrap_or_else(|e| panic!("lstat {}: {e}", path.display()));
+    let ft = md.file_type();
+    let kind = if ft.is_file() {
+        Kind::File
+    } else if ft.is_dir() {
+        Kind::Dir
+    } else if ft.is_symlink() {
+        Kind::Symlink
+    } else if ft.is_fifo() {
+        Kind::Fifo
+    } else if ft.is_char_device() {
+        Kind::CharDevice
+    } else if ft.is_block_device() {
+        Kind::BlockDevice
+    } else {
+        Kind::Socket
+    };
+    let xattrs = xattrs_of(path);
+    let mut m = Meta {
+        kind,
+        mode: md.mode() & 0o7777,
+        uid: md.uid(),
+        gid: md.gid(),
+        size: 0,
+        atime: (md.atime(), md.atime_nsec()),
+        mtime: (md.mtime(), md.mtime_nsec()),
+        rdev: 0,
+        target: None,
+        xattrs,
+        digest: None,
+        ino: md.ino(),
+        nlink: md.nlink(),
+        blocks: md.blocks(),
+    };
+    match kind {
+        Kind::File => {
+            m.size = md.len();
+            m.digest = Some(content_digest(path));
+        }
+        Kind::Symlink => {
+            m.size = md.len();
+            m.target = Some(fs::read_link(path).expect("readlink").as_os_str().as_bytes().to_vec());
+        }
+        Kind::CharDevice | Kind::BlockDevice => m.rdev = md.rdev(),
+        _ => {}
+    }
+    m
+}
+
+/// Scans `root` and everything below it.
+pub fn scan(root: &Path) -> Scan {
+    let mut out = Scan::new();
+    scan_into(root, PathBuf::new(), &mut out);
+    out
+}
+
+fn scan_into(abs: &Path, rel: PathBuf, out: &mut Scan) {
+    let m = meta_of(abs);
+    let is_dir = m.kind == Kind::Dir;
+    out.insert(rel.clone(), m);
+    if is_dir {
+        let mut names: Vec<_> = fs::read_dir(abs)
+            .unwrap_or_else(|e| panic!("list {}: {e}", abs.display()))
+            .map(|e| e.expect("dir entry").file_name())
+            .collect();
+        names.sort();
+        for n in names {
+            scan_into(&abs.join(&n), rel.join(&n), out);
+        }
+    }
+}
+
+/// Sets atime and mtime of `path` without following a symlink.
+pub fn set_times(path: &Path, atime: (i64, i64), mtime: (i64, i64)) {
+    filetime::set_symlink_file_times(
+        path,
+        FileTime::from_unix_time(atime.0, atime.1 as u32),
+        FileTime::from_unix_time(mtime.0, mtime.1 as u32),
+    )
+    .unwrap_or_else(|e| panic!("set times of {}: {e}", path.display()));
+}
+
+/// Puts back the times `scan` recorded for the tree at `root` (children before parents).
+pub fn reset_times(root: &Path, scan: &Scan) {
+    for (rel, m) in scan.iter().rev() {
+        let p = if rel.as_os_str().is_empty() { root.to_path_buf() } else { root.join(rel) };
+        set_times(&p, m.atime, m.mtime);
+    }
+}
+
+/// Scans the source tree at `root` and undoes the scan's own atime updates.
+pub fn scan_source(root: &Path) -> Scan {
+    let s = scan(root);
+    reset_times(root, &s);
+    s
+}
+
+fn show(p: &Path) -> String {
+    if p.as_os_str().is_empty() {
+        "<root>".into()
+    } else {
+        format!("{:?}", p)
+    }
+}
+
+fn show_xattrs(x: &BTreeMap<Vec<u8>, Vec<u8>>) -> String {
+    let shown: Vec<String> = x
+        .iter()
+        .map(|(k, v)| {
+            let hex: String = v.iter().map(|b| format!("{b:02x}")).collect();
+            format!("{}={hex}", String::from_utf8_lossy(k))
+        })
+        .collect();
+    format!("{{{}}}", shown.join(", "))
+}
+
+fn hard_link_groups(s: &Scan) -> HashMap<u64, BTreeSet<PathBuf>> {
+    let mut groups: HashMap<u64, BTreeSet<PathBuf>> = HashMap::new();
+    for (p, m) in s {
+        if m.kind != Kind::Dir {
+            groups.entry(m.ino).or_default().insert(p.clone());
+        }
+    }
+    groups
+}
+
+/// Differences between a source scan and a restored scan. With `root_metadata` false the
+/// root's own metadata is not compared (a restore of `SNAP:PATH` fills an existing target).
+pub fn differences(src: &Scan, dst: &Scan, root_metadata: bool) -> Vec<String> {
+    let mut diffs = Vec::new();
+    for p in src.keys().filter(|p| !dst.contains_key(*p)) {
+        diffs.push(format!("{}: missing from the restore", show(p)));
+    }
+    for p in dst.keys().filter(|p| !src.contains_key(*p)) {
+        diffs.push(format!("{}: in the restore but not in the source", show(p)));
+    }
+    let src_groups = hard_link_groups(src);
+    let dst_groups = hard_link_groups(dst);
+    for (p, a) in src {
+        let Some(b) = dst.get(p) else { continue };
+        let mut field = |name: &str, x: String, y: String| {
+            if x != y {
+                diffs.push(format!("{}: {name}: source {x}, restored {y}", show(p)));
+            }
+        };
+        field("kind", format!("{:?}", a.kind), format!("{:?}", b.kind));
+        if a.kind != b.kind || (p.as_os_str().is_empty() && !root_metadata) {
+            continue;
+        }
+        field("mode", format!("{:o}", a.mode), format!("{:o}", b.mode));
+        field("uid", a.uid.to_string(), b.uid.to_string());
+        field("gid", a.gid.to_string(), b.gid.to_string());
+        field("mtime", format!("{:?}", a.mtime), format!("{:?}", b.mtime));
+        field("atime", format!("{:?}", a.atime), format!("{:?}", b.atime));
+        field("xattrs", show_xattrs(&a.xattrs), show_xattrs(&b.xattrs));
+        match a.kind {
+            Kind::File => {
+                field("size", a.size.to_string(), b.size.to_string());
+                field("content digest", format!("{:02x?}", a.digest), format!("{:02x?}", b.digest));
+                // Sparseness: never more allocated than the source (one block of slack for
+                // extent-tree blocks), and a file that was mostly hole keeps its holes.
+                if b.blocks > a.blocks + 8 {
+                    field(
+                        "allocated 512-byte blocks (more than source + 8)",
+                        a.blocks.to_string(),
+                        b.blocks.to_string(),
+                    );
+                }
+                if a.size >= 64 * 1024 && a.blocks * 512 * 2 < a.size && b.blocks * 512 >= b.size {
+                    field(
+                        "holes (allocated bytes of a mostly-hole file)",
+                        (a.blocks * 512).to_string(),
+                        (b.blocks * 512).to_string(),
+                    );
+                }
+            }
+            Kind::Symlink => {
+                field("size", a.size.to_string(), b.size.to_string());
+                field(
+                    "symlink target",
+                    format!("{:?}", a.target.as_ref().map(|t| OsStr::from_bytes(t))),
+                    format!("{:?}", b.target.as_ref().map(|t| OsStr::from_bytes(t))),
+                );
+            }
+            Kind::CharDevice | Kind::BlockDevice => {
+                field("rdev", format!("{:#x}", a.rdev), format!("{:#x}", b.rdev));
+            }
+            _ => {}
+        }
+        if a.kind != Kind::Dir {
+            let ga = &src_groups[&a.ino];
+            let gb = &dst_groups[&b.ino];
+            field("hard-link group", format!("{ga:?}"), format!("{gb:?}"));
+        }
+    }
+    diffs
+}
+
+/// Panics, listing every difference, unless the restored scan matches the source scan.
+pub fn assert_same(src: &Scan, dst: &Scan, root_metadata: bool) {
+    let diffs = differences(src, dst, root_metadata);
+    if !diffs.is_empty() {
+        let shown: Vec<_> = diffs.iter().take(60).cloned().collect();
+        panic!("the restore differs from the source in {} ways:\n  {}", diffs.len(), shown.join("\n  "));
+    }
+}
+
+/// A small, fast, deterministic generator (SplitMix64).
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// `len` random bytes.
+    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(len + 8);
+        while out.len() < len {
+            out.extend_from_slice(&self.next_u64().to_le_bytes());
+        }
+        out.truncate(len);
+        out
+    }
+}
+
+/// Counts the files below `dir` (recursively).
+pub fn count_files(dir: &Path) -> usize {
+    let mut n = 0;
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd {
+            let e = e.expect("dir entry");
+            let ft = e.file_type().expect("file type");
+            if ft.is_dir() {
+                n += count_files(&e.path());
+            } else {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// Number of extents of a file (FIEMAP, after flushing delayed allocation).
+pub fn extent_count(path: &Path) -> u32 {
+    use std::os::unix::io::AsRawFd;
+    #[repr(C)]
+    struct Fiemap {
+        start: u64,
+        length: u64,
+        flags: u32,
+        mapped_extents: u32,
+        extent_count: u32,
+        reserved: u32,
+    }
+    const FS_IOC_FIEMAP: libc::c_ulong = 0xC020_660B;
+    const FIEMAP_FLAG_SYNC: u32 = 1;
+    let f = open_noatime(path);
+    let mut m =
+        Fiemap { start: 0, length: u64::MAX, flags: FIEMAP_FLAG_SYNC, mapped_extents: 0, extent_count: 0, reserved: 0 };
+    // SAFETY: FS_IOC_FIEMAP with extent_count 0 only writes the header we pass.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_FIEMAP as _, &mut m as *mut Fiemap) };
+    assert_eq!(r, 0, "FIEMAP {}: {}", path.display(), std::io::Error::last_os_error());
+    m.mapped_extents
+}
+
+/// Whether the tests run as root (ownership and device nodes can only be restored as root).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
