@@ -11,6 +11,12 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // Like every Unix filter: a closed pipe (`cairn ls … | head`) ends the process quietly
+    // instead of failing the next write with EPIPE.
+    // SAFETY: resetting a signal disposition before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let args = cli::Cli::parse();
     match cli::run(args) {
         Ok(code) => code,
