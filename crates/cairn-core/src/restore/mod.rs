@@ -367,7 +367,7 @@ pub fn restore(
     let needed: Vec<Vec<check::NeededChunk>> =
         plan.entries.iter().zip(&states).map(|(e, s)| s.needed(&e.node)).collect();
     phase.lap(&mut out_phases, "check");
-    let fetches = plan::fetches(repo, &plan, &needed);
+    let fetches = plan::fetches(repo, &plan, &needed, opts.max_memory);
 
     let mut out = RestoreOutcome { phases: out_phases, ..Default::default() };
     for (e, st) in plan.entries.iter().zip(&states) {

@@ -253,8 +253,8 @@ pub fn chunk_offsets(content: &[Chunk]) -> impl Iterator<Item = (u64, &Chunk)> {
 }
 
 /// Builds the fetches for the chunks that `needed(entry)` lists, grouped by pack, sorted by
-/// offset and coalesced.
-pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>]) -> Fetches {
+/// offset and coalesced into reads that each fit in `budget` (see [`coalesce`]).
+pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>], budget: u64) -> Fetches {
     let mut f = Fetches::default();
     let index = repo.index();
     for (i, chunks) in needed.iter().enumerate() {
@@ -275,13 +275,16 @@ pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>]) -> F
             None => f.missing.extend(dests.iter().map(|d| (d.entry as usize, *id))),
         }
     }
-    f.reads = coalesce(located);
+    f.reads = coalesce(located, budget);
     f.fetch_bytes = f.reads.iter().map(|r| r.length).sum();
     f
 }
 
-/// Groups blob locations by pack, sorts them by offset and merges neighbours into ranged reads.
-pub fn coalesce(located: Vec<BlobLocation>) -> Vec<PackRead> {
+/// Groups blob locations by pack, sorts them by offset and merges neighbours into ranged reads
+/// of at most [`MAX_READ`] bytes whose budget reservation (the range plus its plaintext) stays
+/// within `budget`, so a small `--max-memory` really bounds the bytes in flight. A blob that
+/// alone exceeds the budget is read on its own.
+pub fn coalesce(located: Vec<BlobLocation>, budget: u64) -> Vec<PackRead> {
     let mut by_pack: BTreeMap<u32, (PackId, [u8; SALT_LEN], Vec<BlobEntry>)> = BTreeMap::new();
     for loc in located {
         by_pack.entry(loc.pack_no).or_insert_with(|| (loc.pack, loc.salt, Vec::new())).2.push(loc.entry);
@@ -294,7 +297,8 @@ pub fn coalesce(located: Vec<BlobLocation>) -> Vec<PackRead> {
             let (start, end) = (u64::from(b.offset), u64::from(b.offset) + u64::from(b.length));
             if let Some(r) = current.as_mut() {
                 let r_end = r.offset + r.length;
-                if start >= r_end && start - r_end <= COALESCE_GAP && end - r.offset <= MAX_READ {
+                let reserved = end - r.offset + r.raw_bytes() + u64::from(b.raw_length);
+                if start >= r_end && start - r_end <= COALESCE_GAP && end - r.offset <= MAX_READ && reserved <= budget {
                     r.length = end - r.offset;
                     r.blobs.push(b);
                     continue;
@@ -330,7 +334,7 @@ pub fn load_trees(repo: &Repository, root: BlobId, threads: usize) -> Result<Has
                 .push(index.get(id).ok_or_else(|| Error::NotFound(format!("tree {} (not in any index)", id.short())))?);
         }
         drop(index);
-        let reads = coalesce(located);
+        let reads = coalesce(located, u64::MAX);
         let next = AtomicUsize::new(0);
         let loaded: Mutex<Vec<(BlobId, Tree)>> = Mutex::new(Vec::new());
         let failed: Mutex<Option<Error>> = Mutex::new(None);
