@@ -451,6 +451,51 @@ fn include_exclude_and_snapshot_path_select_exactly() {
     );
 }
 
+/// `--delete` with filters removes only extra entries the filters select: what the filters
+/// leave out — snapshot entries and local files alike — is never deleted.
+#[test]
+fn delete_with_filters_removes_only_selected_extras() {
+    let env = Env::new(
+        |src| {
+            for p in ["docs/a.txt", "code/main.rs", "code/target/big.o"] {
+                fs::create_dir_all(src.join(p).parent().expect("parent")).expect("mkdir");
+                fs::write(src.join(p), p).expect("write");
+            }
+        },
+        &SMALL_REPO,
+        &[],
+    );
+    let t = env.path("t");
+    env.restore(&t, &[]);
+    let r = env.restored(&t);
+    let rel = |p: &str| r.strip_prefix(&t).expect("inside").join(p);
+    for p in ["code/local.rs", "code/target/local.o", "docs/local.txt"] {
+        fs::write(r.join(p), b"local").expect("write");
+    }
+    let dry_delete = |opts: &[&str]| -> Vec<PathBuf> {
+        let mut args = vec!["--dry-run", "--delete"];
+        args.extend(opts);
+        let out = env.run_restore(&[], &t, &args);
+        assert!(out.status.success(), "{out:?}");
+        let dry = last_json(&stdout(&out));
+        dry["delete"].as_array().expect("delete").iter().map(|v| PathBuf::from(v.as_str().expect("path"))).collect()
+    };
+    assert_eq!(dry_delete(&["--include", "*.rs"]), [rel("code/local.rs")]);
+    assert_eq!(dry_delete(&["--exclude", "*.o"]), [rel("code/local.rs"), rel("docs/local.txt")]);
+    assert_eq!(
+        dry_delete(&["--include", &format!("{}/code", env.src.display())]),
+        [rel("code/local.rs"), rel("code/target/local.o")]
+    );
+    assert_eq!(dry_delete(&[]), [rel("code/local.rs"), rel("code/target/local.o"), rel("docs/local.txt")]);
+
+    let s = env.restore(&t, &["--include", "*.rs", "--delete"]);
+    assert_eq!(num(&s, "deleted"), 1, "{s}");
+    assert!(!r.join("code/local.rs").exists());
+    for p in ["docs/a.txt", "docs/local.txt", "code/target/big.o", "code/target/local.o", "code/main.rs"] {
+        assert!(r.join(p).exists(), "--include '*.rs' --delete removed {p}");
+    }
+}
+
 /// Sparse files: holes and zero chunks are restored as holes (and not fetched); `--sparse
 /// always` also leaves zero blocks inside data as holes; `--sparse never` allocates every byte;
 /// `--preallocate` keeps the holes. Every variant is exact.

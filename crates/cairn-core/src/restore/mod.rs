@@ -401,7 +401,7 @@ pub fn restore(
             }
         }
         if opts.delete {
-            dry.delete = extra_entries(target, &plan, into_dir);
+            dry.delete = extra_entries(target, &plan, into_dir, |rel| filter.selects(&base_path, rel));
         }
         out.bytes_fetched = fetches.fetch_bytes;
         out.dry_run = Some(dry);
@@ -487,7 +487,7 @@ pub fn restore(
     phase.lap(&mut out.phases, "pipeline");
     finish_all(&sh, &failed, opts, progress);
     if opts.delete {
-        for p in extra_entries(target, &plan, into_dir) {
+        for p in extra_entries(target, &plan, into_dir, |rel| filter.selects(&base_path, rel)) {
             match create::remove_any(&target.join(&p)) {
                 Ok(()) => out.deleted += 1,
                 Err(e) => sh.warn(p, format!("cannot delete: {e}")),
@@ -581,8 +581,9 @@ fn finish_all(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, opts: &RestoreO
     }
 }
 
-/// Entries in restored directories that the restore does not contain.
-fn extra_entries(target: &Path, plan: &Plan, include_root: bool) -> Vec<PathBuf> {
+/// Entries in restored directories that the restore does not contain and that `selected`
+/// (given their path relative to the target) says the restore's filters cover.
+fn extra_entries(target: &Path, plan: &Plan, include_root: bool, selected: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
     let mut children: HashMap<PathBuf, HashSet<OsString>> = HashMap::new();
     if include_root {
         children.entry(PathBuf::new()).or_default();
@@ -602,8 +603,9 @@ fn extra_entries(target: &Path, plan: &Plan, include_root: bool) -> Vec<PathBuf>
             continue;
         };
         for ent in rd.flatten() {
-            if !names.contains(&ent.file_name()) {
-                out.push(dir.join(ent.file_name()));
+            let rel = dir.join(ent.file_name());
+            if !names.contains(&ent.file_name()) && selected(&rel) {
+                out.push(rel);
             }
         }
     }

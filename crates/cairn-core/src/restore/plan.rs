@@ -128,6 +128,15 @@ impl Filter {
     fn included(&self, abs: &Path) -> bool {
         self.include.as_ref().is_none_or(|s| Self::matches(s, abs))
     }
+
+    /// Whether an entry at `rel` below the restore's snapshot path `base` would be selected
+    /// were it in the snapshot: not excluded, and included itself or below an included
+    /// directory (as [`build`] decides). `--delete` removes only such entries, so a filtered
+    /// restore never deletes what its filters leave out.
+    pub fn selects(&self, base: &Path, rel: &Path) -> bool {
+        let abs = base.join(rel);
+        !self.excluded(&abs) && abs.ancestors().take_while(|a| *a != base).any(|a| self.included(a))
+    }
 }
 
 /// Finds the node at `path` (absolute, inside the snapshot) without following symlinks.
