@@ -825,6 +825,46 @@ fn sigint_stops_cleanly_and_a_rerun_finishes_the_job() {
     );
 }
 
+/// Reading the snapshot's trees is watched too: a stalled tree read is reported as a stall of
+/// the plan stage, and SIGINT stops the restore after the read in flight instead of after
+/// every level of the tree (each read here hangs for 3 s).
+#[test]
+fn stalled_tree_reads_are_reported_and_sigint_stops_them() {
+    use std::io::BufRead;
+    let env = Env::new(|src| fs::write(src.join("f"), b"data").expect("write"), &[], &[]);
+    let packs: Vec<String> = env.cairn.stored_blobs().into_iter().map(|b| b.pack).collect();
+    let pack = packs.first().expect("a pack").rsplit('/').next().expect("name").to_string();
+    assert!(packs.iter().all(|p| p.ends_with(&pack)), "one pack holds data and trees: {packs:?}");
+    let t = env.path("t");
+    let mut child = env
+        .cairn
+        .command()
+        .env("CAIRN_INJECT_FAULTS", format!("stall={pack},stall-for=3s"))
+        .args(["--json", "restore", "latest", "--target"])
+        .arg(&t)
+        .args(["--stall-timeout", "1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cairn");
+    let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let stalled = lines.by_ref().map(|l| l.expect("read stdout")).find(|l| {
+        let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        v["stall"] == "no progress for 1 s; waiting in the plan stage"
+    });
+    assert!(stalled.is_some(), "no status line reported the stalled tree read");
+    // SAFETY: kill(2) on the child we spawned and have not waited for.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
+    let signalled = Instant::now();
+    lines.for_each(drop);
+    let out = child.wait_with_output().expect("wait");
+    assert!(signalled.elapsed() < Duration::from_millis(4500), "took {:?} to stop", signalled.elapsed());
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
+    assert_eq!(stderr(&out).trim_end(), "cairn: restore interrupted; run the same command again to finish it");
+    assert!(!t.exists(), "an interrupted plan wrote to the target");
+}
+
 /// A memory budget smaller than one pack — and smaller than one blob — still restores
 /// exactly: a blob larger than the whole budget goes through on its own.
 #[test]

@@ -321,7 +321,20 @@ pub fn restore(
     let base_path = PathBuf::from(base.unwrap_or("/"));
     let mut phase = PhaseClock::new();
     let mut out_phases = Vec::new();
-    let plan = plan::build(repo, top, &base_path, &filter, opts.fetch_concurrency)?;
+    // Loading the trees reads the repository too: SIGINT stops it, and the watchdog covers it.
+    let cancel = opts.cancel.clone().unwrap_or_default();
+    let loading = plan::Loading { cancel: cancel.clone(), ..Default::default() };
+    let planned = AtomicBool::new(false);
+    let (plan, plan_stalls) = std::thread::scope(|s| {
+        let dog = s.spawn(|| {
+            watch(opts.stall_timeout, progress, &planned, || loading.reads_done.load(Ordering::Relaxed), || "plan")
+        });
+        let plan = plan::build(repo, top, &base_path, &filter, opts.fetch_concurrency, &loading);
+        planned.store(true, Ordering::Relaxed);
+        dog.thread().unpark();
+        (plan, dog.join().expect("watchdog panicked"))
+    });
+    let plan = plan?;
     let threads = opts.write_threads.max(1);
     let is_root = crate::platform::is_root();
     // Directories first, so the check below never looks through a symlink standing where a
@@ -369,7 +382,7 @@ pub fn restore(
     phase.lap(&mut out_phases, "check");
     let fetches = plan::fetches(repo, &plan, &needed, opts.max_memory);
 
-    let mut out = RestoreOutcome { phases: out_phases, ..Default::default() };
+    let mut out = RestoreOutcome { phases: out_phases, stalls: plan_stalls, ..Default::default() };
     for (e, st) in plan.entries.iter().zip(&states) {
         match e.node.kind {
             NodeKind::File => out.files += 1,
@@ -436,7 +449,7 @@ pub fn restore(
         fetched: AtomicU64::new(0),
         written: AtomicU64::new(0),
         files_done: AtomicU64::new(0),
-        cancel: opts.cancel.clone().unwrap_or_default(),
+        cancel,
         fatal: Mutex::new(None),
         warnings: Mutex::new(Vec::new()),
         sparse,
@@ -650,6 +663,7 @@ fn run_pipeline(sh: &Shared<'_>, opts: &RestoreOptions, progress: &Progress, bas
             w.join().expect("restore worker panicked");
         }
         finished.store(true, Ordering::Relaxed);
+        watchdog.thread().unpark();
         stalls.extend(watchdog.join().expect("watchdog panicked"));
     });
 }
@@ -663,34 +677,53 @@ fn watchdog(
     base_done: u64,
     finished: &AtomicBool,
 ) -> Vec<String> {
+    let stalls = watch(
+        timeout,
+        progress,
+        finished,
+        || {
+            let now = (sh.fetched.load(Ordering::Relaxed), sh.written.load(Ordering::Relaxed));
+            progress.fetched_bytes.store(now.0, Ordering::Relaxed);
+            progress.done_bytes.store(base_done + now.1, Ordering::Relaxed);
+            progress.done_files.store(sh.files_done.load(Ordering::Relaxed), Ordering::Relaxed);
+            now
+        },
+        || profile::stalled_stage(&sh.clocks),
+    );
+    progress.done_bytes.store(base_done + sh.written.load(Ordering::Relaxed), Ordering::Relaxed);
+    progress.fetched_bytes.store(sh.fetched.load(Ordering::Relaxed), Ordering::Relaxed);
+    stalls
+}
+
+/// Until `finished` (the caller unparks this thread after setting it, so it stops at once),
+/// samples a measure of progress every tick; when it stays the same for `timeout`, reports a
+/// stall naming the stage `stage()` says is waiting.
+fn watch<T: PartialEq>(
+    timeout: Duration,
+    progress: &Progress,
+    finished: &AtomicBool,
+    mut sample: impl FnMut() -> T,
+    stage: impl Fn() -> &'static str,
+) -> Vec<String> {
     let tick = Duration::from_millis(100).min(timeout);
-    let mut last = (u64::MAX, u64::MAX);
+    let mut last = None;
     let mut since = Instant::now();
     let mut reported = false;
     let mut stalls = Vec::new();
     while !finished.load(Ordering::Relaxed) {
-        std::thread::sleep(tick);
-        let now = (sh.fetched.load(Ordering::Relaxed), sh.written.load(Ordering::Relaxed));
-        progress.fetched_bytes.store(now.0, Ordering::Relaxed);
-        progress.done_bytes.store(base_done + now.1, Ordering::Relaxed);
-        progress.done_files.store(sh.files_done.load(Ordering::Relaxed), Ordering::Relaxed);
+        std::thread::park_timeout(tick);
+        let now = Some(sample());
         if now != last {
             last = now;
             since = Instant::now();
             reported = false;
             *progress.stall.lock().expect("stall lock") = None;
         } else if !reported && since.elapsed() >= timeout {
-            let msg = format!(
-                "no progress for {} s; waiting in the {} stage",
-                timeout.as_secs_f64().round(),
-                profile::stalled_stage(&sh.clocks)
-            );
+            let msg = format!("no progress for {} s; waiting in the {} stage", timeout.as_secs_f64().round(), stage());
             *progress.stall.lock().expect("stall lock") = Some(msg.clone());
             stalls.push(msg);
             reported = true;
         }
     }
-    progress.done_bytes.store(base_done + sh.written.load(Ordering::Relaxed), Ordering::Relaxed);
-    progress.fetched_bytes.store(sh.fetched.load(Ordering::Relaxed), Ordering::Relaxed);
     stalls
 }

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
@@ -178,11 +178,27 @@ struct Builder<'a> {
 /// Linux's PATH_MAX); deeper trees are rejected instead of exhausting the stack.
 pub const MAX_DEPTH: usize = 2048;
 
+/// Lets the caller stop tree loading early and watch it progress.
+#[derive(Default)]
+pub struct Loading {
+    /// Once set, loading stops after the reads in flight and fails with [`Error::Interrupted`].
+    pub cancel: Arc<AtomicBool>,
+    /// Tree reads completed so far.
+    pub reads_done: AtomicU64,
+}
+
 /// Lists the entries for restoring `top`, whose snapshot path is `base`; trees are loaded on
 /// `threads` threads first.
-pub fn build(repo: &Repository, top: Top, base: &Path, filter: &Filter, threads: usize) -> Result<Plan> {
+pub fn build(
+    repo: &Repository,
+    top: Top,
+    base: &Path,
+    filter: &Filter,
+    threads: usize,
+    loading: &Loading,
+) -> Result<Plan> {
     let trees = match &top {
-        Top::Tree(id) => load_trees(repo, *id, threads)?,
+        Top::Tree(id) => load_trees(repo, *id, threads, loading)?,
         Top::Node(_) => HashMap::new(),
     };
     let mut b = Builder { repo, filter, plan: Plan::default(), links: HashMap::new(), depth: 0, trees };
@@ -323,7 +339,7 @@ pub fn coalesce(located: Vec<BlobLocation>, budget: u64) -> Vec<PackRead> {
 
 /// Loads every tree below `root` ahead of planning: level by level, each level's tree blobs
 /// fetched with coalesced ranged reads on `threads` threads.
-pub fn load_trees(repo: &Repository, root: BlobId, threads: usize) -> Result<HashMap<BlobId, Tree>> {
+pub fn load_trees(repo: &Repository, root: BlobId, threads: usize, loading: &Loading) -> Result<HashMap<BlobId, Tree>> {
     let mut trees: HashMap<BlobId, Tree> = HashMap::new();
     let mut level = vec![root];
     for depth in 0.. {
@@ -351,10 +367,12 @@ pub fn load_trees(repo: &Repository, root: BlobId, threads: usize) -> Result<Has
             for _ in 0..threads.clamp(1, reads.len().max(1)) {
                 s.spawn(|| {
                     while let Some(read) = reads.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        if failed.lock().expect("lock").is_some() {
+                        if failed.lock().expect("lock").is_some() || loading.cancel.load(Ordering::Relaxed) {
                             return;
                         }
-                        match read_trees(repo, read) {
+                        let result = read_trees(repo, read);
+                        loading.reads_done.fetch_add(1, Ordering::Relaxed);
+                        match result {
                             Ok(mut t) => loaded.lock().expect("lock").append(&mut t),
                             Err(e) => {
                                 failed.lock().expect("lock").get_or_insert(e);
@@ -367,6 +385,9 @@ pub fn load_trees(repo: &Repository, root: BlobId, threads: usize) -> Result<Has
         });
         if let Some(e) = failed.into_inner().expect("lock") {
             return Err(e);
+        }
+        if loading.cancel.load(Ordering::Relaxed) {
+            return Err(Error::Interrupted);
         }
         level.clear();
         for (id, tree) in loaded.into_inner().expect("lock") {
