@@ -1,0 +1,101 @@
+//! The parent snapshot: chosen automatically (the newest with the same host and paths), given
+//! with `--parent`, or none with `--force`. The walker follows the parent's trees alongside
+//! the file system, so an unchanged file's chunk list is reused without reading the file.
+
+use crate::error::Result;
+use crate::id::{BlobId, SnapshotId};
+use crate::repository::Repository;
+use crate::snapshot::Snapshot;
+use crate::tree::{Node, NodeKind, Tree};
+
+/// Which snapshot a backup compares against.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ParentChoice {
+    /// The newest snapshot of the same host and paths.
+    #[default]
+    Auto,
+    /// This snapshot (`latest` or an ID prefix).
+    Given(String),
+    /// None: every file is read (`--force`).
+    Force,
+}
+
+/// Finds the parent snapshot for a backup of `paths` from `hostname`.
+pub fn choose(
+    repo: &Repository,
+    choice: &ParentChoice,
+    hostname: &str,
+    paths: &[String],
+) -> Result<Option<(SnapshotId, Snapshot)>> {
+    match choice {
+        ParentChoice::Force => Ok(None),
+        ParentChoice::Given(spec) => repo.find_snapshot(spec).map(Some),
+        ParentChoice::Auto => {
+            let mut want = paths.to_vec();
+            want.sort();
+            Ok(repo.snapshots()?.into_iter().rev().find(|(_, s)| {
+                let mut have = s.paths.clone();
+                have.sort();
+                s.hostname == hostname && have == want
+            }))
+        }
+    }
+}
+
+/// One directory of the parent snapshot (empty where the parent has no such directory).
+#[derive(Default)]
+pub(super) struct ParentDir {
+    tree: Option<Tree>,
+}
+
+impl ParentDir {
+    /// The parent's root tree; a parent whose tree cannot be read is treated as absent (every
+    /// file is read), and said so.
+    pub fn root(repo: &Repository, tree: Option<BlobId>) -> Self {
+        ParentDir { tree: tree.and_then(|id| load(repo, id)) }
+    }
+
+    /// The parent's entry named `name`.
+    pub fn node(&self, name: &[u8]) -> Option<&Node> {
+        let nodes = &self.tree.as_ref()?.nodes;
+        nodes.binary_search_by(|n| n.name.as_slice().cmp(name)).ok().map(|i| &nodes[i])
+    }
+
+    /// The parent's tree ID of subdirectory `name`.
+    pub fn subtree(&self, name: &[u8]) -> Option<BlobId> {
+        self.node(name).filter(|n| n.kind == NodeKind::Dir).and_then(|n| n.subtree)
+    }
+
+    /// The parent's subdirectory `name`.
+    pub fn child(&self, repo: &Repository, name: &[u8]) -> ParentDir {
+        ParentDir { tree: self.subtree(name).and_then(|id| load(repo, id)) }
+    }
+}
+
+fn load(repo: &Repository, id: BlobId) -> Option<Tree> {
+    match repo.read_tree(&id) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!("parent snapshot tree {} unreadable, its files will be read: {e}", id.short());
+            None
+        }
+    }
+}
+
+/// Whether `now` is the parent's file `old` unchanged: same size, modification and status
+/// change times, inode and device, and every chunk still in the index.
+pub(super) fn unchanged(old: &Node, now: &Node, repo: &Repository) -> bool {
+    old.kind == NodeKind::File
+        && old.size == now.size
+        && old.mtime == now.mtime
+        && old.ctime == now.ctime
+        && old.inode == now.inode
+        && old.device_id == now.device_id
+        && {
+            let index = repo.index();
+            old.content.iter().all(|c| match c {
+                crate::tree::Chunk::Data { id, .. } => index.contains(id),
+                crate::tree::Chunk::Zero { .. } => true,
+            })
+        }
+}
