@@ -214,7 +214,9 @@ pub fn backup(
                 })
                 .collect();
             drop(jobs_rx);
-            let walked = walk::Walker::new(sh, &filter, jobs_tx).run(&selection, parent_tree);
+            let trees = parent::TreeLoader::start(s, repo, parent::TREE_LOADERS);
+            let walked = walk::Walker::new(sh, &filter, jobs_tx, &trees).run(&selection, parent_tree);
+            drop(trees);
             let read = join_all(readers);
             stop.store(true, Ordering::Relaxed);
             read.and(walked)

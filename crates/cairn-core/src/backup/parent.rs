@@ -2,6 +2,11 @@
 //! with `--parent`, or none with `--force`. The walker follows the parent's trees alongside
 //! the file system, so an unchanged file's chunk list is reused without reading the file.
 
+use std::collections::HashMap;
+use std::thread::Scope;
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+
 use crate::error::Result;
 use crate::id::{BlobId, SnapshotId};
 use crate::repository::Repository;
@@ -42,17 +47,61 @@ pub fn choose(
     }
 }
 
-/// One directory of the parent snapshot (empty where the parent has no such directory).
+/// Loads the parent's trees on a few threads ahead of the walker, so the walker does not wait
+/// for one storage read per directory.
+pub(super) struct TreeLoader {
+    requests: Sender<(BlobId, Sender<Option<Tree>>)>,
+}
+
+/// Parent trees loaded at once.
+pub(super) const TREE_LOADERS: usize = 4;
+
+impl TreeLoader {
+    /// Starts `threads` loaders in `scope`; they stop when the loader is dropped.
+    pub fn start<'scope>(scope: &'scope Scope<'scope, '_>, repo: &'scope Repository, threads: usize) -> Self {
+        let (requests, rx) = bounded::<(BlobId, Sender<Option<Tree>>)>(threads * 64);
+        for _ in 0..threads {
+            let rx = rx.clone();
+            scope.spawn(move || {
+                for (id, reply) in rx {
+                    // The walker may have stopped early; then nobody wants the tree.
+                    let _ = reply.send(load(repo, id));
+                }
+            });
+        }
+        TreeLoader { requests }
+    }
+
+    fn request(&self, id: BlobId) -> Receiver<Option<Tree>> {
+        let (tx, rx) = bounded(1);
+        // The loaders live as long as this sender, so the send only fails if one panicked.
+        let _ = self.requests.send((id, tx));
+        rx
+    }
+}
+
+/// One directory of the parent snapshot (empty where the parent has no such directory), with
+/// its subdirectories' trees on their way.
 #[derive(Default)]
 pub(super) struct ParentDir {
     tree: Option<Tree>,
+    coming: HashMap<Vec<u8>, Receiver<Option<Tree>>>,
 }
 
 impl ParentDir {
-    /// The parent's root tree; a parent whose tree cannot be read is treated as absent (every
-    /// file is read), and said so.
-    pub fn root(repo: &Repository, tree: Option<BlobId>) -> Self {
-        ParentDir { tree: tree.and_then(|id| load(repo, id)) }
+    /// The parent's root tree. A parent tree that cannot be read is treated as absent (its
+    /// files are read), and logged.
+    pub fn root(repo: &Repository, tree: Option<BlobId>, loader: &TreeLoader) -> Self {
+        ParentDir::new(tree.and_then(|id| load(repo, id)), loader)
+    }
+
+    fn new(tree: Option<Tree>, loader: &TreeLoader) -> Self {
+        let coming = tree
+            .iter()
+            .flat_map(|t| &t.nodes)
+            .filter_map(|n| Some((n.name.clone(), loader.request(n.subtree.filter(|_| n.kind == NodeKind::Dir)?))))
+            .collect();
+        ParentDir { tree, coming }
     }
 
     /// The parent's entry named `name`.
@@ -66,9 +115,10 @@ impl ParentDir {
         self.node(name).filter(|n| n.kind == NodeKind::Dir).and_then(|n| n.subtree)
     }
 
-    /// The parent's subdirectory `name`.
-    pub fn child(&self, repo: &Repository, name: &[u8]) -> ParentDir {
-        ParentDir { tree: self.subtree(name).and_then(|id| load(repo, id)) }
+    /// The parent's subdirectory `name` (taken: each is walked once).
+    pub fn child(&mut self, name: &[u8], loader: &TreeLoader) -> ParentDir {
+        let tree = self.coming.remove(name).and_then(|rx| rx.recv().ok().flatten());
+        ParentDir::new(tree, loader)
     }
 }
 

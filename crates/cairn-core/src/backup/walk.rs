@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crossbeam_channel::Sender;
 
 use super::links::Claim;
-use super::parent::{unchanged, ParentDir};
+use super::parent::{unchanged, ParentDir, TreeLoader};
 use super::pending::PendingDir;
 use super::progress::Counters;
 use super::read::{finish, ReadJob};
@@ -27,24 +27,32 @@ pub(super) struct Walker<'a, 'b> {
     sh: &'a Shared<'b>,
     filter: &'a Filter,
     jobs: Sender<ReadJob>,
+    trees: &'a TreeLoader,
     names: NameCache,
 }
 
 impl<'a, 'b> Walker<'a, 'b> {
-    /// A walker feeding `jobs` (closed when the walk ends).
-    pub fn new(sh: &'a Shared<'b>, filter: &'a Filter, jobs: Sender<ReadJob>) -> Self {
-        Walker { sh, filter, jobs, names: NameCache::default() }
+    /// A walker feeding `jobs` (closed when the walk ends), loading parent trees with `trees`.
+    pub fn new(sh: &'a Shared<'b>, filter: &'a Filter, jobs: Sender<ReadJob>, trees: &'a TreeLoader) -> Self {
+        Walker { sh, filter, jobs, trees, names: NameCache::default() }
     }
 
     /// Walks `sel`, comparing with the parent snapshot's root tree `parent`.
     pub fn run(mut self, sel: &Selection, parent: Option<BlobId>) -> Result<()> {
         let root = PendingDir::new(None, parent);
-        self.selection(Path::new("/"), sel, &root, &ParentDir::root(self.sh.repo, parent))?;
+        let mut parent_dir = ParentDir::root(self.sh.repo, parent, self.trees);
+        self.selection(Path::new("/"), sel, &root, &mut parent_dir)?;
         root.listed(self.sh)
     }
 
     /// The directories from `/` down to the given paths, then the paths themselves.
-    fn selection(&mut self, dir: &Path, sel: &Selection, pending: &Arc<PendingDir>, parent: &ParentDir) -> Result<()> {
+    fn selection(
+        &mut self,
+        dir: &Path,
+        sel: &Selection,
+        pending: &Arc<PendingDir>,
+        parent: &mut ParentDir,
+    ) -> Result<()> {
         for (name, child) in &sel.children {
             let path = dir.join(OsStr::from_bytes(name));
             let Some(mut node) = self.node(&path, name.clone()) else {
@@ -63,7 +71,7 @@ impl<'a, 'b> Walker<'a, 'b> {
                 }
             } else if node.kind == NodeKind::Dir {
                 let sub = PendingDir::new(Some(pending.push(node)), parent.subtree(name));
-                self.selection(&path, child, &sub, &parent.child(self.sh.repo, name))?;
+                self.selection(&path, child, &sub, &mut parent.child(name, self.trees))?;
                 sub.listed(self.sh)?;
             } else {
                 self.sh.warn(&path, "is not a directory, but paths below it were given".into());
@@ -109,7 +117,7 @@ impl<'a, 'b> Walker<'a, 'b> {
         path: &Path,
         node: Node,
         pending: &Arc<PendingDir>,
-        parent: &ParentDir,
+        parent: &mut ParentDir,
         root_dev: u64,
     ) -> Result<()> {
         if self.filter.excludes_path(path) {
@@ -124,7 +132,7 @@ impl<'a, 'b> Walker<'a, 'b> {
                 let other_fs = self.filter.stops_at_device(root_dev, node.device_id);
                 let sub = PendingDir::new(Some(pending.push(node)), parent.subtree(&name));
                 if !other_fs {
-                    self.dir(path, &sub, &parent.child(self.sh.repo, &name), root_dev)?;
+                    self.dir(path, &sub, &mut parent.child(&name, self.trees), root_dev)?;
                 }
                 sub.listed(self.sh)
             }
@@ -136,7 +144,7 @@ impl<'a, 'b> Walker<'a, 'b> {
         }
     }
 
-    fn dir(&mut self, dir: &Path, pending: &Arc<PendingDir>, parent: &ParentDir, root_dev: u64) -> Result<()> {
+    fn dir(&mut self, dir: &Path, pending: &Arc<PendingDir>, parent: &mut ParentDir, root_dev: u64) -> Result<()> {
         for (name, path) in list_dir(dir, |why| self.sh.warn(dir, why)) {
             let Some(node) = self.node(&path, name) else {
                 continue;
