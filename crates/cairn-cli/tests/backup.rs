@@ -410,3 +410,22 @@ fn two_backups_into_one_repository_at_once() {
     restore_exact(&cairn, &id(&sa), &a, &scan_a, &base.path().join("ra"));
     restore_exact(&cairn, &id(&sb), &b, &scan_b, &base.path().join("rb"));
 }
+
+#[test]
+fn failing_storage_stops_the_pipeline_with_one_error() {
+    let base = tempfile::tempdir().expect("tempdir");
+    let src = base.path().join("src");
+    random_files(&src, "f", 6, MIB, 41);
+    let cairn = new_repo(base.path());
+    // Packs cannot be stored: `data` is a file.
+    let data = base.path().join("repo/data");
+    let _ = fs::remove_dir_all(&data);
+    fs::write(&data, b"not a directory").expect("write");
+    let out = cairn.run(["backup", src.to_str().expect("utf-8")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("data/"), "the error must name the pack it could not write: {err}");
+    assert!(!err.contains("stopped early"), "the cause must be reported, not its echo: {err}");
+    assert!(cairn.snapshots().is_empty(), "no snapshot without its data");
+}

@@ -292,7 +292,8 @@ fn run(
         let uploaded = join_all(uploaders);
         let indexed = indexer.join().expect("indexer panicked");
         indexed.and(uploaded).and(packed)?;
-        produced?.ok_or_else(|| Error::Usage("nothing was backed up: every path was excluded".into()))
+        // Every source completes its root directory; this is a bug if it happens.
+        produced?.ok_or_else(|| Error::Usage("the backup ended without a root tree; please report this".into()))
     })?;
 
     let get = Counters::get;
