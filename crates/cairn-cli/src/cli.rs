@@ -18,8 +18,6 @@ use cairn_core::storage::{Faults, FaultyStorage, OpendalStorage, Storage};
 use cairn_core::tree::{Node, NodeKind};
 use clap::{Args, Parser, Subcommand};
 
-use crate::output::{bytes, count, rate};
-
 use crate::password;
 
 const AFTER_HELP: &str = "\
@@ -98,8 +96,9 @@ struct InitArgs {
 
 #[derive(Args, Debug)]
 struct BackupArgs {
-    /// Files and directories to back up (recorded as absolute paths)
-    #[arg(required = true, value_name = "PATH")]
+    /// Files and directories to back up (recorded as absolute paths); a block device given
+    /// here is backed up by content
+    #[arg(value_name = "PATH", required_unless_present_any = ["stdin", "files_from"])]
     paths: Vec<PathBuf>,
     /// Add a tag to the snapshot (repeatable)
     #[arg(long = "tag", value_name = "TAG")]
@@ -114,6 +113,51 @@ struct BackupArgs {
     /// an optional K or M suffix; for disk images)
     #[arg(long, default_value = "cdc", value_name = "CHUNKER")]
     chunker: String,
+    /// Snapshot to take unchanged files from [default: the newest with the same host and paths]
+    #[arg(long, value_name = "SNAPSHOT", conflicts_with = "force")]
+    parent: Option<String>,
+    /// Read every file, even those unchanged since the parent snapshot
+    #[arg(long)]
+    force: bool,
+    /// Leave out entries whose absolute path or name matches GLOB (repeatable)
+    #[arg(long = "exclude", short = 'e', value_name = "GLOB")]
+    exclude: Vec<String>,
+    /// Like --exclude, ignoring case (repeatable)
+    #[arg(long = "iexclude", value_name = "GLOB")]
+    iexclude: Vec<String>,
+    /// Read --exclude globs from FILE, one per line; `#` starts a comment (repeatable)
+    #[arg(long = "exclude-file", value_name = "FILE")]
+    exclude_file: Vec<PathBuf>,
+    /// Leave out directories holding a valid CACHEDIR.TAG
+    #[arg(long)]
+    exclude_caches: bool,
+    /// Leave out directories holding an entry named NAME (repeatable)
+    #[arg(long = "exclude-if-present", value_name = "NAME")]
+    exclude_if_present: Vec<String>,
+    /// Stay on the file system of each path: other file systems' mount points are kept empty
+    #[arg(long, short = 'x')]
+    one_file_system: bool,
+    /// Also back up the paths listed in FILE, one per line (`-` reads standard input)
+    #[arg(long, value_name = "FILE")]
+    files_from: Option<PathBuf>,
+    /// Read and chunk everything and report what would be added, but store nothing
+    #[arg(long, short = 'n')]
+    dry_run: bool,
+    /// Back up standard input as one file (see --stdin-filename)
+    #[arg(long, conflicts_with_all = ["paths", "files_from"])]
+    stdin: bool,
+    /// File name for --stdin
+    #[arg(long, default_value = "stdin", value_name = "NAME", requires = "stdin")]
+    stdin_filename: String,
+    /// Files read at once
+    #[arg(long, default_value_t = backup::DEFAULT_READ_CONCURRENCY, value_name = "N")]
+    read_concurrency: usize,
+    /// Threads that compress and encrypt [default: number of cores]
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Packs uploaded at once
+    #[arg(long, default_value_t = backup::DEFAULT_UPLOAD_CONCURRENCY, value_name = "N")]
+    upload_concurrency: usize,
 }
 
 #[derive(Args, Debug)]
@@ -278,48 +322,58 @@ fn init(g: &Global, a: InitArgs) -> Result<ExitCode> {
 fn run_backup(g: &Global, a: BackupArgs) -> Result<ExitCode> {
     let repo = open(g)?;
     repo.load_index()?;
+    let defaults = BackupOptions::default();
+    let show_progress = g.json || std::io::stderr().is_terminal();
     let opts = BackupOptions {
         tags: a.tags,
         compression: a.compression.as_deref().map(parse_codec).transpose()?,
         hostname: a.host,
         fixed_chunk_size: parse_chunker(&a.chunker)?,
-        ..Default::default()
+        read_concurrency: a.read_concurrency.max(1),
+        threads: a.threads.unwrap_or(defaults.threads).max(1),
+        upload_concurrency: a.upload_concurrency.max(1),
+        parent: match (a.force, a.parent) {
+            (true, _) => backup::ParentChoice::Force,
+            (false, Some(p)) => backup::ParentChoice::Given(p),
+            (false, None) => backup::ParentChoice::Auto,
+        },
+        select: backup::SelectOptions {
+            exclude: a.exclude,
+            iexclude: a.iexclude,
+            exclude_files: a.exclude_file,
+            exclude_caches: a.exclude_caches,
+            exclude_if_present: a.exclude_if_present,
+            one_file_system: a.one_file_system,
+        },
+        dry_run: a.dry_run,
+        prescan: show_progress,
+        ..defaults
     };
-    let out = backup::backup(&repo, &a.paths, &opts)?;
+    let mut paths = a.paths;
+    if let Some(list) = &a.files_from {
+        paths.extend(backup::read_files_from(list)?);
+    }
+    let progress = backup::Progress::default();
+    let done = AtomicBool::new(false);
+    let out = std::thread::scope(|s| {
+        if show_progress {
+            s.spawn(|| crate::progress::backup(&progress, &done, g.json));
+        }
+        let out = if a.stdin {
+            backup::backup_stdin(&repo, std::io::stdin().lock(), &a.stdin_filename, &opts, &progress)
+        } else {
+            backup::backup(&repo, &paths, &opts, &progress)
+        };
+        done.store(true, Ordering::Relaxed);
+        out
+    })?;
     for w in &out.warnings {
         eprintln!("warning: {}: {}", w.path.display(), w.message);
     }
-    let s = &out.snapshot.summary;
-    if g.json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "message_type": "summary", "snapshot_id": out.id.to_hex(),
-                "files_new": s.files_new, "files_changed": s.files_changed, "files_unmodified": s.files_unmodified,
-                "dirs": s.dirs, "bytes_read": s.bytes_read, "bytes_added": s.bytes_added, "bytes_stored": s.bytes_stored,
-                "errors": s.errors, "duration_ms": s.duration_ms,
-            })
-        );
-    } else {
-        let secs = s.duration_ms as f64 / 1000.0;
-        println!(
-            "files: {} new, {} changed, {} unmodified; {} directories",
-            count(s.files_new),
-            count(s.files_changed),
-            count(s.files_unmodified),
-            count(s.dirs)
-        );
-        println!(
-            "read {} in {secs:.1} s ({}); added {} ({} stored)",
-            bytes(s.bytes_read),
-            rate(s.bytes_read, secs),
-            bytes(s.bytes_added),
-            bytes(s.bytes_stored)
-        );
-        println!("snapshot {} saved", out.id.short());
-    }
-    if out.warnings.iter().any(|w| !w.message.ends_with("skipped")) {
-        eprintln!("warning: {} entries could not be read completely (listed above)", s.errors);
+    crate::progress::print_backup_summary(&out, g.json);
+    let errors = out.warnings.iter().filter(|w| w.error).count();
+    if errors > 0 {
+        eprintln!("warning: {errors} entries could not be read completely (listed above)");
         return Ok(ExitCode::from(3));
     }
     Ok(ExitCode::SUCCESS)

@@ -4,6 +4,7 @@ use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use cairn_core::backup::{self, BackupOutcome};
 use cairn_core::restore::{DryRun, Progress, RestoreOutcome, STAGE_NAMES};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -136,4 +137,100 @@ pub fn print_dry_run(dry: &DryRun, out: &RestoreOutcome, json: bool) {
         count(dry.delete.len() as u64),
         bytes(out.bytes_fetched)
     );
+}
+
+/// Shows backup progress until `done`: on a terminal the files being read right now, files
+/// and bytes done of the pre-scan's totals, the rate and the time left; JSON lines with `--json`.
+pub fn backup(p: &backup::Progress, done: &AtomicBool, json: bool) {
+    let tty = std::io::stderr().is_terminal();
+    let bar = (tty && !json).then(|| {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}")
+                .expect("valid template"),
+        );
+        bar
+    });
+    let started = Instant::now();
+    let mut last_json = Instant::now();
+    while !done.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+        let total = (p.total_files.load(Ordering::Relaxed), p.total_bytes.load(Ordering::Relaxed));
+        let now = (p.files_done.load(Ordering::Relaxed), p.bytes_done.load(Ordering::Relaxed));
+        let scanned = p.scan_finished.load(Ordering::Relaxed);
+        let reading = p.reading();
+        if let Some(bar) = &bar {
+            bar.set_length(total.1.max(now.1));
+            bar.set_position(now.1);
+            let mut msg = format!("{}/{}{} files", count(now.0), count(total.0), if scanned { "" } else { "+" });
+            for f in &reading {
+                msg.push_str(&format!("\n  {}", f.display()));
+            }
+            bar.set_message(msg);
+        } else if json && last_json.elapsed() >= Duration::from_secs(1) {
+            last_json = Instant::now();
+            let secs = started.elapsed().as_secs_f64();
+            let left = (scanned && now.1 > 0).then(|| secs * (total.1.saturating_sub(now.1)) as f64 / now.1 as f64);
+            println!(
+                "{}",
+                serde_json::json!({
+                    "message_type": "status", "seconds_elapsed": secs, "seconds_remaining": left,
+                    "files_done": now.0, "total_files": total.0, "bytes_done": now.1, "total_bytes": total.1,
+                    "scan_finished": scanned,
+                    "current_files": reading.iter().map(|f| f.to_string_lossy()).collect::<Vec<_>>(),
+                })
+            );
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+}
+
+/// Prints the end-of-backup summary.
+pub fn print_backup_summary(out: &BackupOutcome, json: bool) {
+    let s = &out.snapshot.summary;
+    let id = out.id.map(|id| id.to_hex());
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "message_type": "summary", "snapshot_id": id, "dry_run": out.id.is_none(),
+                "parent": out.snapshot.parent.map(|p| p.to_hex()),
+                "files_new": s.files_new, "files_changed": s.files_changed, "files_unmodified": s.files_unmodified,
+                "dirs_new": out.dirs.new, "dirs_changed": out.dirs.changed, "dirs_unmodified": out.dirs.unmodified,
+                "dirs": s.dirs, "bytes_read": s.bytes_read, "bytes_added": s.bytes_added, "bytes_stored": s.bytes_stored,
+                "errors": s.errors, "duration_ms": s.duration_ms,
+            })
+        );
+        return;
+    }
+    let secs = s.duration_ms as f64 / 1000.0;
+    match out.snapshot.parent {
+        Some(p) => println!("using parent snapshot {}", p.short()),
+        None => println!("no parent snapshot: every file was read"),
+    }
+    println!(
+        "files: {} new, {} changed, {} unmodified",
+        count(s.files_new),
+        count(s.files_changed),
+        count(s.files_unmodified)
+    );
+    println!(
+        "dirs:  {} new, {} changed, {} unmodified",
+        count(out.dirs.new),
+        count(out.dirs.changed),
+        count(out.dirs.unmodified)
+    );
+    println!(
+        "read {} in {secs:.1} s ({}); added {} ({} stored)",
+        bytes(s.bytes_read),
+        rate(s.bytes_read, secs),
+        bytes(s.bytes_added),
+        bytes(s.bytes_stored)
+    );
+    match out.id {
+        Some(id) => println!("snapshot {} saved", id.short()),
+        None => println!("dry run: nothing was stored"),
+    }
 }

@@ -7,7 +7,7 @@
 //! or writes it cites its section.
 //!
 //! ```text
-//! backup:  walk → read → store → commit          (backup/)
+//! backup:  walk → read → chunk → store → packer → upload → commit   (backup/)
 //! restore: plan → create → fetch → decode → write → finish   (restore/)
 //! ```
 //!

@@ -1,24 +1,68 @@
-//! Backup: `walk → read → store → commit`, one module per stage.
+//! Backup: a pipeline of concurrent stages, one module each, joined by bounded channels.
+//!
+//! ```text
+//! walk ──ReadJob──▶ read ×R ─▶ chunk ─▶ store ──Job──▶ packer ×C ──pack──▶ upload ×U ──▶ commit
+//! (1 thread)       (--read-concurrency)   (dedup)      (compress+encrypt)  (--upload-     (index files,
+//!                                                                           concurrency)   snapshot)
+//! ```
+//!
+//! `walk` stats entries and reuses unchanged files from the parent snapshot ([`parent`]);
+//! `read` reads the rest; `chunk` cuts, hashes and looks each chunk up on the reader's thread;
+//! `store` drops known and in-flight blobs; `packer` compresses and encrypts into packs;
+//! `upload` stores packs; `commit` writes index files as packs are stored and the snapshot
+//! last. Directory trees complete asynchronously ([`pending`]): a reader moves on as soon as
+//! its file is read. Standard input ([`stdin`]) replaces `walk` and `read` with one stream.
 
+mod chunk;
+mod commit;
+mod links;
+mod packer;
+mod parent;
+mod pending;
+mod progress;
 mod read;
+mod select;
+mod stdin;
 mod store;
+mod upload;
 mod walk;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::thread::ScopedJoinHandle;
 use std::time::Instant;
 
-pub use walk::absolute;
+use crossbeam_channel::bounded;
+
+pub use parent::ParentChoice;
+pub use progress::{Counters, Progress};
+pub use select::{absolute, read_files_from, SelectOptions};
+pub use stdin::backup_stdin;
+pub use store::StoreStats;
 
 use crate::chunker::ChunkerKind;
 use crate::compress::Codec;
 use crate::error::{Error, Result};
-use crate::id::SnapshotId;
-use crate::platform::{self, NameCache};
+use crate::id::{BlobId, SnapshotId};
+use crate::index::IndexedPack;
+use crate::pack::FinishedPack;
+use crate::platform;
 use crate::repository::Repository;
 use crate::snapshot::{Snapshot, Summary};
-use store::{BlobStore, StoreStats};
-use walk::{Selection, Walker};
+use links::Links;
+use select::{Filter, Selection};
+use store::{BlobStore, Job};
+
+/// Files read at once unless `--read-concurrency` says otherwise; measured in docs/DESIGN.md
+/// ("Backup: read concurrency").
+pub const DEFAULT_READ_CONCURRENCY: usize = 2;
+
+/// Packs stored at once unless `--upload-concurrency` says otherwise.
+pub const DEFAULT_UPLOAD_CONCURRENCY: usize = 2;
+
+/// Stored packs per index file written during a backup.
+pub const DEFAULT_INDEX_EVERY: usize = 8;
 
 /// How to back up.
 #[derive(Clone, Debug)]
@@ -29,10 +73,24 @@ pub struct BackupOptions {
     pub compression: Option<Codec>,
     /// Fixed-size chunks of this many bytes instead of content-defined chunking.
     pub fixed_chunk_size: Option<u32>,
-    /// Compression threads.
+    /// Files read at once.
+    pub read_concurrency: usize,
+    /// Threads that compress and encrypt.
     pub threads: usize,
+    /// Packs stored at once.
+    pub upload_concurrency: usize,
+    /// Stored packs per index file.
+    pub index_every: usize,
     /// Host name to record (`None`: this machine's).
     pub hostname: Option<String>,
+    /// Which snapshot unchanged files are taken from.
+    pub parent: ParentChoice,
+    /// What to leave out.
+    pub select: SelectOptions,
+    /// Read and chunk everything, store nothing, write no snapshot.
+    pub dry_run: bool,
+    /// Count the files and bytes to expect alongside the backup (for a progress display).
+    pub prescan: bool,
 }
 
 impl Default for BackupOptions {
@@ -41,8 +99,15 @@ impl Default for BackupOptions {
             tags: Vec::new(),
             compression: None,
             fixed_chunk_size: None,
+            read_concurrency: DEFAULT_READ_CONCURRENCY,
             threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
+            upload_concurrency: DEFAULT_UPLOAD_CONCURRENCY,
+            index_every: DEFAULT_INDEX_EVERY,
             hostname: None,
+            parent: ParentChoice::Auto,
+            select: SelectOptions::default(),
+            dry_run: false,
+            prescan: false,
         }
     }
 }
@@ -54,93 +119,212 @@ pub struct Warning {
     pub path: PathBuf,
     /// What went wrong.
     pub message: String,
+    /// Whether the entry's data is missing from the snapshot or may be inconsistent (a socket
+    /// skipped by design is not).
+    pub error: bool,
 }
 
-/// Running counts of a backup.
-#[derive(Clone, Debug, Default)]
-pub struct Counters {
-    /// Files read.
-    pub files_new: u64,
-    /// Directories walked.
-    pub dirs: u64,
-    /// Bytes read.
-    pub bytes_read: u64,
-    /// Entries that could not be read.
-    pub errors: u64,
+/// Directories by how they compare with the parent snapshot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DirCounts {
+    /// Not in the parent.
+    pub new: u64,
+    /// Tree differs from the parent's.
+    pub changed: u64,
+    /// Same tree as the parent's.
+    pub unmodified: u64,
 }
 
 /// The result of a backup.
 #[derive(Debug)]
 pub struct BackupOutcome {
-    /// The new snapshot.
-    pub id: SnapshotId,
+    /// The new snapshot (`None` for a dry run).
+    pub id: Option<SnapshotId>,
     /// Its content.
     pub snapshot: Snapshot,
+    /// Directory counts (the snapshot records only the total).
+    pub dirs: DirCounts,
     /// Entries that could not be read (the exit code is then 3).
     pub warnings: Vec<Warning>,
 }
 
+/// What every stage of one backup shares.
+pub(crate) struct Shared<'a> {
+    repo: &'a Repository,
+    store: &'a BlobStore<'a>,
+    chunker: ChunkerKind,
+    counters: &'a Counters,
+    progress: &'a Progress,
+    warnings: &'a Mutex<Vec<Warning>>,
+    links: Links,
+    root: Mutex<Option<BlobId>>,
+}
+
+impl Shared<'_> {
+    /// Reports an entry that could not be backed up (completely).
+    fn warn(&self, path: &Path, message: String) {
+        Counters::bump(&self.counters.errors);
+        self.warnings.lock().expect("warnings lock").push(Warning { path: path.to_path_buf(), message, error: true });
+    }
+
+    /// Reports an entry left out by design.
+    fn note(&self, path: &Path, message: String) {
+        self.warnings.lock().expect("warnings lock").push(Warning { path: path.to_path_buf(), message, error: false });
+    }
+}
+
+/// The error a stage returns when the next one stopped; the next one's own error is the one
+/// reported.
+fn stopped(next: &str) -> Error {
+    Error::Usage(format!("the backup's {next} stage stopped early"))
+}
+
 /// Backs up `paths` into `repo` and writes a snapshot.
-pub fn backup(repo: &Repository, paths: &[PathBuf], opts: &BackupOptions) -> Result<BackupOutcome> {
+pub fn backup(
+    repo: &Repository,
+    paths: &[PathBuf],
+    opts: &BackupOptions,
+    progress: &Progress,
+) -> Result<BackupOutcome> {
     if paths.is_empty() {
         return Err(Error::Usage("nothing to back up: give at least one path".into()));
     }
-    let started = Instant::now();
-    let time = platform::now();
     let abs: Vec<PathBuf> = paths.iter().map(|p| absolute(p)).collect::<Result<_>>()?;
     for p in &abs {
         std::fs::symlink_metadata(p).map_err(|e| Error::io(p, "cannot back up", e))?;
     }
+    let filter = Filter::new(&opts.select)?;
+    let selection = Selection::new(&abs);
+    let snap_paths: Vec<String> = abs.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    let hostname = opts.hostname.clone().unwrap_or_else(platform::hostname);
+    let parent = parent::choose(repo, &opts.parent, &hostname, &snap_paths)?;
+    let parent_tree = parent.as_ref().map(|(_, s)| s.tree);
+    let parent_id = parent.map(|(id, _)| id);
+    run(repo, opts, progress, snap_paths, parent_id, |sh| {
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            if opts.prescan {
+                s.spawn(|| progress.prescan(&abs, &filter, &stop));
+            }
+            let (jobs_tx, jobs_rx) = bounded(opts.read_concurrency.max(1) * 4);
+            let readers: Vec<_> = (0..opts.read_concurrency.max(1))
+                .map(|_| {
+                    let rx = jobs_rx.clone();
+                    s.spawn(move || read::run(sh, rx))
+                })
+                .collect();
+            drop(jobs_rx);
+            let trees = parent::TreeLoader::start(s, repo, parent::TREE_LOADERS);
+            let walked = walk::Walker::new(sh, &filter, jobs_tx, &trees).run(&selection, parent_tree);
+            drop(trees);
+            let read = join_all(readers);
+            stop.store(true, Ordering::Relaxed);
+            read.and(walked)
+        })
+    })
+}
+
+/// Joins stage workers; the first error wins.
+fn join_all(workers: Vec<ScopedJoinHandle<'_, Result<()>>>) -> Result<()> {
+    workers.into_iter().map(|w| w.join().expect("backup worker panicked")).fold(Ok(()), Result::and)
+}
+
+/// Runs the stages after `produce` (walk and read, or standard input), which fills the root
+/// tree through the [`Shared`] it is given; then writes the snapshot.
+fn run(
+    repo: &Repository,
+    opts: &BackupOptions,
+    progress: &Progress,
+    paths: Vec<String>,
+    parent: Option<SnapshotId>,
+    produce: impl FnOnce(&Shared<'_>) -> Result<()>,
+) -> Result<BackupOutcome> {
+    let started = Instant::now();
+    let time = platform::now();
     let chunker = match opts.fixed_chunk_size {
         Some(n) => ChunkerKind::Fixed(n),
         None => ChunkerKind::Cdc(repo.config().chunker),
     };
     let codec = opts.compression.unwrap_or_else(|| repo.config().codec());
     let stats = StoreStats::default();
-    let mut counters = Counters::default();
-    let mut warnings = Vec::new();
-    let selection = Selection::new(&abs);
+    let counters = Counters::default();
+    let warnings = Mutex::new(Vec::new());
+    let uploads = opts.upload_concurrency.max(1);
+    let threads = opts.threads.max(1);
 
-    let (root, packs) = std::thread::scope(|s| -> Result<_> {
-        let store = BlobStore::start(s, repo, codec, opts.threads, &stats);
-        let mut walker = Walker {
-            store: &store,
-            chunker,
-            counters: &mut counters,
-            warnings: &mut warnings,
-            names: NameCache::default(),
-            hardlinks: Default::default(),
+    let root = std::thread::scope(|s| -> Result<BlobId> {
+        let (stored_tx, stored_rx) = bounded::<IndexedPack>(uploads * 2);
+        let (packs_tx, packs_rx) = bounded::<FinishedPack>(uploads);
+        let (jobs_tx, jobs_rx) = bounded::<Job>(threads * 4);
+        let indexer = s.spawn(move || commit::index_packs(repo, stored_rx, opts.index_every));
+        let stats = &stats;
+        let uploaders: Vec<_> = (0..uploads)
+            .map(|_| {
+                let (rx, tx) = (packs_rx.clone(), stored_tx.clone());
+                s.spawn(move || upload::run(repo, rx, tx, stats))
+            })
+            .collect();
+        drop((stored_tx, packs_rx));
+        let packers: Vec<_> = (0..threads)
+            .map(|_| {
+                let (rx, tx) = (jobs_rx.clone(), packs_tx.clone());
+                s.spawn(move || packer::run(repo, rx, tx, codec))
+            })
+            .collect();
+        drop((packs_tx, jobs_rx));
+        let produced = {
+            // Dropping the store at the end of this block tells the packers to finish.
+            let store = BlobStore::new(repo, jobs_tx, stats, opts.dry_run);
+            let sh = Shared {
+                repo,
+                store: &store,
+                chunker,
+                counters: &counters,
+                progress,
+                warnings: &warnings,
+                links: Links::default(),
+                root: Mutex::new(None),
+            };
+            produce(&sh).map(|()| sh.root.into_inner().expect("root lock"))
         };
-        let root = walker.selection_tree(Path::new("/"), &selection);
-        let packs = store.finish();
-        Ok((root?, packs?))
+        // The most downstream failure is the cause: upstream stages only saw it stop.
+        let packed = join_all(packers);
+        let uploaded = join_all(uploaders);
+        let indexed = indexer.join().expect("indexer panicked");
+        indexed.and(uploaded).and(packed)?;
+        // Every source completes its root directory; this is a bug if it happens.
+        produced?.ok_or_else(|| Error::Usage("the backup ended without a root tree; please report this".into()))
     })?;
-    if !packs.is_empty() {
-        repo.save_index(&packs)?;
-    }
+
+    let get = Counters::get;
     let snapshot = Snapshot {
         time,
         tree: root,
-        paths: abs.iter().map(|p| p.to_string_lossy().into_owned()).collect(),
+        paths,
         hostname: opts.hostname.clone().unwrap_or_else(platform::hostname),
         username: platform::username(),
         uid: uzers::get_current_uid(),
         gid: uzers::get_current_gid(),
         tags: opts.tags.clone(),
-        parent: None,
+        parent,
         program_version: format!("cairn {}", env!("CARGO_PKG_VERSION")),
         summary: Summary {
-            files_new: counters.files_new,
-            files_changed: 0,
-            files_unmodified: 0,
-            dirs: counters.dirs,
-            bytes_read: counters.bytes_read,
+            files_new: get(&counters.files_new),
+            files_changed: get(&counters.files_changed),
+            files_unmodified: get(&counters.files_unmodified),
+            dirs: get(&counters.dirs_new) + get(&counters.dirs_changed) + get(&counters.dirs_unmodified),
+            bytes_read: get(&counters.bytes_read),
             bytes_added: stats.bytes_added.load(Ordering::Relaxed),
             bytes_stored: stats.bytes_stored.load(Ordering::Relaxed),
-            errors: counters.errors,
+            errors: get(&counters.errors),
             duration_ms: started.elapsed().as_millis() as u64,
         },
     };
-    let id = repo.save_snapshot(&snapshot)?;
-    Ok(BackupOutcome { id, snapshot, warnings })
+    let id = if opts.dry_run { None } else { Some(repo.save_snapshot(&snapshot)?) };
+    let dirs = DirCounts {
+        new: get(&counters.dirs_new),
+        changed: get(&counters.dirs_changed),
+        unmodified: get(&counters.dirs_unmodified),
+    };
+    Ok(BackupOutcome { id, snapshot, dirs, warnings: warnings.into_inner().expect("warnings lock") })
 }

@@ -1,26 +1,89 @@
-//! Read stage: a file's content becomes a list of chunks. Holes are found with SEEK_DATA /
-//! SEEK_HOLE and never read; all-zero chunks are recorded without data.
+//! Read stage: `--read-concurrency` workers turn files into chunk lists. Holes are found with
+//! SEEK_DATA / SEEK_HOLE and never read. A reader is free for the next file as soon as the
+//! last byte is read and chunked: storing the blobs and the directory's tree happen without it.
 
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use super::store::BlobStore;
-use crate::chunker::{is_zero, ChunkerKind};
+use crossbeam_channel::Receiver;
+
+use super::chunk::{chunk_into, push_zero, ChunkError};
+use super::pending::Slot;
+use super::Shared;
 use crate::error::{Error, Result};
-use crate::pack::BlobKind;
 use crate::platform::data_regions;
-use crate::tree::{Chunk, Node};
+use crate::tree::{Chunk, Timestamp};
+
+/// One file to read.
+pub(super) struct ReadJob {
+    /// Where it is.
+    pub path: PathBuf,
+    /// Its size and modification time when the walker saw it.
+    pub size: u64,
+    /// See `size`.
+    pub mtime: Timestamp,
+    /// Read by content though it is not a regular file (a block device given as a path).
+    pub device: bool,
+    /// Where the chunk list goes.
+    pub slot: Slot,
+    /// `(device, inode)` of a file with several hard links: the walker's other links to it
+    /// wait for this read.
+    pub link: Option<(u64, u64)>,
+}
 
 /// What reading a file found.
-pub struct ReadFile {
+pub(super) struct ReadFile {
     /// The chunks, in order.
     pub content: Vec<Chunk>,
     /// Bytes read from the file.
     pub bytes_read: u64,
     /// Set when the file changed while it was read.
     pub changed: Option<String>,
+}
+
+/// Runs one reader until the walker is done.
+pub(super) fn run(sh: &Shared<'_>, jobs: Receiver<ReadJob>) -> Result<()> {
+    for job in jobs {
+        sh.progress.start_reading(&job.path);
+        let read = read_file(&job.path, job.size, job.mtime, job.device, sh);
+        sh.progress.stop_reading(&job.path);
+        sh.progress.file_done(job.size);
+        let content = match read {
+            Ok(r) => {
+                sh.counters.bytes_read.fetch_add(r.bytes_read, std::sync::atomic::Ordering::Relaxed);
+                if let Some(why) = r.changed {
+                    sh.warn(&job.path, why);
+                }
+                Some(r.content)
+            }
+            Err(Error::Io { source, what, .. }) => {
+                sh.warn(&job.path, format!("{what}: {source}; not backed up"));
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        let waiting = match job.link {
+            Some(key) => sh.links.finish(key, content.clone()),
+            None => Vec::new(),
+        };
+        for slot in std::iter::once(&job.slot).chain(&waiting) {
+            finish(sh, slot, content.as_deref())?;
+        }
+    }
+    Ok(())
+}
+
+/// Fills a file's slot with its content, or leaves it out when it could not be read.
+pub(super) fn finish(sh: &Shared<'_>, slot: &Slot, content: Option<&[Chunk]>) -> Result<()> {
+    match content {
+        Some(c) => slot.fill(sh, |node| {
+            node.content = c.to_vec();
+            node.size = c.iter().map(Chunk::len).sum();
+        }),
+        None => slot.drop_entry(sh),
+    }
 }
 
 /// Opens a file for reading without updating its access time where permitted.
@@ -33,42 +96,29 @@ fn open_noatime(path: &Path) -> std::io::Result<File> {
     }
 }
 
-/// Reads and chunks the file at `path`, whose metadata is in `node`.
-pub fn read_file(path: &Path, node: &Node, chunker: &ChunkerKind, store: &BlobStore<'_>) -> Result<ReadFile> {
+/// Reads and chunks the file at `path`, which had `size` bytes and modification time `mtime`.
+fn read_file(path: &Path, size: u64, mtime: Timestamp, device: bool, sh: &Shared<'_>) -> Result<ReadFile> {
     let mut file = open_noatime(path).map_err(|e| Error::io(path, "cannot open", e))?;
-    let regions = data_regions(&file, node.size).map_err(|e| Error::io(path, "cannot find data regions", e))?;
+    let regions = if device {
+        vec![(0, size)]
+    } else {
+        data_regions(&file, size).map_err(|e| Error::io(path, "cannot find data regions", e))?
+    };
     let mut content: Vec<Chunk> = Vec::new();
     let mut pos = 0u64;
     let mut bytes_read = 0u64;
     let mut shrunk = false;
-    let push_zero = |content: &mut Vec<Chunk>, len: u64| {
-        if let Some(Chunk::Zero { len: prev }) = content.last_mut() {
-            *prev += len;
-        } else {
-            content.push(Chunk::Zero { len });
-        }
-    };
     for (offset, len) in regions {
         if offset > pos {
             push_zero(&mut content, offset - pos);
         }
         file.seek(SeekFrom::Start(offset)).map_err(|e| Error::io(path, "cannot seek", e))?;
-        let mut got = 0u64;
-        chunker
-            .chunk((&mut file).take(len), len, |data: Vec<u8>| -> Result<(), ChunkError> {
-                got += data.len() as u64;
-                if is_zero(&data) {
-                    push_zero(&mut content, data.len() as u64);
-                } else {
-                    let len = data.len() as u32;
-                    let id = store.save(BlobKind::Data, data).map_err(ChunkError::Store)?;
-                    content.push(Chunk::Data { id, len });
+        let got =
+            chunk_into(std::io::Read::take(&mut file, len), len, &sh.chunker, sh.store, &mut content).map_err(|e| {
+                match e {
+                    ChunkError::Read(e) => Error::io(path, "cannot read", e),
+                    ChunkError::Store(e) => e,
                 }
-                Ok(())
-            })
-            .map_err(|e| match e {
-                ChunkError::Read(e) => Error::io(path, "cannot read", e),
-                ChunkError::Store(e) => e,
             })?;
         bytes_read += got;
         pos = offset + got;
@@ -78,33 +128,23 @@ pub fn read_file(path: &Path, node: &Node, chunker: &ChunkerKind, store: &BlobSt
         }
     }
     // A trailing hole (or a file that is one big hole), unless the file shrank.
-    if !shrunk && pos < node.size {
-        push_zero(&mut content, node.size - pos);
-        pos = node.size;
+    if !shrunk && pos < size {
+        push_zero(&mut content, size - pos);
+        pos = size;
+    }
+    if device {
+        return Ok(ReadFile { content, bytes_read, changed: None });
     }
     let after = file.metadata().map_err(|e| Error::io(path, "cannot stat", e))?;
-    let changed = if after.len() != node.size || pos != node.size {
+    let changed = if after.len() != size || pos != size {
         Some(format!(
-            "changed while it was read: its size was {} bytes, {pos} bytes were read, its size is now {}; stored as read",
-            node.size,
+            "changed while it was read: its size was {size} bytes, {pos} bytes were read, its size is now {}; stored as read",
             after.len()
         ))
-    } else if after.mtime() != node.mtime.secs || after.mtime_nsec() as u32 != node.mtime.nanos {
+    } else if after.mtime() != mtime.secs || after.mtime_nsec() as u32 != mtime.nanos {
         Some("modified while it was read; stored as read".to_string())
     } else {
         None
     };
     Ok(ReadFile { content, bytes_read, changed })
-}
-
-/// Why chunking a file stopped: reading it failed, or storing a chunk did.
-enum ChunkError {
-    Read(std::io::Error),
-    Store(Error),
-}
-
-impl From<std::io::Error> for ChunkError {
-    fn from(e: std::io::Error) -> Self {
-        ChunkError::Read(e)
-    }
 }

@@ -1,198 +1,201 @@
-//! Walk stage: turns the paths to back up into trees, depth first, one tree blob per
-//! directory. The root tree holds the directories from `/` down to each path.
+//! Walk stage: one thread lists directories depth first, stats every entry and decides what
+//! each file needs. An unchanged file takes its chunk list from the parent snapshot without
+//! being read; the rest go to the readers through a bounded queue. Directories are finished
+//! asynchronously ([`super::pending`]).
 
-use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 
-use super::read::read_file;
-use super::store::BlobStore;
-use super::{Counters, Warning};
-use crate::chunker::ChunkerKind;
-use crate::error::{Error, Result};
+use crossbeam_channel::Sender;
+
+use super::links::Claim;
+use super::parent::{unchanged, ParentDir, TreeLoader};
+use super::pending::PendingDir;
+use super::progress::Counters;
+use super::read::{finish, ReadJob};
+use super::select::{list_dir, Filter, Selection};
+use super::{stopped, Shared};
+use crate::error::Result;
 use crate::id::BlobId;
-use crate::pack::BlobKind;
 use crate::platform::{read_node, NameCache};
-use crate::tree::{Node, NodeKind, Tree};
+use crate::tree::{Node, NodeKind};
 
-/// The part of the file system a backup covers: path components from `/` down.
-#[derive(Default, Debug)]
-pub struct Selection {
-    /// The whole subtree below this point is backed up.
-    pub whole: bool,
-    /// Components below this point that lead to backed-up paths.
-    pub children: BTreeMap<Vec<u8>, Selection>,
+/// The walk stage of one backup.
+pub(super) struct Walker<'a, 'b> {
+    sh: &'a Shared<'b>,
+    filter: &'a Filter,
+    jobs: Sender<ReadJob>,
+    trees: &'a TreeLoader,
+    names: NameCache,
 }
 
-/// Makes `p` absolute and removes `.` and `..` without following symlinks.
-pub fn absolute(p: &Path) -> Result<PathBuf> {
-    let abs = std::path::absolute(p).map_err(|e| Error::io(p, "cannot make absolute", e))?;
-    let mut out = PathBuf::from("/");
-    for c in abs.components() {
-        match c {
-            Component::Normal(n) => out.push(n),
-            Component::ParentDir => {
-                out.pop();
-            }
-            _ => {}
-        }
-    }
-    Ok(out)
-}
-
-impl Selection {
-    /// Builds the selection for absolute `paths`.
-    pub fn new(paths: &[PathBuf]) -> Self {
-        let mut root = Selection::default();
-        for p in paths {
-            let mut at = &mut root;
-            for c in p.components() {
-                if let Component::Normal(n) = c {
-                    at = at.children.entry(n.as_bytes().to_vec()).or_default();
-                }
-            }
-            at.whole = true;
-        }
-        root
-    }
-}
-
-/// Walks and stores; shared by every directory of one backup.
-pub struct Walker<'a, 's> {
-    /// Where blobs go.
-    pub store: &'a BlobStore<'s>,
-    /// How file content is cut.
-    pub chunker: ChunkerKind,
-    /// Statistics.
-    pub counters: &'a mut Counters,
-    /// Problems met (the backup goes on).
-    pub warnings: &'a mut Vec<Warning>,
-    /// User and group names.
-    pub names: NameCache,
-    /// Files already read in this backup, by (device, inode): hard links are read once.
-    pub hardlinks: std::collections::HashMap<(u64, u64), Vec<crate::tree::Chunk>>,
-}
-
-impl Walker<'_, '_> {
-    fn warn(&mut self, path: &Path, what: String) {
-        self.counters.errors += 1;
-        self.warnings.push(Warning { path: path.to_path_buf(), message: what });
+impl<'a, 'b> Walker<'a, 'b> {
+    /// A walker feeding `jobs` (closed when the walk ends), loading parent trees with `trees`.
+    pub fn new(sh: &'a Shared<'b>, filter: &'a Filter, jobs: Sender<ReadJob>, trees: &'a TreeLoader) -> Self {
+        Walker { sh, filter, jobs, trees, names: NameCache::default() }
     }
 
-    /// Stores the tree for directory `dir` according to `sel`; returns its blob ID.
-    pub fn selection_tree(&mut self, dir: &Path, sel: &Selection) -> Result<BlobId> {
-        if sel.whole {
-            return self.dir_tree(dir);
-        }
-        let mut tree = Tree::default();
+    /// Walks `sel`, comparing with the parent snapshot's root tree `parent`.
+    pub fn run(mut self, sel: &Selection, parent: Option<BlobId>) -> Result<()> {
+        let root = PendingDir::new(None, parent);
+        let mut parent_dir = ParentDir::root(self.sh.repo, parent, self.trees);
+        self.selection(Path::new("/"), sel, &root, &mut parent_dir)?;
+        root.listed(self.sh)
+    }
+
+    /// The directories from `/` down to the given paths, then the paths themselves.
+    fn selection(
+        &mut self,
+        dir: &Path,
+        sel: &Selection,
+        pending: &Arc<PendingDir>,
+        parent: &mut ParentDir,
+    ) -> Result<()> {
         for (name, child) in &sel.children {
-            let path = dir.join(std::ffi::OsStr::from_bytes(name));
+            let path = dir.join(OsStr::from_bytes(name));
             let Some(mut node) = self.node(&path, name.clone()) else {
                 continue;
             };
             if child.whole {
-                if !self.fill(&path, &mut node)? {
-                    continue;
+                let root_dev = node.device_id;
+                if node.kind == NodeKind::BlockDevice {
+                    // A block device given as a path is backed up by content, like an image.
+                    if !self.device_as_file(&path, &mut node) {
+                        continue;
+                    }
+                    self.file(&path, node, pending, parent, true)?;
+                } else {
+                    self.entry(&path, node, pending, parent, root_dev)?;
                 }
             } else if node.kind == NodeKind::Dir {
-                node.subtree = Some(self.selection_tree(&path, child)?);
-                self.counters.dirs += 1;
+                let sub = PendingDir::new(Some(pending.push(node)), parent.subtree(name));
+                self.selection(&path, child, &sub, &mut parent.child(name, self.trees))?;
+                sub.listed(self.sh)?;
             } else {
-                self.warn(&path, "is not a directory, but paths below it were given".into());
-                continue;
+                self.sh.warn(&path, "is not a directory, but paths below it were given".into());
             }
-            tree.nodes.push(node);
         }
-        self.store.save(BlobKind::Tree, tree.to_bytes())
+        Ok(())
     }
 
     fn node(&mut self, path: &Path, name: Vec<u8>) -> Option<Node> {
         match read_node(path, name, &mut self.names) {
             Ok(Some(n)) => Some(n),
             Ok(None) => {
-                self.warnings.push(Warning { path: path.to_path_buf(), message: "is a socket: skipped".into() });
+                self.sh.note(path, "is a socket: skipped".into());
                 None
             }
             Err(e) => {
-                self.warn(path, format!("cannot read metadata: {e}"));
+                self.sh.warn(path, format!("cannot read metadata: {e}"));
                 None
             }
         }
     }
 
-    /// Fills in a node's content (files) or subtree (directories); `false` when the entry
-    /// could not be read and is left out of the snapshot.
-    fn fill(&mut self, path: &Path, node: &mut Node) -> Result<bool> {
+    /// Turns a block device node into a file node holding the device's content.
+    fn device_as_file(&mut self, path: &Path, node: &mut Node) -> bool {
+        use std::io::Seek;
+        match std::fs::File::open(path).and_then(|mut f| f.seek(std::io::SeekFrom::End(0))) {
+            Ok(size) => {
+                node.kind = NodeKind::File;
+                node.rdev = 0;
+                node.size = size;
+                true
+            }
+            Err(e) => {
+                self.sh.warn(path, format!("cannot open block device: {e}; not backed up"));
+                false
+            }
+        }
+    }
+
+    /// One entry below a given path; `root_dev` is the device of that path.
+    fn entry(
+        &mut self,
+        path: &Path,
+        node: Node,
+        pending: &Arc<PendingDir>,
+        parent: &mut ParentDir,
+        root_dev: u64,
+    ) -> Result<()> {
+        if self.filter.excludes_path(path) {
+            return Ok(());
+        }
         match node.kind {
             NodeKind::Dir => {
-                node.subtree = Some(self.dir_tree(path)?);
-                Ok(true)
+                if self.filter.excludes_dir(path) {
+                    return Ok(());
+                }
+                let name = node.name.clone();
+                let other_fs = self.filter.stops_at_device(root_dev, node.device_id);
+                let sub = PendingDir::new(Some(pending.push(node)), parent.subtree(&name));
+                if !other_fs {
+                    self.dir(path, &sub, &mut parent.child(&name, self.trees), root_dev)?;
+                }
+                sub.listed(self.sh)
             }
-            NodeKind::File => self.file(path, node),
-            _ => Ok(true),
+            NodeKind::File => self.file(path, node, pending, parent, false),
+            _ => {
+                pending.push_done(node);
+                Ok(())
+            }
         }
     }
 
-    fn file(&mut self, path: &Path, node: &mut Node) -> Result<bool> {
-        let link_key = (node.device_id, node.inode);
-        if node.links > 1 {
-            if let Some(content) = self.hardlinks.get(&link_key) {
-                node.content = content.clone();
-                self.counters.files_new += 1;
-                return Ok(true);
-            }
-        }
-        match read_file(path, node, &self.chunker, self.store) {
-            Ok(r) => {
-                self.counters.bytes_read += r.bytes_read;
-                node.content = r.content;
-                node.size = node.content.iter().map(|c| c.len()).sum();
-                if let Some(why) = r.changed {
-                    self.warn(path, why);
-                }
-                self.counters.files_new += 1;
-                if node.links > 1 {
-                    self.hardlinks.insert(link_key, node.content.clone());
-                }
-                Ok(true)
-            }
-            Err(Error::Io { source, what, .. }) => {
-                self.warn(path, format!("{what}: {source}; not backed up"));
-                Ok(false)
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Stores the tree of everything below `dir`.
-    pub fn dir_tree(&mut self, dir: &Path) -> Result<BlobId> {
-        self.counters.dirs += 1;
-        let mut entries: Vec<(Vec<u8>, PathBuf)> = match std::fs::read_dir(dir) {
-            Ok(rd) => rd
-                .filter_map(|e| match e {
-                    Ok(e) => Some((e.file_name().as_bytes().to_vec(), e.path())),
-                    Err(err) => {
-                        self.warn(dir, format!("cannot list: {err}"));
-                        None
-                    }
-                })
-                .collect(),
-            Err(e) => {
-                self.warn(dir, format!("cannot list directory: {e}"));
-                Vec::new()
-            }
-        };
-        entries.sort();
-        let mut tree = Tree::default();
-        for (name, path) in entries {
-            let Some(mut node) = self.node(&path, name) else {
+    fn dir(&mut self, dir: &Path, pending: &Arc<PendingDir>, parent: &mut ParentDir, root_dev: u64) -> Result<()> {
+        for (name, path) in list_dir(dir, |why| self.sh.warn(dir, why)) {
+            let Some(node) = self.node(&path, name) else {
                 continue;
             };
-            if !self.fill(&path, &mut node)? {
-                continue;
-            }
-            tree.nodes.push(node);
+            self.entry(&path, node, pending, parent, root_dev)?;
         }
-        self.store.save(BlobKind::Tree, tree.to_bytes())
+        Ok(())
+    }
+
+    /// A file: reused from the parent snapshot if unchanged, else queued for a reader.
+    fn file(
+        &mut self,
+        path: &Path,
+        mut node: Node,
+        pending: &Arc<PendingDir>,
+        parent: &ParentDir,
+        device: bool,
+    ) -> Result<()> {
+        let c = self.sh.counters;
+        match parent.node(&node.name) {
+            Some(old) if !device && unchanged(old, &node, self.sh.repo) => {
+                node.content = old.content.clone();
+                Counters::bump(&c.files_unmodified);
+                self.sh.progress.file_done(node.size);
+                pending.push_done(node);
+                return Ok(());
+            }
+            Some(_) => Counters::bump(&c.files_changed),
+            None => Counters::bump(&c.files_new),
+        }
+        let (size, mtime) = (node.size, node.mtime);
+        let link = (node.links > 1 && !device).then_some((node.device_id, node.inode));
+        let slot = match link {
+            None => pending.push(node),
+            Some(key) => {
+                let mut node = Some(node);
+                match self.sh.links.claim(key, || pending.push(node.take().expect("unclaimed node"))) {
+                    Claim::Read => pending.push(node.take().expect("unclaimed node")),
+                    Claim::Waiting => {
+                        self.sh.progress.file_done(size);
+                        return Ok(());
+                    }
+                    Claim::Done(content) => {
+                        self.sh.progress.file_done(size);
+                        let slot = pending.push(node.take().expect("unclaimed node"));
+                        return finish(self.sh, &slot, content.as_deref());
+                    }
+                }
+            }
+        };
+        let job = ReadJob { path: path.to_path_buf(), size, mtime, device, slot, link };
+        self.jobs.send(job).map_err(|_| stopped("read"))
     }
 }

@@ -1,0 +1,151 @@
+//! The parent snapshot: chosen automatically (the newest with the same host and paths), given
+//! with `--parent`, or none with `--force`. The walker follows the parent's trees alongside
+//! the file system, so an unchanged file's chunk list is reused without reading the file.
+
+use std::collections::HashMap;
+use std::thread::Scope;
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+
+use crate::error::Result;
+use crate::id::{BlobId, SnapshotId};
+use crate::repository::Repository;
+use crate::snapshot::Snapshot;
+use crate::tree::{Node, NodeKind, Tree};
+
+/// Which snapshot a backup compares against.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ParentChoice {
+    /// The newest snapshot of the same host and paths.
+    #[default]
+    Auto,
+    /// This snapshot (`latest` or an ID prefix).
+    Given(String),
+    /// None: every file is read (`--force`).
+    Force,
+}
+
+/// Finds the parent snapshot for a backup of `paths` from `hostname`.
+pub fn choose(
+    repo: &Repository,
+    choice: &ParentChoice,
+    hostname: &str,
+    paths: &[String],
+) -> Result<Option<(SnapshotId, Snapshot)>> {
+    match choice {
+        ParentChoice::Force => Ok(None),
+        ParentChoice::Given(spec) => repo.find_snapshot(spec).map(Some),
+        ParentChoice::Auto => {
+            let mut want = paths.to_vec();
+            want.sort();
+            Ok(repo.snapshots()?.into_iter().rev().find(|(_, s)| {
+                let mut have = s.paths.clone();
+                have.sort();
+                s.hostname == hostname && have == want
+            }))
+        }
+    }
+}
+
+/// Loads the parent's trees on a few threads ahead of the walker, so the walker does not wait
+/// for one storage read per directory.
+pub(super) struct TreeLoader {
+    requests: Sender<(BlobId, Sender<Option<Tree>>)>,
+}
+
+/// Parent trees loaded at once.
+pub(super) const TREE_LOADERS: usize = 4;
+
+impl TreeLoader {
+    /// Starts `threads` loaders in `scope`; they stop when the loader is dropped.
+    pub fn start<'scope>(scope: &'scope Scope<'scope, '_>, repo: &'scope Repository, threads: usize) -> Self {
+        let (requests, rx) = bounded::<(BlobId, Sender<Option<Tree>>)>(threads * 64);
+        for _ in 0..threads {
+            let rx = rx.clone();
+            scope.spawn(move || {
+                for (id, reply) in rx {
+                    // The walker may have stopped early; then nobody wants the tree.
+                    let _ = reply.send(load(repo, id));
+                }
+            });
+        }
+        TreeLoader { requests }
+    }
+
+    fn request(&self, id: BlobId) -> Receiver<Option<Tree>> {
+        let (tx, rx) = bounded(1);
+        // The loaders live as long as this sender, so the send only fails if one panicked.
+        let _ = self.requests.send((id, tx));
+        rx
+    }
+}
+
+/// One directory of the parent snapshot (empty where the parent has no such directory), with
+/// its subdirectories' trees on their way.
+#[derive(Default)]
+pub(super) struct ParentDir {
+    tree: Option<Tree>,
+    coming: HashMap<Vec<u8>, Receiver<Option<Tree>>>,
+}
+
+impl ParentDir {
+    /// The parent's root tree. A parent tree that cannot be read is treated as absent (its
+    /// files are read), and logged.
+    pub fn root(repo: &Repository, tree: Option<BlobId>, loader: &TreeLoader) -> Self {
+        ParentDir::new(tree.and_then(|id| load(repo, id)), loader)
+    }
+
+    fn new(tree: Option<Tree>, loader: &TreeLoader) -> Self {
+        let coming = tree
+            .iter()
+            .flat_map(|t| &t.nodes)
+            .filter_map(|n| Some((n.name.clone(), loader.request(n.subtree.filter(|_| n.kind == NodeKind::Dir)?))))
+            .collect();
+        ParentDir { tree, coming }
+    }
+
+    /// The parent's entry named `name`.
+    pub fn node(&self, name: &[u8]) -> Option<&Node> {
+        let nodes = &self.tree.as_ref()?.nodes;
+        nodes.binary_search_by(|n| n.name.as_slice().cmp(name)).ok().map(|i| &nodes[i])
+    }
+
+    /// The parent's tree ID of subdirectory `name`.
+    pub fn subtree(&self, name: &[u8]) -> Option<BlobId> {
+        self.node(name).filter(|n| n.kind == NodeKind::Dir).and_then(|n| n.subtree)
+    }
+
+    /// The parent's subdirectory `name` (taken: each is walked once).
+    pub fn child(&mut self, name: &[u8], loader: &TreeLoader) -> ParentDir {
+        let tree = self.coming.remove(name).and_then(|rx| rx.recv().ok().flatten());
+        ParentDir::new(tree, loader)
+    }
+}
+
+fn load(repo: &Repository, id: BlobId) -> Option<Tree> {
+    match repo.read_tree(&id) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!("parent snapshot tree {} unreadable, its files will be read: {e}", id.short());
+            None
+        }
+    }
+}
+
+/// Whether `now` is the parent's file `old` unchanged: same size, modification and status
+/// change times, inode and device, and every chunk still in the index.
+pub(super) fn unchanged(old: &Node, now: &Node, repo: &Repository) -> bool {
+    old.kind == NodeKind::File
+        && old.size == now.size
+        && old.mtime == now.mtime
+        && old.ctime == now.ctime
+        && old.inode == now.inode
+        && old.device_id == now.device_id
+        && {
+            let index = repo.index();
+            old.content.iter().all(|c| match c {
+                crate::tree::Chunk::Data { id, .. } => index.contains(id),
+                crate::tree::Chunk::Zero { .. } => true,
+            })
+        }
+}

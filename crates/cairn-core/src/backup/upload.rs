@@ -1,0 +1,30 @@
+//! Upload stage: `--upload-concurrency` workers write finished packs to the storage, then
+//! pass them on to be indexed. A pack is indexed only once it is stored.
+
+use std::sync::atomic::Ordering;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use super::stopped;
+use super::store::StoreStats;
+use crate::error::Result;
+use crate::index::IndexedPack;
+use crate::pack::{pack_path, FinishedPack};
+use crate::repository::Repository;
+
+/// Runs one uploader until the packers are done.
+pub(super) fn run(
+    repo: &Repository,
+    packs: Receiver<FinishedPack>,
+    stored: Sender<IndexedPack>,
+    stats: &StoreStats,
+) -> Result<()> {
+    for pack in packs {
+        stats.bytes_stored.fetch_add(pack.bytes.len() as u64, Ordering::Relaxed);
+        repo.storage().write(&pack_path(&pack.id), pack.bytes)?;
+        let indexed = IndexedPack { id: pack.id, salt: pack.salt, blobs: pack.entries };
+        repo.index_pack(&indexed);
+        stored.send(indexed).map_err(|_| stopped("index"))?;
+    }
+    Ok(())
+}
