@@ -10,11 +10,13 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::{bail, Context, Result};
 use cairn_core::backup::{self, BackupOptions};
+use cairn_core::cache::Cache;
 use cairn_core::compress::Codec;
 use cairn_core::keyfile::KdfParams;
+use cairn_core::lock::{self, Lock, LockKind};
 use cairn_core::repository::{InitOptions, Repository};
 use cairn_core::restore::{self, Progress, RestoreOptions};
-use cairn_core::storage::{Faults, FaultyStorage, OpendalStorage, Storage};
+use cairn_core::storage::{Faults, FaultyStorage, Location, OpendalStorage, RemoteOptions, Storage};
 use cairn_core::tree::{Node, NodeKind};
 use clap::{Args, Parser, Subcommand};
 
@@ -23,6 +25,8 @@ use crate::password;
 const AFTER_HELP: &str = "\
 Environment:
   CAIRN_REPOSITORY      repository location (instead of -r)
+  AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION   S3 credentials and region
+  CAIRN_SFTP_KEY, CAIRN_SFTP_KNOWN_HOSTS, CAIRN_CACHE_DIR   instead of the options of those names
   CAIRN_PASSWORD        repository password
   CAIRN_PASSWORD_FILE   file whose first line is the password (instead of --password-file)
   CAIRN_NEW_PASSWORD    new password for `key add`
@@ -45,9 +49,24 @@ pub struct Cli {
 
 #[derive(Args, Debug)]
 struct Global {
-    /// Repository location: a local directory
+    /// Repository location: a local directory, s3:http[s]://HOST[:PORT]/BUCKET[/PREFIX] or
+    /// sftp:[USER@]HOST[:PORT]:/PATH
     #[arg(short = 'r', long = "repo", env = "CAIRN_REPOSITORY", global = true, value_name = "REPO")]
     repo: Option<String>,
+    /// SSH private key for sftp: repositories (default: the agent and ssh's default keys)
+    #[arg(long, env = "CAIRN_SFTP_KEY", global = true, value_name = "FILE")]
+    sftp_key: Option<PathBuf>,
+    /// SSH host key check for sftp: repositories: strict (the host must be in known_hosts),
+    /// add (trust a new host on first use), accept (trust any host key)
+    #[arg(long, env = "CAIRN_SFTP_KNOWN_HOSTS", global = true, value_name = "POLICY", default_value = "strict")]
+    sftp_known_hosts: String,
+    /// Metadata cache directory (default for remote repositories: $XDG_CACHE_HOME/cairn or
+    /// ~/.cache/cairn; local repositories are cached only when this is given)
+    #[arg(long, env = "CAIRN_CACHE_DIR", global = true, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Do not use a metadata cache (even if --cache-dir or CAIRN_CACHE_DIR is set)
+    #[arg(long, global = true)]
+    no_cache: bool,
     /// Read the repository password from the first line of FILE (CAIRN_PASSWORD takes precedence)
     #[arg(long, env = "CAIRN_PASSWORD_FILE", global = true, value_name = "FILE")]
     password_file: Option<PathBuf>,
@@ -73,6 +92,15 @@ enum Command {
     /// Manage the key files that unlock the repository
     #[command(subcommand)]
     Key(KeyCommand),
+    /// Remove stale locks (of processes that are gone), or with --remove-all every lock
+    Unlock(UnlockArgs),
+}
+
+#[derive(Args, Debug)]
+struct UnlockArgs {
+    /// Also remove locks of processes that may still be running
+    #[arg(long)]
+    remove_all: bool,
 }
 
 #[derive(Args, Debug)]
@@ -204,7 +232,7 @@ struct RestoreArgs {
     /// Reserve each file's data ranges on disk before writing
     #[arg(long)]
     preallocate: bool,
-    /// Ranged pack reads in flight [default: 4]
+    /// Ranged pack reads in flight [default: 4 for a local repository, 32 for S3, 8 for SFTP]
     #[arg(long, value_name = "N")]
     fetch_concurrency: Option<usize>,
     /// Threads that decrypt, decompress and verify [default: number of cores]
@@ -229,9 +257,9 @@ struct DumpArgs {
     /// Snapshot (`latest` or an ID prefix) and the absolute PATH inside it (`/` for everything)
     #[arg(value_name = "SNAPSHOT:PATH")]
     snapshot: String,
-    /// Blobs fetched and decoded at once
-    #[arg(long, default_value_t = 4, value_name = "N")]
-    fetch_concurrency: usize,
+    /// Blobs fetched and decoded at once [default: as for restore]
+    #[arg(long, value_name = "N")]
+    fetch_concurrency: Option<usize>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -250,18 +278,42 @@ fn storage(global: &Global) -> Result<Arc<dyn Storage>> {
     let Some(repo) = &global.repo else {
         bail!("no repository given: use -r/--repo or set CAIRN_REPOSITORY");
     };
-    let local = OpendalStorage::local(repo)?;
+    let remote = RemoteOptions {
+        sftp_key: global.sftp_key.as_ref().map(|p| p.to_string_lossy().into_owned()),
+        sftp_known_hosts: Some(global.sftp_known_hosts.clone()),
+    };
+    let real = OpendalStorage::open(&Location::parse(repo)?, &remote)?;
     // Fault injection for tests and benchmarks (docs/DESIGN.md): wraps the real backend.
     match std::env::var("CAIRN_INJECT_FAULTS") {
-        Ok(spec) if !spec.is_empty() => Ok(Arc::new(FaultyStorage::new(local, Faults::parse(&spec)?))),
-        _ => Ok(Arc::new(local)),
+        Ok(spec) if !spec.is_empty() => Ok(Arc::new(FaultyStorage::new(real, Faults::parse(&spec)?))),
+        _ => Ok(Arc::new(real)),
     }
 }
 
 fn open(global: &Global) -> Result<Repository> {
     let storage = storage(global)?;
     let pw = password::get(global.password_file.as_deref(), "CAIRN_PASSWORD", "repository password", false)?;
-    Ok(Repository::open(storage, &pw)?)
+    let mut repo = Repository::open(storage, &pw)?;
+    let base = match (&global.cache_dir, global.no_cache) {
+        (_, true) => None,
+        (Some(dir), false) => Some(dir.clone()),
+        (None, false) if repo.storage().is_remote() => Cache::default_base(),
+        (None, false) => None,
+    };
+    if let Some(base) = base {
+        repo.set_cache(Cache::open(&base, &repo.config().id)?);
+    }
+    Ok(repo)
+}
+
+/// Takes a lock for the rest of the command, reporting stale locks it ignores.
+fn lock(repo: &Repository, kind: LockKind) -> Result<Lock> {
+    let held = Lock::acquire(repo.storage().clone(), kind)?;
+    for l in held.stale() {
+        let why = l.stale_reason().unwrap_or_default();
+        eprintln!("warning: ignoring stale lock {} ({why}); `cairn unlock` removes it", l.path);
+    }
+    Ok(held)
 }
 
 /// Splits `SNAPSHOT[:PATH]`.
@@ -283,6 +335,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Restore(a) => run_restore(g, a),
         Command::Dump(a) => run_dump(g, a),
         Command::Key(k) => key(g, k),
+        Command::Unlock(a) => unlock(g, a),
     }
 }
 
@@ -321,6 +374,7 @@ fn init(g: &Global, a: InitArgs) -> Result<ExitCode> {
 
 fn run_backup(g: &Global, a: BackupArgs) -> Result<ExitCode> {
     let repo = open(g)?;
+    let _lock = lock(&repo, LockKind::Shared)?;
     repo.load_index()?;
     let defaults = BackupOptions::default();
     let show_progress = g.json || std::io::stderr().is_terminal();
@@ -479,6 +533,7 @@ fn print_node(g: &Global, a: &LsArgs, path: &Path, n: &Node) {
 
 fn run_restore(g: &Global, a: RestoreArgs) -> Result<ExitCode> {
     let repo = open(g)?;
+    let _lock = lock(&repo, LockKind::Shared)?;
     repo.load_index()?;
     let (spec, path) = split_spec(&a.snapshot);
     let (id, snap) = repo.find_snapshot(spec)?;
@@ -488,7 +543,7 @@ fn run_restore(g: &Global, a: RestoreArgs) -> Result<ExitCode> {
     ctrlc::set_handler(move || on_signal.store(true, Ordering::Relaxed))
         .context("cannot install the SIGINT handler")?;
     let opts = RestoreOptions {
-        fetch_concurrency: a.fetch_concurrency.unwrap_or(defaults.fetch_concurrency),
+        fetch_concurrency: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency()),
         decode_threads: a.decode_threads.unwrap_or(defaults.decode_threads),
         write_threads: a.write_threads.unwrap_or(defaults.write_threads),
         max_memory: parse_size(&a.max_memory)?,
@@ -570,6 +625,7 @@ fn parse_size(s: &str) -> Result<u64> {
 
 fn run_dump(g: &Global, a: DumpArgs) -> Result<ExitCode> {
     let repo = open(g)?;
+    let _lock = lock(&repo, LockKind::Shared)?;
     repo.load_index()?;
     let (spec, path) = split_spec(&a.snapshot);
     let (id, snap) = repo.find_snapshot(spec)?;
@@ -578,7 +634,8 @@ fn run_dump(g: &Global, a: DumpArgs) -> Result<ExitCode> {
         bail!("refusing to write a dump to a terminal: redirect stdout to a file or a pipe");
     }
     let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-    restore::dump(&repo, &snap, &id.short(), path.unwrap_or("/"), &mut out, a.fetch_concurrency)?;
+    let concurrency = a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency());
+    restore::dump(&repo, &snap, &id.short(), path.unwrap_or("/"), &mut out, concurrency)?;
     out.flush().context("cannot write to stdout")?;
     Ok(ExitCode::SUCCESS)
 }
@@ -600,5 +657,15 @@ fn key(g: &Global, k: KeyCommand) -> Result<ExitCode> {
             }
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn unlock(g: &Global, a: UnlockArgs) -> Result<ExitCode> {
+    let repo = open(g)?;
+    let removed = lock::remove(&**repo.storage(), a.remove_all)?;
+    for (path, why) in &removed {
+        println!("removed {path}: {why}");
+    }
+    println!("{} locks removed", removed.len());
     Ok(ExitCode::SUCCESS)
 }

@@ -90,6 +90,14 @@ pub enum Error {
     /// The operation was cancelled (for example by SIGINT).
     #[error("interrupted")]
     Interrupted,
+    /// Another process holds a conflicting lock on the repository.
+    #[error("repository {repo} is locked: {holder}; if that process is gone, run `cairn unlock`")]
+    Locked {
+        /// The repository location.
+        repo: String,
+        /// Which lock conflicts, and who holds it.
+        holder: String,
+    },
 }
 
 impl Error {

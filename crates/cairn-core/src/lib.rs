@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod backup;
+pub mod cache;
 pub mod chunker;
 pub mod compress;
 pub mod config;
@@ -25,6 +26,7 @@ pub mod error;
 pub mod id;
 pub mod index;
 pub mod keyfile;
+pub mod lock;
 pub mod pack;
 pub mod platform;
 pub mod repository;

@@ -3,14 +3,15 @@
 
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
+use crate::cache::Cache;
 use crate::compress::Codec;
 use crate::config::{Config, FORMAT_VERSION};
-use crate::crypto::MasterKey;
+use crate::crypto::{MasterKey, ObjectKey};
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IndexId, KeyId, SnapshotId};
 use crate::index::{self, Index, IndexedPack};
 use crate::keyfile::{KdfParams, KeyFile};
-use crate::pack::{decode_blob, pack_path, BlobKind, PackWriter};
+use crate::pack::{decode_blob, pack_path, BlobEntry, BlobKind, PackWriter};
 use crate::sealed::{self, SealedKind};
 use crate::snapshot::Snapshot;
 use crate::storage::Storage;
@@ -40,23 +41,29 @@ impl Default for InitOptions {
     }
 }
 
+/// How many times a read that fails authentication (a short or corrupted transfer) is tried
+/// before the object is reported as damaged.
+const VERIFIED_READ_ATTEMPTS: usize = 3;
+
 /// An open repository.
 pub struct Repository {
     storage: Arc<dyn Storage>,
     key: MasterKey,
     config: Config,
     index: RwLock<Index>,
+    cache: Option<Cache>,
 }
 
 impl Repository {
     /// Creates a new repository with one key file for `password`.
     pub fn init(storage: Arc<dyn Storage>, password: &[u8], opts: &InitOptions) -> Result<Self> {
+        storage.create()?;
         if storage.exists("config")? {
             return Err(Error::AlreadyInitialized(storage.location().to_string()));
         }
         let config = Config::new(opts.chunk_sizes, opts.pack_size, opts.compression)?;
         let key = MasterKey::generate();
-        let repo = Repository { storage, key, config, index: RwLock::new(Index::default()) };
+        let repo = Repository { storage, key, config, index: RwLock::new(Index::default()), cache: None };
         repo.add_key(password, opts.kdf)?;
         let body = serde_json::to_vec(&repo.config).expect("config serializes");
         repo.storage.write("config", sealed::seal(&repo.key, SealedKind::Config, &body))?;
@@ -81,9 +88,8 @@ impl Repository {
         let mut damaged = None;
         let mut key = None;
         for obj in storage.list("keys")? {
-            let bytes = storage.read(&obj.path)?;
-            let found = check_name(&obj.path, &bytes)
-                .and_then(|()| KeyFile::parse(&obj.path, &bytes))
+            let found = read_checked(&*storage, &obj.path)
+                .and_then(|bytes| KeyFile::parse(&obj.path, &bytes))
                 .and_then(|kf| kf.unwrap_key(&obj.path, password));
             match found {
                 Ok(Some(k)) => {
@@ -99,14 +105,14 @@ impl Repository {
             (None, Some(e)) => return Err(e),
             (None, None) => return Err(Error::WrongPassword { repo: storage.location().to_string() }),
         };
-        let body = sealed::open(&key, SealedKind::Config, "config", &storage.read("config")?)?;
+        let body = retry_damaged(|| sealed::open(&key, SealedKind::Config, "config", &storage.read("config")?))?;
         let config: Config =
             serde_json::from_slice(&body).map_err(|e| Error::corrupt("config", format!("not a config: {e}")))?;
         if config.version > FORMAT_VERSION {
             return Err(Error::UnsupportedVersion { found: config.version, supported: FORMAT_VERSION });
         }
         config.chunker.validate().map_err(|e| Error::invalid("config", e.to_string()))?;
-        Ok(Repository { storage, key, config, index: RwLock::new(Index::default()) })
+        Ok(Repository { storage, key, config, index: RwLock::new(Index::default()), cache: None })
     }
 
     /// Reads every index file into memory.
@@ -124,11 +130,41 @@ impl Repository {
         index::decode(path, &body)
     }
 
-    /// Reads a content-addressed sealed file, checking its name and authenticity.
+    /// Keeps index files, snapshots and trees in `cache` from now on (see [`crate::cache`]).
+    pub fn set_cache(&mut self, cache: Cache) {
+        self.cache = Some(cache);
+    }
+
+    /// Reads a content-addressed sealed file, checking its name and authenticity; from the
+    /// cache if it holds an intact copy.
     fn read_sealed(&self, path: &str, kind: SealedKind) -> Result<Vec<u8>> {
-        let bytes = self.storage.read(path)?;
-        check_name(path, &bytes)?;
+        let cached = self.cache.as_ref().and_then(|c| c.get(path, |b| check_name(path, b).is_ok()));
+        let bytes = match cached {
+            Some(b) => b,
+            None => {
+                let b = read_checked(&*self.storage, path)?;
+                if let Some(c) = &self.cache {
+                    c.put(path, &b);
+                }
+                b
+            }
+        };
         sealed::open(&self.key, kind, path, &bytes)
+    }
+
+    /// Reads `len` bytes of `pack` at `offset`, again if the transfer came back short.
+    pub fn read_pack_range(&self, pack: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        retry_damaged(|| self.storage.read_range(pack, offset, len))
+    }
+
+    /// Reads one blob from `pack` and decodes it, reading it again if the transfer came back
+    /// short or damaged (authentication fails); the restore's decode stage calls this when the
+    /// copy it was given fails.
+    pub fn reread_blob(&self, pack: &str, key: &ObjectKey, entry: &BlobEntry) -> Result<Vec<u8>> {
+        retry_damaged(|| {
+            let sealed = self.storage.read_range(pack, u64::from(entry.offset), u64::from(entry.length))?;
+            decode_blob(&self.key, key, entry, sealed, pack)
+        })
     }
 
     /// Writes a content-addressed sealed file under `dir/`; returns its hex ID.
@@ -180,15 +216,48 @@ impl Repository {
     pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
         let loc =
             self.index().get(id).ok_or_else(|| Error::NotFound(format!("blob {} (not in any index)", id.short())))?;
-        let path = pack_path(&loc.pack);
-        let sealed = self.storage.read_range(&path, u64::from(loc.entry.offset), u64::from(loc.entry.length))?;
-        decode_blob(&self.key, &self.key.object_key(&loc.salt), &loc.entry, sealed, &path)
+        self.reread_blob(&pack_path(&loc.pack), &self.key.object_key(&loc.salt), &loc.entry)
     }
 
-    /// Loads and validates a tree blob.
+    /// Loads and validates a tree blob, from the cache if it holds an intact copy.
     pub fn read_tree(&self, id: &BlobId) -> Result<Tree> {
-        let bytes = self.read_blob(id)?;
-        Tree::from_bytes(&format!("tree {}", id.short()), &bytes)
+        if let Some(tree) = self.cached_tree(id) {
+            return Ok(tree);
+        }
+        let loc =
+            self.index().get(id).ok_or_else(|| Error::NotFound(format!("tree {} (not in any index)", id.short())))?;
+        let path = pack_path(&loc.pack);
+        let key = self.key.object_key(&loc.salt);
+        let (sealed, plain) = retry_damaged(|| {
+            let sealed = self.storage.read_range(&path, u64::from(loc.entry.offset), u64::from(loc.entry.length))?;
+            let plain = decode_blob(&self.key, &key, &loc.entry, sealed.clone(), &path)?;
+            Ok((sealed, plain))
+        })?;
+        let tree = Tree::from_bytes(&format!("tree {}", id.short()), &plain)?;
+        self.remember_tree(id, &sealed);
+        Ok(tree)
+    }
+
+    /// A tree from the cache, if there is a cache and it holds an intact copy (authenticated
+    /// and matching its ID; a damaged copy is dropped).
+    pub fn cached_tree(&self, id: &BlobId) -> Option<Tree> {
+        let cache = self.cache.as_ref()?;
+        let loc = self.index().get(id)?;
+        let name = format!("trees/{}", id.to_hex());
+        let key = self.key.object_key(&loc.salt);
+        let mut plain = None;
+        cache.get(&name, |sealed| {
+            plain = decode_blob(&self.key, &key, &loc.entry, sealed.to_vec(), &name).ok();
+            plain.is_some()
+        })?;
+        Tree::from_bytes(&name, &plain?).ok()
+    }
+
+    /// Stores a tree blob's verified sealed bytes in the cache, if there is one.
+    pub fn remember_tree(&self, id: &BlobId, sealed: &[u8]) {
+        if let Some(c) = &self.cache {
+            c.put(&format!("trees/{}", id.to_hex()), sealed);
+        }
     }
 
     /// Writes a snapshot file.
@@ -257,6 +326,32 @@ impl Repository {
     /// The config.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+}
+
+/// Reads a content-addressed object whose bytes must hash to its name, reading it again if a
+/// transfer came back short or damaged.
+fn read_checked(storage: &dyn Storage, path: &str) -> Result<Vec<u8>> {
+    retry_damaged(|| {
+        let bytes = storage.read(path)?;
+        check_name(path, &bytes)?;
+        Ok(bytes)
+    })
+}
+
+/// Runs `read` until it succeeds, fails with something other than damage, or has been tried
+/// [`VERIFIED_READ_ATTEMPTS`] times. Transient storage errors were already retried by the
+/// storage layer; damage that persists is reported.
+pub(crate) fn retry_damaged<T>(mut read: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut attempt = 1;
+    loop {
+        match read() {
+            Err(Error::Corrupt { file, why }) if attempt < VERIFIED_READ_ATTEMPTS => {
+                tracing::warn!("{file} is damaged ({why}); reading it again");
+                attempt += 1;
+            }
+            other => return other,
+        }
     }
 }
 

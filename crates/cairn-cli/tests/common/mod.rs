@@ -37,26 +37,35 @@ pub const COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 pub const PASSWORD: &str = "round trip password";
 
 /// Runs the `cairn` binary against one repository.
+#[derive(Clone)]
 pub struct Cairn {
     /// The repository directory.
     pub repo: PathBuf,
     /// Passed in `CAIRN_PASSWORD`.
     pub password: String,
+    /// More environment for every command (remote credentials, fault injection).
+    pub env: Vec<(String, String)>,
 }
 
 impl Cairn {
     /// A runner for `repo` with `password`.
     pub fn new(repo: &Path, password: &str) -> Self {
-        Cairn { repo: repo.to_path_buf(), password: password.to_string() }
+        Cairn { repo: repo.to_path_buf(), password: password.to_string(), env: Vec::new() }
     }
 
-    /// `cairn -r REPO` with a clean environment: only `CAIRN_PASSWORD` is set.
+    /// The same runner with `name=value` added to every command's environment.
+    pub fn with_env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_string(), value.to_string()));
+        self
+    }
+
+    /// `cairn -r REPO` with a clean environment: only `CAIRN_PASSWORD` and [`Cairn::env`] are set.
     pub fn command(&self) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_cairn"));
         for var in ["CAIRN_REPOSITORY", "CAIRN_PASSWORD_FILE", "CAIRN_NEW_PASSWORD", "CAIRN_NEW_PASSWORD_FILE"] {
             c.env_remove(var);
         }
-        c.env("CAIRN_PASSWORD", &self.password).arg("-r").arg(&self.repo);
+        c.env("CAIRN_PASSWORD", &self.password).envs(self.env.iter().map(|(k, v)| (k, v))).arg("-r").arg(&self.repo);
         c
     }
 

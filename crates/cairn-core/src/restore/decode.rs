@@ -35,7 +35,9 @@ pub fn decode_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Fetched<'s>>, out: 
         }
         let decoded = work(clock, || {
             let sealed = f.range[f.start..f.start + f.entry.length as usize].to_vec();
+            // A copy that fails authentication may be a damaged transfer: read that blob again.
             decode_blob(sh.repo.key(), &f.key, &f.entry, sealed, &f.pack)
+                .or_else(|_| sh.repo.reread_blob(&f.pack, &f.key, &f.entry))
         });
         drop(f.range_reservation);
         match decoded {

@@ -46,7 +46,7 @@ pub fn fetch_worker<'s>(sh: &'s Shared<'_>, reads: Receiver<&PackRead>, out: Sen
             return;
         };
         let path: Arc<str> = pack_path(&read.pack).into();
-        let bytes = match work(clock, || sh.repo.storage().read_range(&path, read.offset, read.length)) {
+        let bytes = match work(clock, || sh.repo.read_pack_range(&path, read.offset, read.length)) {
             Ok(b) => b,
             Err(e) => {
                 for b in &read.blobs {

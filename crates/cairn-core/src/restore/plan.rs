@@ -352,6 +352,9 @@ pub fn load_trees(repo: &Repository, root: BlobId, threads: usize, loading: &Loa
                 format!("directories nested deeper than {MAX_DEPTH} levels"),
             ));
         }
+        // Trees the metadata cache holds are not fetched again (crate::cache).
+        let mut cached = Vec::new();
+        level.retain(|id| repo.cached_tree(id).map(|t| cached.push((*id, t))).is_none());
         let index = repo.index();
         let mut located = Vec::with_capacity(level.len());
         for id in &level {
@@ -361,7 +364,7 @@ pub fn load_trees(repo: &Repository, root: BlobId, threads: usize, loading: &Loa
         drop(index);
         let reads = coalesce(located, u64::MAX);
         let next = AtomicUsize::new(0);
-        let loaded: Mutex<Vec<(BlobId, Tree)>> = Mutex::new(Vec::new());
+        let loaded: Mutex<Vec<(BlobId, Tree)>> = Mutex::new(cached);
         let failed: Mutex<Option<Error>> = Mutex::new(None);
         std::thread::scope(|s| {
             for _ in 0..threads.clamp(1, reads.len().max(1)) {
@@ -407,17 +410,23 @@ pub fn load_trees(repo: &Repository, root: BlobId, threads: usize, loading: &Loa
     Ok(trees)
 }
 
+/// Reads one coalesced range of tree blobs (again, if the transfer came back damaged) and
+/// keeps each verified tree in the metadata cache.
 fn read_trees(repo: &Repository, read: &PackRead) -> Result<Vec<(BlobId, Tree)>> {
     let path = pack_path(&read.pack);
-    let bytes = repo.storage().read_range(&path, read.offset, read.length)?;
     let key = repo.key().object_key(&read.salt);
-    read.blobs
-        .iter()
-        .map(|b| {
-            let start = (u64::from(b.offset) - read.offset) as usize;
-            let sealed = bytes[start..start + b.length as usize].to_vec();
-            let plain = decode_blob(repo.key(), &key, b, sealed, &path)?;
-            Ok((b.id, Tree::from_bytes(&format!("tree {}", b.id.short()), &plain)?))
-        })
-        .collect()
+    crate::repository::retry_damaged(|| {
+        let bytes = repo.storage().read_range(&path, read.offset, read.length)?;
+        read.blobs
+            .iter()
+            .map(|b| {
+                let start = (u64::from(b.offset) - read.offset) as usize;
+                let sealed = &bytes[start..start + b.length as usize];
+                let plain = decode_blob(repo.key(), &key, b, sealed.to_vec(), &path)?;
+                let tree = Tree::from_bytes(&format!("tree {}", b.id.short()), &plain)?;
+                repo.remember_tree(&b.id, sealed);
+                Ok((b.id, tree))
+            })
+            .collect()
+    })
 }

@@ -15,7 +15,9 @@ pub struct Faults {
     pub latency: Duration,
     /// Every n-th read (n > 0) fails with a storage error.
     pub fail_every: u64,
-    /// Every n-th read (n > 0) returns one byte short.
+    /// Every n-th read (n > 0) comes back one byte short: a whole-object read returns the short
+    /// data (the reader's hash or authentication check must catch it); a ranged read fails the
+    /// way a backend reports a short transfer, as damage naming the object.
     pub truncate_every: u64,
     /// Every n-th read (n > 0) has one bit flipped.
     pub corrupt_every: u64,
@@ -74,13 +76,18 @@ impl<S: Storage> FaultyStorage<S> {
         }
     }
 
-    fn mangle(&self, path: &str, mut data: Vec<u8>) -> Result<Vec<u8>> {
+    fn mangle(&self, path: &str, mut data: Vec<u8>, ranged: bool) -> Result<Vec<u8>> {
         let n = self.reads.fetch_add(1, Ordering::Relaxed) + 1;
         let every = |k: u64| k > 0 && n.is_multiple_of(k);
         if every(self.faults.fail_every) {
             return Err(Error::Usage(format!("injected fault: read of {path} failed")));
         }
         if every(self.faults.truncate_every) && !data.is_empty() {
+            if ranged {
+                // What OpendalStorage::read_range reports for a short body ([`Storage`] contract).
+                let got = data.len() - 1;
+                return Err(Error::corrupt(path, format!("truncated: wanted {} bytes, got {got}", data.len())));
+            }
             data.pop();
         }
         if every(self.faults.corrupt_every) && !data.is_empty() {
@@ -99,7 +106,7 @@ impl<S: Storage> Storage for FaultyStorage<S> {
     fn read(&self, path: &str) -> Result<Vec<u8>> {
         self.delay();
         let data = self.inner.read(path)?;
-        self.mangle(path, data)
+        self.mangle(path, data, false)
     }
 
     fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
@@ -108,7 +115,7 @@ impl<S: Storage> Storage for FaultyStorage<S> {
             std::thread::sleep(self.faults.stall_for);
         }
         let data = self.inner.read_range(path, offset, len)?;
-        self.mangle(path, data)
+        self.mangle(path, data, true)
     }
 
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {
@@ -129,6 +136,19 @@ impl<S: Storage> Storage for FaultyStorage<S> {
     fn exists(&self, path: &str) -> Result<bool> {
         self.delay();
         self.inner.exists(path)
+    }
+
+    fn create(&self) -> Result<()> {
+        self.delay();
+        self.inner.create()
+    }
+
+    fn default_concurrency(&self) -> usize {
+        self.inner.default_concurrency()
+    }
+
+    fn is_remote(&self) -> bool {
+        self.inner.is_remote()
     }
 }
 

@@ -4,10 +4,12 @@
 //! layers wrap a [`Storage`] rather than replace it.
 
 mod fault;
+mod location;
 mod opendal_backend;
 
 pub use fault::{Faults, FaultyStorage};
-pub use opendal_backend::OpendalStorage;
+pub use location::Location;
+pub use opendal_backend::{OpendalStorage, RemoteOptions};
 
 use crate::error::Result;
 
@@ -36,4 +38,12 @@ pub trait Storage: Send + Sync {
     fn delete(&self, path: &str) -> Result<()>;
     /// Whether an object exists.
     fn exists(&self, path: &str) -> Result<bool>;
+    /// Makes the repository's root exist (a directory; nothing for a bucket) and checks that it
+    /// can be reached, so `init` fails with one clear line naming the location.
+    fn create(&self) -> Result<()>;
+    /// How many requests to keep in flight by default: a few for a local disk, many for a
+    /// remote server where each request waits a round trip.
+    fn default_concurrency(&self) -> usize;
+    /// Whether the storage is on another machine (worth a local metadata cache).
+    fn is_remote(&self) -> bool;
 }

@@ -1,36 +1,146 @@
-//! [`Storage`] on Apache OpenDAL. Only the `fs` service is wired up so far; other services are
-//! a matter of building a different `opendal::Operator`.
+//! [`Storage`] on Apache OpenDAL: the `fs`, `s3` and `sftp` services, each behind OpenDAL's
+//! timeout, concurrency-limit and retry layers.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
 
 use opendal::blocking;
+use opendal::layers::{ConcurrentLimitLayer, RetryLayer, TimeoutLayer};
 use opendal::options::ReadOptions;
 use opendal::{ErrorKind, Operator};
 
-use super::{ObjectInfo, Storage};
+use super::{Location, ObjectInfo, Storage};
 use crate::error::{Error, Result};
 
-/// OpenDAL needs a Tokio runtime to drive its (async) services; one is shared per process.
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("cairn-io")
-            .enable_all()
-            .build()
-            .expect("starting the I/O runtime")
-    })
+/// OpenDAL needs a Tokio runtime to drive its (async) services. One is shared by all storages
+/// alive at once, and shut down with the last of them: that drops its tasks, among them the
+/// SFTP connections, whose `ssh` processes are told to exit rather than outliving Cairn.
+fn runtime() -> Result<Arc<tokio::runtime::Runtime>> {
+    static RT: Mutex<Weak<tokio::runtime::Runtime>> = Mutex::new(Weak::new());
+    let mut shared = RT.lock().expect("runtime lock");
+    if let Some(rt) = shared.upgrade() {
+        return Ok(rt);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("cairn-io")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("cairn-io", "cannot start the I/O runtime", e))?;
+    let rt = Arc::new(rt);
+    *shared = Arc::downgrade(&rt);
+    Ok(rt)
 }
+
+/// How to reach remote repositories; ignored for local ones.
+#[derive(Clone, Debug, Default)]
+pub struct RemoteOptions {
+    /// SSH private key for SFTP (otherwise the agent and ssh's default keys are used).
+    pub sftp_key: Option<String>,
+    /// SSH host key policy for SFTP: `strict` (default: the host must be in known_hosts),
+    /// `add` (trust a new host on first use), `accept` (trust any host key).
+    pub sftp_known_hosts: Option<String>,
+}
+
+/// Ranged reads in flight by default: a local disk gains little from more than a few, while a
+/// remote server needs many to hide each request's round trip (DESIGN.md, "Remote
+/// repositories").
+const LOCAL_CONCURRENCY: usize = 4;
+const S3_CONCURRENCY: usize = 32;
+/// Each SFTP connection is one `ssh` process, and sshd refuses bursts of more than 10
+/// unauthenticated connections (`MaxStartups`), so SFTP stays below that.
+const SFTP_CONCURRENCY: usize = 8;
+
+/// Requests slower than this (per request, or per chunk of a body) are abandoned and retried.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Transient failures are retried this many times, with exponential backoff from 200 ms.
+const RETRIES: usize = 5;
 
 /// A repository stored through an OpenDAL operator.
 #[derive(Clone)]
 pub struct OpendalStorage {
+    // Dropped before the runtime that drives it (fields drop in order).
     op: blocking::Operator,
     location: Arc<str>,
+    kind: Kind,
+    _runtime: Arc<tokio::runtime::Runtime>,
+}
+
+/// Which OpenDAL service is behind the operator.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Local,
+    S3,
+    /// Writes go to a temporary name first and are renamed into place: a plain SFTP write
+    /// would let a reader see a partial object.
+    Sftp,
+}
+
+impl Kind {
+    fn concurrency(self) -> usize {
+        match self {
+            Kind::Local => LOCAL_CONCURRENCY,
+            Kind::S3 => S3_CONCURRENCY,
+            Kind::Sftp => SFTP_CONCURRENCY,
+        }
+    }
+
+    /// Requests in flight at most: twice the default, so the restore pipeline and tree loading
+    /// can overlap, except over SFTP, where each request slot may open an SSH connection.
+    fn request_limit(self) -> usize {
+        match self {
+            Kind::Sftp => SFTP_CONCURRENCY,
+            k => 2 * k.concurrency(),
+        }
+    }
 }
 
 impl OpendalStorage {
+    /// Opens the storage at `location`. Nothing is read yet: a wrong location or wrong
+    /// credentials surface at the first request, as a [`Error::Storage`] naming it.
+    pub fn open(location: &Location, remote: &RemoteOptions) -> Result<Self> {
+        let shown = location.to_string();
+        let err = |e| storage_err("open", &shown, e);
+        match location {
+            Location::Local(root) => Self::local(root),
+            Location::S3 { endpoint, bucket, prefix } => {
+                let mut b = opendal::services::S3::default()
+                    .endpoint(endpoint)
+                    .bucket(bucket)
+                    .root(&format!("/{prefix}"))
+                    .region(&env_first(&["AWS_DEFAULT_REGION", "AWS_REGION"]).unwrap_or_else(|| "us-east-1".into()));
+                if let (Some(id), Some(secret)) =
+                    (env_first(&["AWS_ACCESS_KEY_ID"]), env_first(&["AWS_SECRET_ACCESS_KEY"]))
+                {
+                    b = b.access_key_id(&id).secret_access_key(&secret);
+                }
+                if let Some(token) = env_first(&["AWS_SESSION_TOKEN"]) {
+                    b = b.session_token(&token);
+                }
+                install_http_transport()?;
+                Self::layered(Operator::new(b).map_err(err)?, shown, Kind::S3)
+            }
+            Location::Sftp { user, host, port, path } => {
+                let endpoint = match port {
+                    Some(p) => format!("ssh://{host}:{p}"),
+                    None => format!("ssh://{host}"),
+                };
+                let mut b = opendal::services::Sftp::default().endpoint(&endpoint).root(path);
+                if let Some(u) = user {
+                    b = b.user(u);
+                }
+                if let Some(k) = &remote.sftp_key {
+                    b = b.key(k);
+                }
+                if let Some(k) = &remote.sftp_known_hosts {
+                    b = b.known_hosts_strategy(k);
+                }
+                Self::layered(Operator::new(b).map_err(err)?, shown, Kind::Sftp)
+            }
+        }
+    }
+
     /// A repository in the local directory `root` (OpenDAL's `fs` service). Writes go to a
     /// temporary file under `root/.tmp` first and are renamed into place, so a crash never
     /// leaves a partial object behind.
@@ -38,10 +148,72 @@ impl OpendalStorage {
         let tmp = format!("{}/.tmp", root.trim_end_matches('/'));
         let builder = opendal::services::Fs::default().root(root).atomic_write_dir(&tmp);
         let op = Operator::new(builder).map_err(|e| storage_err("open", root, e))?;
-        let _guard = runtime().enter();
-        let op = blocking::Operator::new(op).map_err(|e| storage_err("open", root, e))?;
-        Ok(Self { op, location: root.into() })
+        Self::layered(op, root.to_string(), Kind::Local)
     }
+
+    /// Adds the layers every backend gets: a timeout per request, a cap on requests in flight
+    /// and retries with exponential backoff and jitter for errors OpenDAL marks temporary
+    /// (timeouts, 5xx, throttling, dropped connections).
+    fn layered(op: Operator, location: String, kind: Kind) -> Result<Self> {
+        let op = op
+            .layer(TimeoutLayer::new().with_timeout(REQUEST_TIMEOUT).with_io_timeout(IO_TIMEOUT))
+            .layer(ConcurrentLimitLayer::new(kind.request_limit()))
+            .layer(
+                RetryLayer::new()
+                    .with_jitter()
+                    .with_min_delay(Duration::from_millis(200))
+                    .with_max_delay(Duration::from_secs(10))
+                    .with_max_times(RETRIES),
+            );
+        let rt = runtime()?;
+        let _guard = rt.enter();
+        let op = blocking::Operator::new(op).map_err(|e| storage_err("open", &location, e))?;
+        Ok(Self { op, location: location.into(), kind, _runtime: rt.clone() })
+    }
+
+    /// Writes to `.tmp/NAME.RANDOM`, then renames into place. SFTP's rename refuses to replace
+    /// an existing file; every object Cairn rewrites under one name (locks) is deleted first,
+    /// and content-addressed objects with the same name hold the same bytes, so an existing
+    /// target means the object is already stored.
+    fn staged_write(&self, path: &str, data: Vec<u8>) -> Result<()> {
+        let name = path.rsplit('/').next().unwrap_or(path);
+        let tmp = format!(".tmp/{name}.{}", hex::encode(rand_bytes()));
+        self.op.write(&tmp, data).map_err(|e| storage_err("write", path, e))?;
+        if let Err(e) = self.op.rename(&tmp, path) {
+            let exists = self.op.exists(path).unwrap_or(false);
+            let _ = self.op.delete(&tmp);
+            if !exists {
+                return Err(storage_err("write", path, e));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn rand_bytes() -> [u8; 8] {
+    let mut b = [0u8; 8];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).expect("OS random numbers");
+    b
+}
+
+fn env_first(names: &[&str]) -> Option<String> {
+    names.iter().find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
+}
+
+/// OpenDAL's HTTP services send requests through a process-wide transport: a reqwest client
+/// whose TLS (for https endpoints) uses rustls with ring, the crypto library Cairn already links.
+fn install_http_transport() -> Result<()> {
+    static INSTALLED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    INSTALLED
+        .get_or_init(|| {
+            // Fails only if a provider is already installed, which serves as well.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let client = reqwest::Client::builder().build().map_err(|e| e.to_string())?;
+            opendal::HttpTransporter::install_default(opendal_http_transport_reqwest::ReqwestTransport::new(client));
+            Ok(())
+        })
+        .clone()
+        .map_err(|e| Error::Usage(format!("cannot set up HTTP: {e}")))
 }
 
 fn storage_err(op: &'static str, path: &str, source: opendal::Error) -> Error {
@@ -55,6 +227,14 @@ fn storage_err(op: &'static str, path: &str, source: opendal::Error) -> Error {
 impl Storage for OpendalStorage {
     fn location(&self) -> &str {
         &self.location
+    }
+
+    fn default_concurrency(&self) -> usize {
+        self.kind.concurrency()
+    }
+
+    fn is_remote(&self) -> bool {
+        self.kind != Kind::Local
     }
 
     fn read(&self, path: &str) -> Result<Vec<u8>> {
@@ -78,6 +258,9 @@ impl Storage for OpendalStorage {
     }
 
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {
+        if self.kind == Kind::Sftp {
+            return self.staged_write(path, data);
+        }
         self.op.write(path, data).map_err(|e| storage_err("write", path, e))?;
         Ok(())
     }
@@ -111,5 +294,16 @@ impl Storage for OpendalStorage {
 
     fn exists(&self, path: &str) -> Result<bool> {
         self.op.exists(path).map_err(|e| storage_err("stat", path, e))
+    }
+
+    fn create(&self) -> Result<()> {
+        let err = |e| storage_err("create", &self.location, e);
+        match self.kind {
+            // A bucket has no directories, and Cairn does not create buckets: listing the root
+            // checks that the bucket exists and the credentials work.
+            Kind::S3 => self.op.list("/").map(drop).map_err(err),
+            Kind::Local => self.op.create_dir("/").map_err(err),
+            Kind::Sftp => self.op.create_dir("/").and_then(|()| self.op.create_dir(".tmp/")).map_err(err),
+        }
     }
 }

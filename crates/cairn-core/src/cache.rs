@@ -1,0 +1,123 @@
+//! A local cache of repository metadata — index files, snapshots and tree blobs — so listing
+//! snapshots, `ls` and restore planning do not download them again from a remote repository.
+//!
+//! Entries are stored exactly as the repository holds them (still encrypted) and are verified
+//! on every read the way a download is: index and snapshot files by the hash in their name,
+//! tree blobs by authenticated decryption and their blob ID. A damaged entry is removed and the
+//! object fetched again, never trusted. Entries are written to a unique temporary name and
+//! renamed into place, so processes sharing the cache only ever see whole entries.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// One repository's directory in the cache.
+#[derive(Clone, Debug)]
+pub struct Cache {
+    dir: PathBuf,
+}
+
+impl Cache {
+    /// The cache for repository `repo_id` under `base`, created if missing.
+    pub fn open(base: &Path, repo_id: &str) -> Result<Self> {
+        if repo_id.is_empty() || !repo_id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(Error::invalid("config", format!("repository ID {repo_id:?} is not a plain name")));
+        }
+        let dir = base.join(repo_id);
+        fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "cannot create the cache directory", e))?;
+        Ok(Cache { dir })
+    }
+
+    /// `$XDG_CACHE_HOME/cairn`, or `~/.cache/cairn`.
+    pub fn default_base() -> Option<PathBuf> {
+        let var = |n: &str| std::env::var_os(n).filter(|v| !v.is_empty()).map(PathBuf::from);
+        var("XDG_CACHE_HOME").or_else(|| var("HOME").map(|h| h.join(".cache"))).map(|d| d.join("cairn"))
+    }
+
+    /// This repository's cache directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The cached bytes of `name` (a repository path such as `index/<id>` or `trees/<id>`) if
+    /// present and accepted by `valid`; an entry `valid` rejects is removed.
+    pub fn get(&self, name: &str, valid: impl FnOnce(&[u8]) -> bool) -> Option<Vec<u8>> {
+        let path = self.path_of(name)?;
+        let bytes = fs::read(&path).ok()?;
+        if valid(&bytes) {
+            return Some(bytes);
+        }
+        tracing::warn!("cache entry {} is damaged; fetching it again", path.display());
+        let _ = fs::remove_file(&path);
+        None
+    }
+
+    /// Stores `bytes` as `name`. The cache is an optimisation: a failure to store is logged,
+    /// never fatal.
+    pub fn put(&self, name: &str, bytes: &[u8]) {
+        let Some(path) = self.path_of(name) else { return };
+        if let Err(e) = write_atomically(&path, bytes) {
+            tracing::warn!("cannot store {} in the cache: {e}", path.display());
+        }
+    }
+
+    /// Only `kind/hexname` names are cached, so a name can never reach outside the cache.
+    fn path_of(&self, name: &str) -> Option<PathBuf> {
+        let (kind, file) = name.split_once('/')?;
+        let plain = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric());
+        (plain(kind) && plain(file)).then(|| self.dir.join(kind).join(file))
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().expect("cache entries live in a kind directory");
+    fs::create_dir_all(dir)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stores_verifies_and_drops_damaged_entries() {
+        let base = tempfile::tempdir().unwrap();
+        let c = Cache::open(base.path(), "abc123").unwrap();
+        assert_eq!(c.get("index/aa", |_| true), None);
+        c.put("index/aa", b"hello");
+        assert_eq!(c.get("index/aa", |b| b == b"hello").as_deref(), Some(&b"hello"[..]));
+        // Damage the entry on disk: the check rejects it and the entry is gone.
+        fs::write(c.dir().join("index/aa"), b"hellO").unwrap();
+        assert_eq!(c.get("index/aa", |b| b == b"hello"), None);
+        assert!(!c.dir().join("index/aa").exists());
+        // Names that could escape the cache directory are never used.
+        c.put("../evil", b"x");
+        c.put("index/../../x", b"x");
+        assert!(!base.path().join("evil").exists() && !base.path().join("x").exists());
+        assert!(Cache::open(base.path(), "../x").is_err());
+    }
+
+    #[test]
+    fn concurrent_writers_leave_whole_entries() {
+        let base = tempfile::tempdir().unwrap();
+        let c = Cache::open(base.path(), "r").unwrap();
+        let big = vec![7u8; 1 << 20];
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..20 {
+                        c.put("trees/t", &big);
+                        if let Some(b) = c.get("trees/t", |_| true) {
+                            assert_eq!(b.len(), big.len(), "a reader saw a partial entry");
+                        }
+                    }
+                });
+            }
+        });
+    }
+}

@@ -1,0 +1,354 @@
+//! Repository locks (FORMAT.md §12): backups and restores hold shared locks, operations that
+//! delete data hold an exclusive one, so nothing is deleted under a running backup or restore.
+//!
+//! A lock is a small JSON object `locks/<random id>`. Taking one writes it first and then lists
+//! the others, so of two processes that race, the later one always sees the earlier. A lock is
+//! refreshed (rewritten under a new name) while its operation runs; one whose process is gone
+//! (same host) or that has not been refreshed for [`STALE_AFTER`] is *stale*: it is reported and
+//! ignored, and `cairn unlock` removes it.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::storage::Storage;
+
+/// How often a held lock is rewritten.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(5 * 60);
+/// A lock not refreshed for this long belongs to a process that is gone or cut off.
+pub const STALE_AFTER: Duration = Duration::from_secs(30 * 60);
+
+/// Shared (backup, restore) or exclusive (anything that deletes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockKind {
+    /// Many holders at once; excludes only exclusive locks.
+    Shared,
+    /// One holder; excludes every other lock.
+    Exclusive,
+}
+
+/// The content of a lock object.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LockInfo {
+    /// Format of this object: 1.
+    pub version: u32,
+    /// Whether the lock is exclusive.
+    pub exclusive: bool,
+    /// Host of the holding process.
+    pub hostname: String,
+    /// User of the holding process.
+    pub username: String,
+    /// Process ID of the holder (meaningful on `hostname` only).
+    pub pid: u32,
+    /// When the lock was first taken (Unix seconds).
+    pub created: u64,
+    /// When it was last rewritten (Unix seconds).
+    pub refreshed: u64,
+}
+
+impl LockInfo {
+    fn describe(&self) -> String {
+        let kind = if self.exclusive { "exclusive" } else { "shared" };
+        format!(
+            "{kind} lock of process {} ({}@{}), taken {}s ago",
+            self.pid,
+            self.username,
+            self.hostname,
+            age(self.created)
+        )
+    }
+
+    /// Why this lock is stale, or `None` if its holder may still be running.
+    pub fn stale_reason(&self) -> Option<String> {
+        if self.hostname == crate::platform::hostname() && !process_alive(self.pid) {
+            return Some(format!("process {} no longer runs on {}", self.pid, self.hostname));
+        }
+        let idle = age(self.refreshed);
+        (idle > STALE_AFTER.as_secs()).then(|| format!("not refreshed for {} minutes", idle / 60))
+    }
+}
+
+/// A lock object found in the repository.
+#[derive(Clone, Debug)]
+pub struct FoundLock {
+    /// Its path (`locks/<id>`).
+    pub path: String,
+    /// Its content, or why it could not be read.
+    pub info: std::result::Result<LockInfo, String>,
+}
+
+impl FoundLock {
+    /// Why the lock is stale (an unreadable lock is stale: no running Cairn wrote it).
+    pub fn stale_reason(&self) -> Option<String> {
+        match &self.info {
+            Ok(info) => info.stale_reason(),
+            Err(why) => Some(why.clone()),
+        }
+    }
+}
+
+/// Every lock in the repository.
+pub fn list(storage: &dyn Storage) -> Result<Vec<FoundLock>> {
+    let mut out = Vec::new();
+    for obj in storage.list("locks")? {
+        let info = match storage.read(&obj.path) {
+            Ok(bytes) => serde_json::from_slice::<LockInfo>(&bytes).map_err(|e| format!("unreadable lock: {e}")),
+            // Released between the list and the read.
+            Err(Error::NotFound(_)) => continue,
+            Err(e) => return Err(e),
+        };
+        out.push(FoundLock { path: obj.path, info });
+    }
+    Ok(out)
+}
+
+/// Removes stale locks (or, with `all`, every lock); returns what was removed and why.
+pub fn remove(storage: &dyn Storage, all: bool) -> Result<Vec<(String, String)>> {
+    let mut removed = Vec::new();
+    for lock in list(storage)? {
+        let why = match (lock.stale_reason(), &lock.info) {
+            (Some(why), _) => why,
+            (None, Ok(info)) if all => format!("removed on request: {}", info.describe()),
+            (None, _) => continue,
+        };
+        storage.delete(&lock.path)?;
+        removed.push((lock.path, why));
+    }
+    Ok(removed)
+}
+
+/// A held lock. Dropping it stops the refresher and removes the lock object.
+pub struct Lock {
+    storage: Arc<dyn Storage>,
+    path: Arc<Mutex<String>>,
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    refresher: Option<JoinHandle<()>>,
+    stale: Vec<FoundLock>,
+}
+
+impl Lock {
+    /// Takes a lock of `kind`, or fails naming the lock that conflicts. Stale locks do not
+    /// conflict; they are returned by [`Lock::stale`] so the caller can report them.
+    pub fn acquire(storage: Arc<dyn Storage>, kind: LockKind) -> Result<Lock> {
+        let now = unix_now();
+        let info = LockInfo {
+            version: 1,
+            exclusive: kind == LockKind::Exclusive,
+            hostname: crate::platform::hostname(),
+            username: crate::platform::username(),
+            pid: std::process::id(),
+            created: now,
+            refreshed: now,
+        };
+        let path = write_new(&*storage, &info)?;
+        let others = match list(&*storage) {
+            Ok(all) => all,
+            Err(e) => {
+                let _ = storage.delete(&path);
+                return Err(e);
+            }
+        };
+        let mut stale = Vec::new();
+        for other in others.into_iter().filter(|l| l.path != path) {
+            if other.stale_reason().is_some() {
+                stale.push(other);
+                continue;
+            }
+            let Ok(theirs) = &other.info else { continue };
+            if theirs.exclusive || kind == LockKind::Exclusive {
+                let _ = storage.delete(&path);
+                return Err(Error::Locked {
+                    repo: storage.location().to_string(),
+                    holder: format!("{} ({})", theirs.describe(), other.path),
+                });
+            }
+        }
+        let path = Arc::new(Mutex::new(path));
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let refresher = {
+            let (storage, path, stop) = (storage.clone(), path.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("cairn-lock".into())
+                .spawn(move || refresh_until_stopped(&*storage, info, &path, &stop, REFRESH_EVERY))
+                .map_err(|e| Error::io("lock refresher", "cannot start a thread", e))?
+        };
+        Ok(Lock { storage, path, stop, refresher: Some(refresher), stale })
+    }
+
+    /// Stale locks seen (and ignored) while taking this one.
+    pub fn stale(&self) -> &[FoundLock] {
+        &self.stale
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        *self.stop.0.lock().expect("lock stop flag") = true;
+        self.stop.1.notify_all();
+        if let Some(t) = self.refresher.take() {
+            let _ = t.join();
+        }
+        let path = self.path.lock().expect("lock path").clone();
+        if let Err(e) = self.storage.delete(&path) {
+            tracing::warn!("could not remove {path}: {e}; `cairn unlock` removes it once it is stale");
+        }
+    }
+}
+
+/// Rewrites the lock every `every` under a new name, then removes the old one (a new
+/// name rather than an overwrite, because SFTP cannot replace a file atomically).
+fn refresh_until_stopped(
+    storage: &dyn Storage,
+    mut info: LockInfo,
+    path: &Mutex<String>,
+    stop: &(Mutex<bool>, Condvar),
+    every: Duration,
+) {
+    let mut stopped = stop.0.lock().expect("lock stop flag");
+    loop {
+        let (guard, _) = stop.1.wait_timeout_while(stopped, every, |s| !*s).expect("lock stop flag");
+        stopped = guard;
+        if *stopped {
+            return;
+        }
+        info.refreshed = unix_now();
+        match write_new(storage, &info) {
+            Ok(new) => {
+                let old = std::mem::replace(&mut *path.lock().expect("lock path"), new);
+                let _ = storage.delete(&old);
+            }
+            Err(e) => tracing::warn!("could not refresh the repository lock: {e}"),
+        }
+    }
+}
+
+fn write_new(storage: &dyn Storage, info: &LockInfo) -> Result<String> {
+    let mut id = [0u8; 16];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut id).expect("OS random numbers");
+    let path = format!("locks/{}", hex::encode(id));
+    storage.write(&path, serde_json::to_vec(info).expect("lock serializes"))?;
+    Ok(path)
+}
+
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    // SAFETY: signal 0 only checks that the process exists and may be signalled.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn age(t: u64) -> u64 {
+    unix_now().saturating_sub(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::OpendalStorage;
+
+    fn storage() -> (tempfile::TempDir, Arc<dyn Storage>) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = OpendalStorage::local(dir.path().to_str().unwrap()).unwrap();
+        (dir, Arc::new(s))
+    }
+
+    fn dead_pid() -> u32 {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
+    }
+
+    fn plant(s: &dyn Storage, exclusive: bool, pid: u32, refreshed_ago: u64) -> String {
+        let t = unix_now() - refreshed_ago;
+        let info = LockInfo {
+            version: 1,
+            exclusive,
+            hostname: crate::platform::hostname(),
+            username: "someone".into(),
+            pid,
+            created: t,
+            refreshed: t,
+        };
+        write_new(s, &info).unwrap()
+    }
+
+    #[test]
+    fn shared_locks_coexist_and_exclusive_excludes() {
+        let (_d, s) = storage();
+        let a = Lock::acquire(s.clone(), LockKind::Shared).unwrap();
+        let b = Lock::acquire(s.clone(), LockKind::Shared).unwrap();
+        let e = Lock::acquire(s.clone(), LockKind::Exclusive).err().expect("exclusive must wait for shared");
+        assert!(e.to_string().contains("shared lock of process"), "{e}");
+        drop((a, b));
+        assert!(s.list("locks").unwrap().is_empty(), "released locks are removed");
+        let x = Lock::acquire(s.clone(), LockKind::Exclusive).unwrap();
+        let e = Lock::acquire(s.clone(), LockKind::Shared).err().expect("shared must wait for exclusive");
+        assert!(e.to_string().contains("exclusive lock of process"), "{e}");
+        // The failed attempt left nothing behind.
+        assert_eq!(s.list("locks").unwrap().len(), 1);
+        drop(x);
+    }
+
+    #[test]
+    fn stale_locks_are_reported_ignored_and_removed_by_unlock() {
+        let (_d, s) = storage();
+        let dead = plant(&*s, true, dead_pid(), 0);
+        let old = plant(&*s, true, std::process::id(), STALE_AFTER.as_secs() + 120);
+        let live = plant(&*s, false, std::process::id(), 0);
+        let lock = Lock::acquire(s.clone(), LockKind::Shared).unwrap();
+        let mut stale: Vec<_> = lock.stale().iter().map(|l| (l.path.clone(), l.stale_reason().unwrap())).collect();
+        stale.sort();
+        let mut want = vec![dead.clone(), old.clone()];
+        want.sort();
+        assert_eq!(stale.iter().map(|s| s.0.clone()).collect::<Vec<_>>(), want);
+        assert!(stale.iter().any(|(_, why)| why.contains("no longer runs")), "{stale:?}");
+        assert!(stale.iter().any(|(_, why)| why.contains("not refreshed for 32 minutes")), "{stale:?}");
+        drop(lock);
+        let removed = remove(&*s, false).unwrap();
+        assert_eq!(removed.len(), 2);
+        let left: Vec<_> = s.list("locks").unwrap().into_iter().map(|o| o.path).collect();
+        assert_eq!(left, vec![live.clone()]);
+        assert_eq!(remove(&*s, true).unwrap().len(), 1);
+        assert!(s.list("locks").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_held_lock_is_refreshed_under_a_new_name() {
+        let (_d, s) = storage();
+        let info = LockInfo {
+            version: 1,
+            exclusive: false,
+            hostname: "h".into(),
+            username: "u".into(),
+            pid: 1,
+            created: 0,
+            refreshed: 0,
+        };
+        let first = write_new(&*s, &info).unwrap();
+        let path = Mutex::new(first.clone());
+        let stop = (Mutex::new(false), Condvar::new());
+        std::thread::scope(|scope| {
+            let t = scope.spawn(|| refresh_until_stopped(&*s, info.clone(), &path, &stop, Duration::from_millis(20)));
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while *path.lock().unwrap() == first {
+                assert!(std::time::Instant::now() < deadline, "the lock was never refreshed");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            *stop.0.lock().unwrap() = true;
+            stop.1.notify_all();
+            t.join().unwrap();
+        });
+        let locks = list(&*s).unwrap();
+        assert_eq!(locks.len(), 1, "the old name is removed after a refresh");
+        assert_eq!(locks[0].path, *path.lock().unwrap());
+        assert!(locks[0].info.as_ref().unwrap().refreshed > 0);
+    }
+}
