@@ -30,9 +30,10 @@ class Result:
 
 
 class Runner:
-    def __init__(self, tools, scratch, rounds, backup_rounds, log, pause):
+    def __init__(self, tools, scratch, rounds, backup_rounds, log, pause, checkpoint=lambda: None):
         self.tools, self.scratch, self.rounds, self.log, self.pause = tools, scratch, rounds, log, pause
         self.backup_rounds = backup_rounds
+        self.checkpoint = checkpoint  # called after each scenario: a stopped run keeps what it measured
         self.results, self.sweep = {}, []
 
     def settle(self):
@@ -102,6 +103,7 @@ class Runner:
                     shutil.rmtree(repos.pop(t.name, ""), ignore_errors=True)
                     repos[t.name] = repo
                 self.settle()
+        self.checkpoint()
         return repos
 
     def rebackups(self, ds, repos):
@@ -110,6 +112,7 @@ class Runner:
             for t in self.order(rnd):
                 if t.name in repos:
                     self.step(self.result(ds, REBACKUP, t.name), t.backup_cmd(repos[t.name], ds.path), env=t.env)
+        self.checkpoint()
 
     def restore(self, ds, scenario, t, repo, target, options=()):
         res = self.result(ds, scenario, t.name)
@@ -144,6 +147,7 @@ class Runner:
             del tars[:-1]
         shutil.rmtree(tars[-1], ignore_errors=True)
         self.settle()
+        self.checkpoint()
         self.in_place(ds, NOOP, repos, targets, lambda root: None)
         self.changed_chunks(ds, repos, targets)
         self.in_place(ds, PARTIAL, repos, targets, data.damage)
@@ -160,6 +164,7 @@ class Runner:
                 if t.name in targets and not self.result(ds, FULL, t.name).error:
                     change(t.restored(targets[t.name], ds.path))
                     self.restore(ds, scenario, t, repos[t.name], targets[t.name])
+        self.checkpoint()
 
     def changed_chunks(self, ds, repos, targets):
         """The stored size of the chunks a partial restore must fetch: back the damaged tree up into
@@ -193,6 +198,7 @@ class Runner:
                          ["--fetch-concurrency", "1", "--decode-threads", "1", "--write-threads", "1"])
             shutil.rmtree(d, ignore_errors=True)
             self.settle()
+        self.checkpoint()
 
     # -- disk image ----------------------------------------------------------------------------
     def image(self, ds):
@@ -209,6 +215,7 @@ class Runner:
                     self.restore(ds, IMG_RESTORE, t, repos[t.name], d)
                     shutil.rmtree(d, ignore_errors=True)  # images are large: one on disk at a time
                     self.settle()
+        self.checkpoint()
         self.serial(ds, repos)
         return repos
 
@@ -232,3 +239,4 @@ class Runner:
                                    "check": res.error or "ok"})
                 shutil.rmtree(d, ignore_errors=True)
                 self.settle()
+                self.checkpoint()
