@@ -1,0 +1,153 @@
+"""The backup tools under test, each driven with its own commands and conventions: its own
+password variable, its own repository and cache under the scratch directory. Every tool backs up
+an absolute path and restores the whole snapshot into an empty or existing directory, where the
+data lands at TARGET/<absolute source path>."""
+import itertools, json, os, shutil, subprocess
+
+PASSWORD = "bench"
+
+
+class Tool:
+    name = ""
+    binary = ""
+    note = ""
+
+    def __init__(self, scratch, binary=None):
+        self.path = binary or shutil.which(self.binary)
+        self.scratch = scratch
+        self.env = dict(os.environ, **self.extra_env())
+        self.archives = {}  # repo -> name of its latest archive (tools that name them)
+
+    def extra_env(self):
+        return {}
+
+    def available(self):
+        return bool(self.path) and os.access(self.path, os.X_OK)
+
+    def version(self):
+        out = subprocess.run([self.path, "--version"], capture_output=True, text=True).stdout
+        return out.strip().splitlines()[0] if out.strip() else "?"
+
+    def restored(self, target, src):
+        return os.path.join(target, src.lstrip("/"))
+
+    def restore_cwd(self, target):
+        return None
+
+    def fetched(self, run):
+        """Bytes the tool reports having fetched from the repository, when it reports them."""
+        return None
+
+    def init(self, repo):
+        subprocess.run(self.init_cmd(repo), env=self.env, check=True, capture_output=True)
+
+
+class Cairn(Tool):
+    name, binary = "cairn", "cairn"
+    max_memory = None  # set by bench/run: --max-memory for every restore
+
+    def extra_env(self):
+        return {"CAIRN_PASSWORD": PASSWORD}
+
+    def init_cmd(self, repo):
+        return [self.path, "-r", repo, "init"]
+
+    def backup_cmd(self, repo, src):
+        return [self.path, "-r", repo, "--json", "backup", src]
+
+    def restore_cmd(self, repo, target, options=()):
+        if self.max_memory and "--max-memory" not in options:
+            options = [*options, "--max-memory", self.max_memory]
+        return [self.path, "-r", repo, "--json", "restore", "latest", "--target", target, *options]
+
+    def fetched(self, run):
+        for line in reversed(run.stdout.splitlines()):
+            if line.startswith("{") and '"summary"' in line:
+                return json.loads(line).get("bytes_fetched")
+        return None
+
+
+class Restic(Tool):
+    name, binary = "restic", "restic"
+
+    def extra_env(self):
+        return {"RESTIC_PASSWORD": PASSWORD, "RESTIC_CACHE_DIR": os.path.join(self.scratch, "cache-restic")}
+
+    def version(self):
+        v = subprocess.run([self.path, "version"], capture_output=True, text=True).stdout.strip()
+        return v + " (Debian's package; older than the newest restic)"
+
+    def init_cmd(self, repo):
+        return [self.path, "-r", repo, "init"]
+
+    def backup_cmd(self, repo, src):
+        return [self.path, "-r", repo, "backup", "--quiet", src]
+
+    def restore_cmd(self, repo, target, options=()):
+        return [self.path, "-r", repo, "restore", "latest", "--target", target, *options]
+
+
+class Rustic(Tool):
+    name, binary = "rustic", "rustic"
+
+    def extra_env(self):
+        return {"RUSTIC_PASSWORD": PASSWORD, "RUSTIC_NO_PROGRESS": "true",
+                "RUSTIC_CACHE_DIR": os.path.join(self.scratch, "cache-rustic")}
+
+    def init_cmd(self, repo):
+        return [self.path, "-r", repo, "init"]
+
+    def backup_cmd(self, repo, src):
+        return [self.path, "-r", repo, "backup", src]
+
+    def restore_cmd(self, repo, target, options=()):
+        return [self.path, "-r", repo, "restore", "latest", target, *options]
+
+
+class Borg(Tool):
+    name, binary = "borg", "borg"
+    counter = itertools.count(1)
+
+    def extra_env(self):
+        return {"BORG_PASSPHRASE": PASSWORD, "BORG_BASE_DIR": os.path.join(self.scratch, "borg-base"),
+                "BORG_RELOCATED_REPO_ACCESS_IS_OK": "yes"}
+
+    def init_cmd(self, repo):
+        return [self.path, "init", "--encryption=repokey-blake2", repo]
+
+    def backup_cmd(self, repo, src):
+        # Archive names must be unique within a repository; restores extract the latest one.
+        name = f"snapshot-{next(self.counter)}"
+        self.archives[repo] = name
+        return [self.path, "create", f"{repo}::{name}", src]
+
+    def restore_cwd(self, target):
+        # borg extract writes into the current directory.
+        os.makedirs(target, exist_ok=True)
+        return target
+
+    def restore_cmd(self, repo, target, options=()):
+        return [self.path, "extract", "--sparse", f"{repo}::{self.archives[repo]}", *options]
+
+
+ALL = [Cairn, Rustic, Restic, Borg]
+KNOWN = [t.name for t in ALL] + ["kopia"]
+
+
+def select(names, scratch, cairn_binary):
+    """The requested tools that are installed, and a note for each requested one that is not."""
+    tools, missing = [], {}
+    for cls in ALL:
+        if names is not None and cls.name not in names:
+            continue
+        t = cls(scratch, cairn_binary if cls is Cairn else None)
+        if t.available():
+            tools.append(t)
+        elif names is not None or cls is not Cairn:
+            missing[cls.name] = f"`{cls.binary}` not found on PATH"
+    for n in names or []:
+        if n not in KNOWN:
+            raise SystemExit(f"bench/run: unknown tool '{n}' (known: {', '.join(KNOWN)})")
+        if n == "kopia":
+            missing[n] = "no driver in bench/harness/tools.py yet"
+    return tools, missing
