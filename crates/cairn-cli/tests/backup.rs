@@ -354,6 +354,10 @@ fn killed_backup_leaves_a_consistent_repository_and_is_reused() {
     child.kill().expect("SIGKILL");
     child.wait().expect("reap");
     assert_eq!(cairn.snapshots().len(), 1, "a killed backup must not leave a snapshot");
+    // Its lock names a process that no longer runs: `cairn unlock` removes it as stale.
+    let out = cairn.command().arg("unlock").output().expect("unlock");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("1 locks removed"), "unlock: {out:?}");
 
     // Everything indexed is readable, and the earlier snapshot restores exactly.
     let (repo, _) = cairn.open();
