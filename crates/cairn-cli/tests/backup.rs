@@ -429,3 +429,35 @@ fn failing_storage_stops_the_pipeline_with_one_error() {
     assert!(!err.contains("stopped early"), "the cause must be reported, not its echo: {err}");
     assert!(cairn.snapshots().is_empty(), "no snapshot without its data");
 }
+
+#[test]
+fn json_progress_reports_totals_from_the_pre_scan() {
+    let base = tempfile::tempdir().expect("tempdir");
+    let src = base.path().join("src");
+    random_files(&src, "f", 8, MIB, 51);
+    let cairn = new_repo(base.path());
+    // Slow storage keeps the backup running for a few status intervals.
+    let out = cairn
+        .command()
+        .args(["--json", "backup", src.to_str().expect("utf-8")])
+        .env("CAIRN_INJECT_FAULTS", "latency=400ms")
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let status: Vec<&Value> = lines.iter().filter(|v| v["message_type"] == "status").collect();
+    assert!(!status.is_empty(), "no status lines: {lines:?}");
+    for s in &status {
+        if s["scan_finished"] == true {
+            assert!(s["files_done"].as_u64() <= s["total_files"].as_u64(), "more done than found: {s}");
+        }
+        assert!(s["current_files"].is_array() && s["seconds_elapsed"].is_number(), "{s}");
+    }
+    let last = status.last().expect("a status line");
+    assert_eq!(last["scan_finished"], true, "{last}");
+    assert_eq!((last["total_files"].as_u64(), last["total_bytes"].as_u64()), (Some(8), Some(8 * MIB as u64)), "{last}");
+    assert_eq!(lines.last().expect("summary")["message_type"], "summary");
+}
