@@ -1332,3 +1332,21 @@ fn missing_path_error_names_the_snapshot() {
         &f.snapshot_id[..8]
     );
 }
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let f = Fixture::new();
+    // `cairn ls | head -0`: the reader is gone before cairn prints anything (opening the
+    // repository takes far longer than closing a pipe); cairn must stop without a panic
+    // message, by SIGPIPE, as `ls` or `cat` would.
+    let mut cmd = cairn_cmd(&f.repo);
+    cmd.args(["ls", "latest"]).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn cairn ls");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait for cairn ls");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{stderr}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "ls into a closed pipe: {:?}, {stderr}", out.status);
+}

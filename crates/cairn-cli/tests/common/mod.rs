@@ -1,5 +1,5 @@
-//! Helpers shared by `roundtrip.rs` and `golden.rs`: running the `cairn` binary, scanning a file
-//! tree into comparable metadata, and comparing two scans.
+//! Helpers shared by `roundtrip.rs`, `golden.rs` and `restore_engine.rs`: running the `cairn` binary,
+//! scanning a file tree into comparable metadata, and comparing two scans.
 //!
 //! Scans read each entry's metadata *before* anything that could change its access time
 //! (listing a directory, reading a symlink), and read file contents with `O_NOATIME`, so a scan
@@ -67,9 +67,18 @@ impl Cairn {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
+        self.run_env(&[], args)
+    }
+
+    /// [`Cairn::run`] with extra environment variables (such as `CAIRN_INJECT_FAULTS`).
+    pub fn run_env<I, S>(&self, env: &[(&str, &str)], args: I) -> Output
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
         use std::process::Stdio;
         let mut c = self.command();
-        c.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        c.envs(env.iter().copied()).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let shown = format!("{c:?}");
         let mut child = c.spawn().expect("running the cairn binary");
         let drain = |mut r: Box<dyn Read + Send>| {

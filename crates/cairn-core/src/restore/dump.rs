@@ -132,7 +132,7 @@ pub fn dump(
     };
     let workers = workers.max(1);
     let base_path = Path::new(if base.is_empty() { "/" } else { base });
-    let plan = plan::build(repo, top, base_path, &Filter::default(), workers)?;
+    let plan = plan::build(repo, top, base_path, &Filter::default(), workers, &plan::Loading::default())?;
     let wanted: Vec<BlobId> = plan
         .entries
         .iter()

@@ -321,7 +321,20 @@ pub fn restore(
     let base_path = PathBuf::from(base.unwrap_or("/"));
     let mut phase = PhaseClock::new();
     let mut out_phases = Vec::new();
-    let plan = plan::build(repo, top, &base_path, &filter, opts.fetch_concurrency)?;
+    // Loading the trees reads the repository too: SIGINT stops it, and the watchdog covers it.
+    let cancel = opts.cancel.clone().unwrap_or_default();
+    let loading = plan::Loading { cancel: cancel.clone(), ..Default::default() };
+    let planned = AtomicBool::new(false);
+    let (plan, plan_stalls) = std::thread::scope(|s| {
+        let dog = s.spawn(|| {
+            watch(opts.stall_timeout, progress, &planned, || loading.reads_done.load(Ordering::Relaxed), || "plan")
+        });
+        let plan = plan::build(repo, top, &base_path, &filter, opts.fetch_concurrency, &loading);
+        planned.store(true, Ordering::Relaxed);
+        dog.thread().unpark();
+        (plan, dog.join().expect("watchdog panicked"))
+    });
+    let plan = plan?;
     let threads = opts.write_threads.max(1);
     let is_root = crate::platform::is_root();
     // Directories first, so the check below never looks through a symlink standing where a
@@ -367,9 +380,9 @@ pub fn restore(
     let needed: Vec<Vec<check::NeededChunk>> =
         plan.entries.iter().zip(&states).map(|(e, s)| s.needed(&e.node)).collect();
     phase.lap(&mut out_phases, "check");
-    let fetches = plan::fetches(repo, &plan, &needed);
+    let fetches = plan::fetches(repo, &plan, &needed, opts.max_memory);
 
-    let mut out = RestoreOutcome { phases: out_phases, ..Default::default() };
+    let mut out = RestoreOutcome { phases: out_phases, stalls: plan_stalls, ..Default::default() };
     for (e, st) in plan.entries.iter().zip(&states) {
         match e.node.kind {
             NodeKind::File => out.files += 1,
@@ -401,7 +414,7 @@ pub fn restore(
             }
         }
         if opts.delete {
-            dry.delete = extra_entries(target, &plan, into_dir);
+            dry.delete = extra_entries(target, &plan, into_dir, |rel| filter.selects(&base_path, rel));
         }
         out.bytes_fetched = fetches.fetch_bytes;
         out.dry_run = Some(dry);
@@ -436,7 +449,7 @@ pub fn restore(
         fetched: AtomicU64::new(0),
         written: AtomicU64::new(0),
         files_done: AtomicU64::new(0),
-        cancel: opts.cancel.clone().unwrap_or_default(),
+        cancel,
         fatal: Mutex::new(None),
         warnings: Mutex::new(Vec::new()),
         sparse,
@@ -487,7 +500,7 @@ pub fn restore(
     phase.lap(&mut out.phases, "pipeline");
     finish_all(&sh, &failed, opts, progress);
     if opts.delete {
-        for p in extra_entries(target, &plan, into_dir) {
+        for p in extra_entries(target, &plan, into_dir, |rel| filter.selects(&base_path, rel)) {
             match create::remove_any(&target.join(&p)) {
                 Ok(()) => out.deleted += 1,
                 Err(e) => sh.warn(p, format!("cannot delete: {e}")),
@@ -581,8 +594,9 @@ fn finish_all(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, opts: &RestoreO
     }
 }
 
-/// Entries in restored directories that the restore does not contain.
-fn extra_entries(target: &Path, plan: &Plan, include_root: bool) -> Vec<PathBuf> {
+/// Entries in restored directories that the restore does not contain and that `selected`
+/// (given their path relative to the target) says the restore's filters cover.
+fn extra_entries(target: &Path, plan: &Plan, include_root: bool, selected: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
     let mut children: HashMap<PathBuf, HashSet<OsString>> = HashMap::new();
     if include_root {
         children.entry(PathBuf::new()).or_default();
@@ -602,8 +616,9 @@ fn extra_entries(target: &Path, plan: &Plan, include_root: bool) -> Vec<PathBuf>
             continue;
         };
         for ent in rd.flatten() {
-            if !names.contains(&ent.file_name()) {
-                out.push(dir.join(ent.file_name()));
+            let rel = dir.join(ent.file_name());
+            if !names.contains(&ent.file_name()) && selected(&rel) {
+                out.push(rel);
             }
         }
     }
@@ -648,6 +663,7 @@ fn run_pipeline(sh: &Shared<'_>, opts: &RestoreOptions, progress: &Progress, bas
             w.join().expect("restore worker panicked");
         }
         finished.store(true, Ordering::Relaxed);
+        watchdog.thread().unpark();
         stalls.extend(watchdog.join().expect("watchdog panicked"));
     });
 }
@@ -661,34 +677,53 @@ fn watchdog(
     base_done: u64,
     finished: &AtomicBool,
 ) -> Vec<String> {
+    let stalls = watch(
+        timeout,
+        progress,
+        finished,
+        || {
+            let now = (sh.fetched.load(Ordering::Relaxed), sh.written.load(Ordering::Relaxed));
+            progress.fetched_bytes.store(now.0, Ordering::Relaxed);
+            progress.done_bytes.store(base_done + now.1, Ordering::Relaxed);
+            progress.done_files.store(sh.files_done.load(Ordering::Relaxed), Ordering::Relaxed);
+            now
+        },
+        || profile::stalled_stage(&sh.clocks),
+    );
+    progress.done_bytes.store(base_done + sh.written.load(Ordering::Relaxed), Ordering::Relaxed);
+    progress.fetched_bytes.store(sh.fetched.load(Ordering::Relaxed), Ordering::Relaxed);
+    stalls
+}
+
+/// Until `finished` (the caller unparks this thread after setting it, so it stops at once),
+/// samples a measure of progress every tick; when it stays the same for `timeout`, reports a
+/// stall naming the stage `stage()` says is waiting.
+fn watch<T: PartialEq>(
+    timeout: Duration,
+    progress: &Progress,
+    finished: &AtomicBool,
+    mut sample: impl FnMut() -> T,
+    stage: impl Fn() -> &'static str,
+) -> Vec<String> {
     let tick = Duration::from_millis(100).min(timeout);
-    let mut last = (u64::MAX, u64::MAX);
+    let mut last = None;
     let mut since = Instant::now();
     let mut reported = false;
     let mut stalls = Vec::new();
     while !finished.load(Ordering::Relaxed) {
-        std::thread::sleep(tick);
-        let now = (sh.fetched.load(Ordering::Relaxed), sh.written.load(Ordering::Relaxed));
-        progress.fetched_bytes.store(now.0, Ordering::Relaxed);
-        progress.done_bytes.store(base_done + now.1, Ordering::Relaxed);
-        progress.done_files.store(sh.files_done.load(Ordering::Relaxed), Ordering::Relaxed);
+        std::thread::park_timeout(tick);
+        let now = Some(sample());
         if now != last {
             last = now;
             since = Instant::now();
             reported = false;
             *progress.stall.lock().expect("stall lock") = None;
         } else if !reported && since.elapsed() >= timeout {
-            let msg = format!(
-                "no progress for {} s; waiting in the {} stage",
-                timeout.as_secs_f64().round(),
-                profile::stalled_stage(&sh.clocks)
-            );
+            let msg = format!("no progress for {} s; waiting in the {} stage", timeout.as_secs_f64().round(), stage());
             *progress.stall.lock().expect("stall lock") = Some(msg.clone());
             stalls.push(msg);
             reported = true;
         }
     }
-    progress.done_bytes.store(base_done + sh.written.load(Ordering::Relaxed), Ordering::Relaxed);
-    progress.fetched_bytes.store(sh.fetched.load(Ordering::Relaxed), Ordering::Relaxed);
     stalls
 }

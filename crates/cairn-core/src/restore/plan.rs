@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
@@ -128,6 +128,15 @@ impl Filter {
     fn included(&self, abs: &Path) -> bool {
         self.include.as_ref().is_none_or(|s| Self::matches(s, abs))
     }
+
+    /// Whether an entry at `rel` below the restore's snapshot path `base` would be selected
+    /// were it in the snapshot: not excluded, and included itself or below an included
+    /// directory (as [`build`] decides). `--delete` removes only such entries, so a filtered
+    /// restore never deletes what its filters leave out.
+    pub fn selects(&self, base: &Path, rel: &Path) -> bool {
+        let abs = base.join(rel);
+        !self.excluded(&abs) && abs.ancestors().take_while(|a| *a != base).any(|a| self.included(a))
+    }
 }
 
 /// Finds the node at `path` (absolute, inside the snapshot) without following symlinks.
@@ -169,11 +178,27 @@ struct Builder<'a> {
 /// Linux's PATH_MAX); deeper trees are rejected instead of exhausting the stack.
 pub const MAX_DEPTH: usize = 2048;
 
+/// Lets the caller stop tree loading early and watch it progress.
+#[derive(Default)]
+pub struct Loading {
+    /// Once set, loading stops after the reads in flight and fails with [`Error::Interrupted`].
+    pub cancel: Arc<AtomicBool>,
+    /// Tree reads completed so far.
+    pub reads_done: AtomicU64,
+}
+
 /// Lists the entries for restoring `top`, whose snapshot path is `base`; trees are loaded on
 /// `threads` threads first.
-pub fn build(repo: &Repository, top: Top, base: &Path, filter: &Filter, threads: usize) -> Result<Plan> {
+pub fn build(
+    repo: &Repository,
+    top: Top,
+    base: &Path,
+    filter: &Filter,
+    threads: usize,
+    loading: &Loading,
+) -> Result<Plan> {
     let trees = match &top {
-        Top::Tree(id) => load_trees(repo, *id, threads)?,
+        Top::Tree(id) => load_trees(repo, *id, threads, loading)?,
         Top::Node(_) => HashMap::new(),
     };
     let mut b = Builder { repo, filter, plan: Plan::default(), links: HashMap::new(), depth: 0, trees };
@@ -253,8 +278,8 @@ pub fn chunk_offsets(content: &[Chunk]) -> impl Iterator<Item = (u64, &Chunk)> {
 }
 
 /// Builds the fetches for the chunks that `needed(entry)` lists, grouped by pack, sorted by
-/// offset and coalesced.
-pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>]) -> Fetches {
+/// offset and coalesced into reads that each fit in `budget` (see [`coalesce`]).
+pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>], budget: u64) -> Fetches {
     let mut f = Fetches::default();
     let index = repo.index();
     for (i, chunks) in needed.iter().enumerate() {
@@ -275,13 +300,16 @@ pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>]) -> F
             None => f.missing.extend(dests.iter().map(|d| (d.entry as usize, *id))),
         }
     }
-    f.reads = coalesce(located);
+    f.reads = coalesce(located, budget);
     f.fetch_bytes = f.reads.iter().map(|r| r.length).sum();
     f
 }
 
-/// Groups blob locations by pack, sorts them by offset and merges neighbours into ranged reads.
-pub fn coalesce(located: Vec<BlobLocation>) -> Vec<PackRead> {
+/// Groups blob locations by pack, sorts them by offset and merges neighbours into ranged reads
+/// of at most [`MAX_READ`] bytes whose budget reservation (the range plus its plaintext) stays
+/// within `budget`, so a small `--max-memory` really bounds the bytes in flight. A blob that
+/// alone exceeds the budget is read on its own.
+pub fn coalesce(located: Vec<BlobLocation>, budget: u64) -> Vec<PackRead> {
     let mut by_pack: BTreeMap<u32, (PackId, [u8; SALT_LEN], Vec<BlobEntry>)> = BTreeMap::new();
     for loc in located {
         by_pack.entry(loc.pack_no).or_insert_with(|| (loc.pack, loc.salt, Vec::new())).2.push(loc.entry);
@@ -294,7 +322,8 @@ pub fn coalesce(located: Vec<BlobLocation>) -> Vec<PackRead> {
             let (start, end) = (u64::from(b.offset), u64::from(b.offset) + u64::from(b.length));
             if let Some(r) = current.as_mut() {
                 let r_end = r.offset + r.length;
-                if start >= r_end && start - r_end <= COALESCE_GAP && end - r.offset <= MAX_READ {
+                let reserved = end - r.offset + r.raw_bytes() + u64::from(b.raw_length);
+                if start >= r_end && start - r_end <= COALESCE_GAP && end - r.offset <= MAX_READ && reserved <= budget {
                     r.length = end - r.offset;
                     r.blobs.push(b);
                     continue;
@@ -310,7 +339,7 @@ pub fn coalesce(located: Vec<BlobLocation>) -> Vec<PackRead> {
 
 /// Loads every tree below `root` ahead of planning: level by level, each level's tree blobs
 /// fetched with coalesced ranged reads on `threads` threads.
-pub fn load_trees(repo: &Repository, root: BlobId, threads: usize) -> Result<HashMap<BlobId, Tree>> {
+pub fn load_trees(repo: &Repository, root: BlobId, threads: usize, loading: &Loading) -> Result<HashMap<BlobId, Tree>> {
     let mut trees: HashMap<BlobId, Tree> = HashMap::new();
     let mut level = vec![root];
     for depth in 0.. {
@@ -330,7 +359,7 @@ pub fn load_trees(repo: &Repository, root: BlobId, threads: usize) -> Result<Has
                 .push(index.get(id).ok_or_else(|| Error::NotFound(format!("tree {} (not in any index)", id.short())))?);
         }
         drop(index);
-        let reads = coalesce(located);
+        let reads = coalesce(located, u64::MAX);
         let next = AtomicUsize::new(0);
         let loaded: Mutex<Vec<(BlobId, Tree)>> = Mutex::new(Vec::new());
         let failed: Mutex<Option<Error>> = Mutex::new(None);
@@ -338,10 +367,12 @@ pub fn load_trees(repo: &Repository, root: BlobId, threads: usize) -> Result<Has
             for _ in 0..threads.clamp(1, reads.len().max(1)) {
                 s.spawn(|| {
                     while let Some(read) = reads.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        if failed.lock().expect("lock").is_some() {
+                        if failed.lock().expect("lock").is_some() || loading.cancel.load(Ordering::Relaxed) {
                             return;
                         }
-                        match read_trees(repo, read) {
+                        let result = read_trees(repo, read);
+                        loading.reads_done.fetch_add(1, Ordering::Relaxed);
+                        match result {
                             Ok(mut t) => loaded.lock().expect("lock").append(&mut t),
                             Err(e) => {
                                 failed.lock().expect("lock").get_or_insert(e);
@@ -354,6 +385,9 @@ pub fn load_trees(repo: &Repository, root: BlobId, threads: usize) -> Result<Has
         });
         if let Some(e) = failed.into_inner().expect("lock") {
             return Err(e);
+        }
+        if loading.cancel.load(Ordering::Relaxed) {
+            return Err(Error::Interrupted);
         }
         level.clear();
         for (id, tree) in loaded.into_inner().expect("lock") {
