@@ -433,3 +433,76 @@ fn failing_storage_stops_the_pipeline_with_one_error() {
     assert!(!err.contains("stopped early"), "the cause must be reported, not its echo: {err}");
     assert!(cairn.snapshots().is_empty(), "no snapshot without its data");
 }
+
+#[test]
+fn json_progress_reports_totals_from_the_pre_scan() {
+    let base = tempfile::tempdir().expect("tempdir");
+    let src = base.path().join("src");
+    random_files(&src, "f", 8, MIB, 51);
+    let cairn = new_repo(base.path());
+    // Slow storage keeps the backup running for a few status intervals.
+    let out = cairn
+        .command()
+        .args(["--json", "backup", src.to_str().expect("utf-8")])
+        .env("CAIRN_INJECT_FAULTS", "latency=400ms")
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let status: Vec<&Value> = lines.iter().filter(|v| v["message_type"] == "status").collect();
+    assert!(!status.is_empty(), "no status lines: {lines:?}");
+    for s in &status {
+        if s["scan_finished"] == true {
+            assert!(s["files_done"].as_u64() <= s["total_files"].as_u64(), "more done than found: {s}");
+        }
+        assert!(s["current_files"].is_array() && s["seconds_elapsed"].is_number(), "{s}");
+    }
+    let last = status.last().expect("a status line");
+    assert_eq!(last["scan_finished"], true, "{last}");
+    assert_eq!((last["total_files"].as_u64(), last["total_bytes"].as_u64()), (Some(8), Some(8 * MIB as u64)), "{last}");
+    assert_eq!(lines.last().expect("summary")["message_type"], "summary");
+}
+
+#[test]
+fn backups_killed_at_different_moments_never_damage_the_repository() {
+    let base = tempfile::tempdir().expect("tempdir");
+    let src = base.path().join("src");
+    random_files(&src.join("old"), "f", 4, 300 * KIB, 61);
+    let cairn = new_repo(base.path());
+    let before = scan_source(&src);
+    let first = cairn.backup(&[&src], &[]);
+    random_files(&src.join("new"), "g", 16, MIB, 62);
+    // Early (walking, reading), middle (uploading) and late (indexing) kills.
+    for delay_ms in [30u64, 400, 1200] {
+        let mut child = cairn
+            .command()
+            .args(["backup", src.to_str().expect("utf-8")])
+            .env("CAIRN_INJECT_FAULTS", "latency=40ms")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn");
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+        // Every indexed blob is readable; every snapshot's blobs are indexed.
+        let (repo, _) = cairn.open();
+        repo.load_index().expect("load index after a kill");
+        for b in cairn.stored_blobs() {
+            if repo.index().contains(&b.id) {
+                repo.read_blob(&b.id).unwrap_or_else(|e| panic!("after a kill at {delay_ms} ms: {e}"));
+            }
+        }
+        for snap in cairn.snapshots() {
+            let target = base.path().join(format!("check-{delay_ms}-{}", snap["short_id"].as_str().expect("id")));
+            cairn.restore_with(snap["id"].as_str().expect("id"), &target, &["--verify"]);
+        }
+    }
+    restore_exact(&cairn, &id(&first), &src, &before, &base.path().join("first"));
+    let now = scan_source(&src);
+    let last = cairn.backup(&[&src], &[]);
+    restore_exact(&cairn, &id(&last), &src, &now, &base.path().join("last"));
+}

@@ -36,10 +36,9 @@ use std::time::Instant;
 use crossbeam_channel::bounded;
 
 pub use parent::ParentChoice;
-pub use progress::{Counters, Progress};
+pub use progress::Progress;
 pub use select::{absolute, read_files_from, SelectOptions};
 pub use stdin::backup_stdin;
-pub use store::StoreStats;
 
 use crate::chunker::ChunkerKind;
 use crate::compress::Codec;
@@ -51,8 +50,9 @@ use crate::platform;
 use crate::repository::Repository;
 use crate::snapshot::{Snapshot, Summary};
 use links::Links;
+use progress::Counters;
 use select::{Filter, Selection};
-use store::{BlobStore, Job};
+use store::{BlobStore, Job, StoreStats};
 
 /// Files read at once unless `--read-concurrency` says otherwise; measured in docs/DESIGN.md
 /// ("Backup: read concurrency").

@@ -50,8 +50,11 @@ pub fn choose(
 /// Loads the parent's trees on a few threads ahead of the walker, so the walker does not wait
 /// for one storage read per directory.
 pub(super) struct TreeLoader {
-    requests: Sender<(BlobId, Sender<Option<Tree>>)>,
+    requests: Sender<(BlobId, Sender<Loaded>)>,
 }
+
+/// A parent tree, or why it could not be read.
+type Loaded = std::result::Result<Tree, String>;
 
 /// Parent trees loaded at once.
 pub(super) const TREE_LOADERS: usize = 4;
@@ -59,7 +62,7 @@ pub(super) const TREE_LOADERS: usize = 4;
 impl TreeLoader {
     /// Starts `threads` loaders in `scope`; they stop when the loader is dropped.
     pub fn start<'scope>(scope: &'scope Scope<'scope, '_>, repo: &'scope Repository, threads: usize) -> Self {
-        let (requests, rx) = bounded::<(BlobId, Sender<Option<Tree>>)>(threads * 64);
+        let (requests, rx) = bounded::<(BlobId, Sender<Loaded>)>(threads * 64);
         for _ in 0..threads {
             let rx = rx.clone();
             scope.spawn(move || {
@@ -72,7 +75,7 @@ impl TreeLoader {
         TreeLoader { requests }
     }
 
-    fn request(&self, id: BlobId) -> Receiver<Option<Tree>> {
+    fn request(&self, id: BlobId) -> Receiver<Loaded> {
         let (tx, rx) = bounded(1);
         // The loaders live as long as this sender, so the send only fails if one panicked.
         let _ = self.requests.send((id, tx));
@@ -82,26 +85,32 @@ impl TreeLoader {
 
 /// One directory of the parent snapshot (empty where the parent has no such directory), with
 /// its subdirectories' trees on their way.
-#[derive(Default)]
 pub(super) struct ParentDir {
     tree: Option<Tree>,
-    coming: HashMap<Vec<u8>, Receiver<Option<Tree>>>,
+    coming: HashMap<Vec<u8>, Receiver<Loaded>>,
+    /// Why the parent's tree of this directory could not be read (its files are then read).
+    pub unreadable: Option<String>,
 }
 
 impl ParentDir {
     /// The parent's root tree. A parent tree that cannot be read is treated as absent (its
-    /// files are read), and logged.
+    /// files are read) and said so in `unreadable`.
     pub fn root(repo: &Repository, tree: Option<BlobId>, loader: &TreeLoader) -> Self {
-        ParentDir::new(tree.and_then(|id| load(repo, id)), loader)
+        ParentDir::new(tree.map(|id| load(repo, id)), loader)
     }
 
-    fn new(tree: Option<Tree>, loader: &TreeLoader) -> Self {
+    fn new(loaded: Option<Loaded>, loader: &TreeLoader) -> Self {
+        let (tree, unreadable) = match loaded {
+            None => (None, None),
+            Some(Ok(t)) => (Some(t), None),
+            Some(Err(why)) => (None, Some(why)),
+        };
         let coming = tree
             .iter()
             .flat_map(|t| &t.nodes)
             .filter_map(|n| Some((n.name.clone(), loader.request(n.subtree.filter(|_| n.kind == NodeKind::Dir)?))))
             .collect();
-        ParentDir { tree, coming }
+        ParentDir { tree, coming, unreadable }
     }
 
     /// The parent's entry named `name`.
@@ -117,19 +126,13 @@ impl ParentDir {
 
     /// The parent's subdirectory `name` (taken: each is walked once).
     pub fn child(&mut self, name: &[u8], loader: &TreeLoader) -> ParentDir {
-        let tree = self.coming.remove(name).and_then(|rx| rx.recv().ok().flatten());
-        ParentDir::new(tree, loader)
+        let loaded = self.coming.remove(name).and_then(|rx| rx.recv().ok());
+        ParentDir::new(loaded, loader)
     }
 }
 
-fn load(repo: &Repository, id: BlobId) -> Option<Tree> {
-    match repo.read_tree(&id) {
-        Ok(t) => Some(t),
-        Err(e) => {
-            tracing::warn!("parent snapshot tree {} unreadable, its files will be read: {e}", id.short());
-            None
-        }
-    }
+fn load(repo: &Repository, id: BlobId) -> Loaded {
+    repo.read_tree(&id).map_err(|e| e.to_string())
 }
 
 /// Whether `now` is the parent's file `old` unchanged: same size, modification and status

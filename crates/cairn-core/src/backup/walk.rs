@@ -40,7 +40,7 @@ impl<'a, 'b> Walker<'a, 'b> {
     /// Walks `sel`, comparing with the parent snapshot's root tree `parent`.
     pub fn run(mut self, sel: &Selection, parent: Option<BlobId>) -> Result<()> {
         let root = PendingDir::new(None, parent);
-        let mut parent_dir = ParentDir::root(self.sh.repo, parent, self.trees);
+        let mut parent_dir = self.checked(Path::new("/"), ParentDir::root(self.sh.repo, parent, self.trees));
         self.selection(Path::new("/"), sel, &root, &mut parent_dir)?;
         root.listed(self.sh)
     }
@@ -71,13 +71,23 @@ impl<'a, 'b> Walker<'a, 'b> {
                 }
             } else if node.kind == NodeKind::Dir {
                 let sub = PendingDir::new(Some(pending.push(node)), parent.subtree(name));
-                self.selection(&path, child, &sub, &mut parent.child(name, self.trees))?;
+                let mut parent_dir = self.checked(&path, parent.child(name, self.trees));
+                self.selection(&path, child, &sub, &mut parent_dir)?;
                 sub.listed(self.sh)?;
             } else {
                 self.sh.warn(&path, "is not a directory, but paths below it were given".into());
             }
         }
         Ok(())
+    }
+
+    /// Says so when the parent snapshot's tree of `dir` could not be read: its files are read
+    /// again, so nothing is missing from the new snapshot.
+    fn checked(&self, dir: &Path, mut parent: ParentDir) -> ParentDir {
+        if let Some(why) = parent.unreadable.take() {
+            self.sh.note(dir, format!("the parent snapshot's tree is unreadable, files are read again: {why}"));
+        }
+        parent
     }
 
     fn node(&mut self, path: &Path, name: Vec<u8>) -> Option<Node> {
@@ -132,7 +142,8 @@ impl<'a, 'b> Walker<'a, 'b> {
                 let other_fs = self.filter.stops_at_device(root_dev, node.device_id);
                 let sub = PendingDir::new(Some(pending.push(node)), parent.subtree(&name));
                 if !other_fs {
-                    self.dir(path, &sub, &mut parent.child(&name, self.trees), root_dev)?;
+                    let mut parent_dir = self.checked(path, parent.child(&name, self.trees));
+                    self.dir(path, &sub, &mut parent_dir, root_dev)?;
                 }
                 sub.listed(self.sh)
             }
