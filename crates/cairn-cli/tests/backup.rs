@@ -488,6 +488,9 @@ fn backups_killed_at_different_moments_never_damage_the_repository() {
         std::thread::sleep(Duration::from_millis(delay_ms));
         child.kill().expect("SIGKILL");
         child.wait().expect("reap");
+        // A lock the killed backup took is stale now: `cairn unlock` removes it.
+        let out = cairn.command().arg("unlock").output().expect("unlock");
+        assert!(out.status.success(), "unlock after a kill at {delay_ms} ms: {out:?}");
         // Every indexed blob is readable; every snapshot's blobs are indexed.
         let (repo, _) = cairn.open();
         repo.load_index().expect("load index after a kill");
