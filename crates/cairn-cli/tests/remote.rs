@@ -309,3 +309,45 @@ fn wrong_locations_and_credentials_fail_with_one_clear_line() {
         assert!(stderr.contains(names), "{}: the error does not name {names:?}: {stderr}", cairn.repo.display());
     }
 }
+
+/// Without `--sftp-key`, the key comes from the SSH agent (`SSH_AUTH_SOCK`); with neither, the
+/// server refuses and `init` says so in one line.
+#[test]
+fn sftp_key_from_the_agent() {
+    let s = servers::servers();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("agent.sock");
+    let mut agent = std::process::Command::new("ssh-agent")
+        .arg("-D")
+        .arg("-a")
+        .arg(&sock)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("ssh-agent (openssh-client)");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !sock.exists() {
+        assert!(std::time::Instant::now() < deadline, "ssh-agent did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let cairn = servers::cairn(&servers::sftp_repo("agent"), &dir.path().join("cache"));
+    let init = |agent_sock: Option<&Path>| {
+        let mut c = cairn.command();
+        c.env_remove("CAIRN_SFTP_KEY").env_remove("SSH_AUTH_SOCK").arg("init").args(common::KDF_ARGS);
+        if let Some(sock) = agent_sock {
+            c.env("SSH_AUTH_SOCK", sock);
+        }
+        c.output().unwrap()
+    };
+    let refused = init(None);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "init without any key succeeded");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("sftp:"), "{stderr}");
+
+    let added = std::process::Command::new("ssh-add").arg(&s.ssh_key).env("SSH_AUTH_SOCK", &sock).output().unwrap();
+    assert!(added.status.success(), "ssh-add: {}", String::from_utf8_lossy(&added.stderr));
+    let ok = init(Some(&sock));
+    assert!(ok.status.success(), "init with the agent's key: {}", String::from_utf8_lossy(&ok.stderr));
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+}

@@ -82,12 +82,14 @@ impl Repository {
     /// Opens a repository: finds a key file that `password` unlocks, then reads the config.
     /// The index is not loaded; call [`Repository::load_index`].
     pub fn open(storage: Arc<dyn Storage>, password: &[u8]) -> Result<Self> {
-        if !storage.exists("config")? {
+        let keys = storage.list("keys")?;
+        // Only without keys is it worth a round trip to tell "no repository" from "no key".
+        if keys.is_empty() && !storage.exists("config")? {
             return Err(Error::NoRepository(storage.location().to_string()));
         }
         let mut damaged = None;
         let mut key = None;
-        for obj in storage.list("keys")? {
+        for obj in keys {
             let found = read_checked(&*storage, &obj.path)
                 .and_then(|bytes| KeyFile::parse(&obj.path, &bytes))
                 .and_then(|kf| kf.unwrap_key(&obj.path, password));
@@ -287,12 +289,7 @@ impl Repository {
     /// Finds a snapshot by `latest` or a unique prefix of its hex ID.
     pub fn find_snapshot(&self, spec: &str) -> Result<(SnapshotId, Snapshot)> {
         let spec = spec.to_ascii_lowercase();
-        let all = self.storage.list("snapshots")?;
-        let candidates: Vec<&str> = all
-            .iter()
-            .filter_map(|o| o.path.rsplit('/').next())
-            .filter(|name| spec == "latest" || name.starts_with(&spec))
-            .collect();
+        // `latest` lists once, inside snapshots(): each listing is a round trip remotely.
         if spec == "latest" {
             let snaps = self.snapshots()?;
             return snaps
@@ -300,6 +297,9 @@ impl Repository {
                 .next_back()
                 .ok_or_else(|| Error::SnapshotSelect("the repository has no snapshots".into()));
         }
+        let all = self.storage.list("snapshots")?;
+        let candidates: Vec<&str> =
+            all.iter().filter_map(|o| o.path.rsplit('/').next()).filter(|name| name.starts_with(&spec)).collect();
         match candidates.as_slice() {
             [] => Err(Error::SnapshotSelect(format!("no snapshot matches {spec:?}; see `cairn snapshots`"))),
             [one] => {

@@ -86,12 +86,12 @@ impl Kind {
         }
     }
 
-    /// Requests in flight at most: twice the default, so the restore pipeline and tree loading
-    /// can overlap, except over SFTP, where each request slot may open an SSH connection.
+    /// Requests in flight at most, whatever concurrency a user asks for: generous for a disk
+    /// or an object store, but over SFTP each request slot may open an SSH connection.
     fn request_limit(self) -> usize {
         match self {
             Kind::Sftp => SFTP_CONCURRENCY,
-            k => 2 * k.concurrency(),
+            Kind::Local | Kind::S3 => 64,
         }
     }
 }
@@ -172,9 +172,9 @@ impl OpendalStorage {
     }
 
     /// Writes to `.tmp/NAME.RANDOM`, then renames into place. SFTP's rename refuses to replace
-    /// an existing file; every object Cairn rewrites under one name (locks) is deleted first,
-    /// and content-addressed objects with the same name hold the same bytes, so an existing
-    /// target means the object is already stored.
+    /// an existing file. Cairn never rewrites an object under its name (locks are refreshed
+    /// under new names), and content-addressed objects with the same name hold the same bytes,
+    /// so an existing target means the object is already stored.
     fn staged_write(&self, path: &str, data: Vec<u8>) -> Result<()> {
         let name = path.rsplit('/').next().unwrap_or(path);
         let tmp = format!(".tmp/{name}.{}", hex::encode(rand_bytes()));
