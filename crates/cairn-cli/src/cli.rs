@@ -413,13 +413,12 @@ fn run_backup(g: &Global, a: BackupArgs) -> Result<ExitCode> {
         if show_progress {
             s.spawn(|| crate::progress::backup(&progress, &done, g.json));
         }
-        let out = if a.stdin {
+        let _stop = crate::progress::StopOnDrop(&done);
+        if a.stdin {
             backup::backup_stdin(&repo, std::io::stdin().lock(), &a.stdin_filename, &opts, &progress)
         } else {
             backup::backup(&repo, &paths, &opts, &progress)
-        };
-        done.store(true, Ordering::Relaxed);
-        out
+        }
     })?;
     for w in &out.warnings {
         eprintln!("warning: {}: {}", w.path.display(), w.message);
@@ -562,8 +561,10 @@ fn run_restore(g: &Global, a: RestoreArgs) -> Result<ExitCode> {
     let done = AtomicBool::new(false);
     let result = std::thread::scope(|s| {
         let reporter = s.spawn(|| crate::progress::restore(&progress, &done, g.json));
-        let r = restore::restore(&repo, &snap, &id.short(), path, &a.target, &opts, &progress);
-        done.store(true, Ordering::Relaxed);
+        let r = {
+            let _stop = crate::progress::StopOnDrop(&done);
+            restore::restore(&repo, &snap, &id.short(), path, &a.target, &opts, &progress)
+        };
         reporter.join().expect("progress thread");
         r
     });

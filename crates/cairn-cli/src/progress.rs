@@ -10,6 +10,16 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::output::{bytes, count, rate};
 
+/// Tells a progress thread to stop when dropped, also when the work it watches unwinds, so a
+/// failure can never leave the command waiting for its progress display.
+pub struct StopOnDrop<'a>(pub &'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// Shows restore progress until `done`: a bar on a terminal, JSON lines with `--json`.
 pub fn restore(p: &Progress, done: &AtomicBool, json: bool) {
     let tty = std::io::stderr().is_terminal();
