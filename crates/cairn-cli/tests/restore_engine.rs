@@ -630,8 +630,8 @@ fn a_blob_needed_at_many_places_is_fetched_once() {
 /// every other file is restored exactly and no failed file is left behind.
 #[test]
 fn missing_pack_fails_only_its_files_among_many() {
-    // One directory (trees are stored after their directory's files, so its first pack holds
-    // data only) of files smaller than the smallest chunk: one blob each.
+    // One directory (trees and data are packed apart, so its packs hold data only) of files
+    // smaller than the smallest chunk: one blob each.
     let sizes: Vec<usize> = (0..200).map(|i| 4 * KIB + (i * 997) % (11 * KIB)).collect();
     let env = Env::new(
         |src| {
@@ -831,8 +831,8 @@ fn sigint_stops_cleanly_and_a_rerun_finishes_the_job() {
 #[test]
 fn stalled_tree_reads_are_reported_and_sigint_stops_them() {
     use std::io::BufRead;
-    let env = Env::new(|src| fs::write(src.join("f"), b"data").expect("write"), &[], &[]);
-    // Stall every read of the pack holding the trees.
+    // One packer thread: every tree lands in one tree pack, whose reads are stalled.
+    let env = Env::new(|src| fs::write(src.join("f"), b"data").expect("write"), &[], &["--threads", "1"]);
     let packs: Vec<String> =
         env.cairn.stored_blobs().into_iter().filter(|b| b.kind == BlobKind::Tree).map(|b| b.pack).collect();
     let pack = packs.first().expect("a tree pack").rsplit('/').next().expect("name").to_string();
