@@ -73,8 +73,8 @@ def ordered(results):
     ds_order, sc_order = {}, {}
     for res in results.values():
         ds_order.setdefault(res.dataset, len(ds_order))
-        sc_order.setdefault(res.scenario, len(sc_order))
-    return sorted(results.values(), key=lambda r: (ds_order[r.dataset], sc_order[r.scenario], not r.baseline))
+        sc_order.setdefault((res.dataset, res.scenario), len(sc_order))
+    return sorted(results.values(), key=lambda r: (ds_order[r.dataset], sc_order[r.dataset, r.scenario], not r.baseline))
 
 
 def rows(results):
