@@ -1020,3 +1020,17 @@ fn json_progress_summary_and_profile() {
         assert_eq!(nums.len(), 3, "{row}");
     }
 }
+
+/// `restore SNAP:DIR --target T` puts DIR's contents in T, and T takes DIR's own metadata
+/// (mode and times), set after its contents, as any other restored directory.
+#[test]
+fn restoring_a_directory_path_gives_the_target_its_metadata() {
+    let env = Env::new(standard_tree, &SMALL_REPO, &[]);
+    let t = env.path("t");
+    let spec = format!("latest:{}", env.src.display());
+    env.cairn.restore_with(&spec, &t, &[]);
+    let (want, got) = (fs::symlink_metadata(&env.src).expect("stat src"), fs::symlink_metadata(&t).expect("stat t"));
+    assert_eq!(got.mode() & 0o7777, want.mode() & 0o7777, "mode of the target");
+    assert_eq!((got.mtime(), got.mtime_nsec()), (want.mtime(), want.mtime_nsec()), "mtime of the target");
+    assert_same(&env.before, &scan(&t), true);
+}

@@ -309,11 +309,17 @@ pub fn restore(
 ) -> Result<RestoreOutcome> {
     let started = Instant::now();
     let base = path.map(|p| p.trim_end_matches('/')).filter(|p| !p.is_empty());
+    // `SNAP:DIR` restores DIR's contents into the target, which then takes DIR's metadata.
+    let mut target_node = None;
     let (top, into_dir) = match base {
         None => (Top::Tree(snapshot.tree), true),
         Some(p) => match plan::resolve(repo, &snapshot.tree, p, name)? {
             None => (Top::Tree(snapshot.tree), true),
-            Some(node) if node.kind == NodeKind::Dir => (Top::Tree(node.subtree.expect("validated dir")), true),
+            Some(node) if node.kind == NodeKind::Dir => {
+                let tree = Top::Tree(node.subtree.expect("validated dir"));
+                target_node = Some(node);
+                (tree, true)
+            }
             Some(node) => (Top::Node(Box::new(node)), false),
         },
     };
@@ -513,6 +519,11 @@ pub fn restore(
             if let Err(e) = finish::apply_to_path(&target.join(&entry.rel), &entry.node, is_root) {
                 sh.warn(entry.rel.clone(), e.to_string());
             }
+        }
+    }
+    if let Some(node) = &target_node {
+        if let Err(e) = finish::apply_to_path(target, node, is_root) {
+            sh.warn(PathBuf::from("."), e.to_string());
         }
     }
     phase.lap(&mut out.phases, "finish");
