@@ -87,8 +87,22 @@ pub struct Fetches {
     pub fetch_bytes: u64,
 }
 
-/// Reads with less than this gap between them are merged (the gap is read and dropped).
-const COALESCE_GAP: u64 = 64 * 1024;
+/// Reads with at most this gap between them are merged (the gap is read and dropped). On a
+/// local disk another read costs little, so little is read in vain (a partial restore of the
+/// Linux tree fetched 1.85x the changed chunks' bytes with 64 KiB); a remote request waits a
+/// round trip, worth 64 KiB of unneeded bytes.
+const LOCAL_GAP: u64 = 4 * 1024;
+/// See [`LOCAL_GAP`].
+const REMOTE_GAP: u64 = 64 * 1024;
+
+/// The coalescing gap for `repo`'s storage.
+fn coalesce_gap(repo: &Repository) -> u64 {
+    if repo.storage().is_remote() {
+        REMOTE_GAP
+    } else {
+        LOCAL_GAP
+    }
+}
 /// Largest single read.
 pub const MAX_READ: u64 = 8 * 1024 * 1024;
 
@@ -300,16 +314,17 @@ pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>], budg
             None => f.missing.extend(dests.iter().map(|d| (d.entry as usize, *id))),
         }
     }
-    f.reads = coalesce(located, budget);
+    f.reads = coalesce(located, budget, coalesce_gap(repo));
     f.fetch_bytes = f.reads.iter().map(|r| r.length).sum();
     f
 }
 
-/// Groups blob locations by pack, sorts them by offset and merges neighbours into ranged reads
+/// Groups blob locations by pack, sorts them by offset and merges neighbours at most `gap` bytes
+/// apart into ranged reads
 /// of at most [`MAX_READ`] bytes whose budget reservation (the range plus its plaintext) stays
 /// within `budget`, so a small `--max-memory` really bounds the bytes in flight. A blob that
 /// alone exceeds the budget is read on its own.
-pub fn coalesce(located: Vec<BlobLocation>, budget: u64) -> Vec<PackRead> {
+pub fn coalesce(located: Vec<BlobLocation>, budget: u64, gap: u64) -> Vec<PackRead> {
     let mut by_pack: BTreeMap<u32, (PackId, [u8; SALT_LEN], Vec<BlobEntry>)> = BTreeMap::new();
     for loc in located {
         by_pack.entry(loc.pack_no).or_insert_with(|| (loc.pack, loc.salt, Vec::new())).2.push(loc.entry);
@@ -323,7 +338,7 @@ pub fn coalesce(located: Vec<BlobLocation>, budget: u64) -> Vec<PackRead> {
             if let Some(r) = current.as_mut() {
                 let r_end = r.offset + r.length;
                 let reserved = end - r.offset + r.raw_bytes() + u64::from(b.raw_length);
-                if start >= r_end && start - r_end <= COALESCE_GAP && end - r.offset <= MAX_READ && reserved <= budget {
+                if start >= r_end && start - r_end <= gap && end - r.offset <= MAX_READ && reserved <= budget {
                     r.length = end - r.offset;
                     r.blobs.push(b);
                     continue;
@@ -362,7 +377,7 @@ pub fn load_trees(repo: &Repository, root: BlobId, threads: usize, loading: &Loa
                 .push(index.get(id).ok_or_else(|| Error::NotFound(format!("tree {} (not in any index)", id.short())))?);
         }
         drop(index);
-        let reads = coalesce(located, u64::MAX);
+        let reads = coalesce(located, u64::MAX, coalesce_gap(repo));
         let next = AtomicUsize::new(0);
         let loaded: Mutex<Vec<(BlobId, Tree)>> = Mutex::new(cached);
         let failed: Mutex<Option<Error>> = Mutex::new(None);
