@@ -20,17 +20,22 @@ impl Drop for StopOnDrop<'_> {
     }
 }
 
-/// Shows restore progress until `done`: a bar on a terminal, JSON lines with `--json`.
-pub fn restore(p: &Progress, done: &AtomicBool, json: bool) {
+/// A progress bar on stderr when it is a terminal and `--json` is off.
+fn terminal_bar(json: bool) -> Option<ProgressBar> {
     let tty = std::io::stderr().is_terminal();
-    let bar = (tty && !json).then(|| {
+    (tty && !json).then(|| {
         let bar = ProgressBar::new(0);
         bar.set_style(
             ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}")
                 .expect("valid template"),
         );
         bar
-    });
+    })
+}
+
+/// Shows restore progress until `done`: a bar on a terminal, JSON lines with `--json`.
+pub fn restore(p: &Progress, done: &AtomicBool, json: bool) {
+    let bar = terminal_bar(json);
     let started = Instant::now();
     let mut last_json = Instant::now();
     while !done.load(Ordering::Relaxed) {
@@ -152,15 +157,7 @@ pub fn print_dry_run(dry: &DryRun, out: &RestoreOutcome, json: bool) {
 /// Shows backup progress until `done`: on a terminal the files being read right now, files
 /// and bytes done of the pre-scan's totals, the rate and the time left; JSON lines with `--json`.
 pub fn backup(p: &backup::Progress, done: &AtomicBool, json: bool) {
-    let tty = std::io::stderr().is_terminal();
-    let bar = (tty && !json).then(|| {
-        let bar = ProgressBar::new(0);
-        bar.set_style(
-            ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}")
-                .expect("valid template"),
-        );
-        bar
-    });
+    let bar = terminal_bar(json);
     let started = Instant::now();
     let mut last_json = Instant::now();
     while !done.load(Ordering::Relaxed) {
