@@ -103,6 +103,7 @@ fn coalesce_gap(repo: &Repository) -> u64 {
         LOCAL_GAP
     }
 }
+
 /// Largest single read.
 pub const MAX_READ: u64 = 8 * 1024 * 1024;
 
@@ -320,10 +321,9 @@ pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>], budg
 }
 
 /// Groups blob locations by pack, sorts them by offset and merges neighbours at most `gap` bytes
-/// apart into ranged reads
-/// of at most [`MAX_READ`] bytes whose budget reservation (the range plus its plaintext) stays
-/// within `budget`, so a small `--max-memory` really bounds the bytes in flight. A blob that
-/// alone exceeds the budget is read on its own.
+/// apart into ranged reads of at most [`MAX_READ`] bytes whose budget reservation (the range
+/// plus its plaintext) stays within `budget`, so a small `--max-memory` really bounds the bytes
+/// in flight. A blob that alone exceeds the budget is read on its own.
 pub fn coalesce(located: Vec<BlobLocation>, budget: u64, gap: u64) -> Vec<PackRead> {
     let mut by_pack: BTreeMap<u32, (PackId, [u8; SALT_LEN], Vec<BlobEntry>)> = BTreeMap::new();
     for loc in located {
