@@ -93,6 +93,13 @@ pub struct BackupOptions {
     pub prescan: bool,
 }
 
+impl BackupOptions {
+    /// The host name the snapshot records, and that its parent must have been made on.
+    fn host(&self) -> String {
+        self.hostname.clone().unwrap_or_else(platform::hostname)
+    }
+}
+
 impl Default for BackupOptions {
     fn default() -> Self {
         BackupOptions {
@@ -196,8 +203,7 @@ pub fn backup(
     let filter = Filter::new(&opts.select)?;
     let selection = Selection::new(&abs);
     let snap_paths: Vec<String> = abs.iter().map(|p| p.to_string_lossy().into_owned()).collect();
-    let hostname = opts.hostname.clone().unwrap_or_else(platform::hostname);
-    let parent = parent::choose(repo, &opts.parent, &hostname, &snap_paths)?;
+    let parent = parent::choose(repo, &opts.parent, &opts.host(), &snap_paths)?;
     let parent_tree = parent.as_ref().map(|(_, s)| s.tree);
     let parent_id = parent.map(|(id, _)| id);
     run(repo, opts, progress, snap_paths, parent_id, |sh| {
@@ -301,7 +307,7 @@ fn run(
         time,
         tree: root,
         paths,
-        hostname: opts.hostname.clone().unwrap_or_else(platform::hostname),
+        hostname: opts.host(),
         username: platform::username(),
         uid: uzers::get_current_uid(),
         gid: uzers::get_current_gid(),
