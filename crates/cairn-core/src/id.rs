@@ -10,6 +10,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+/// A hash map keyed by IDs. IDs are already uniformly distributed hashes, so a fast seeded
+/// hasher (foldhash) replaces SipHash: a restore looks up every chunk's ID several times.
+pub type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// A hash set of IDs; see [`IdMap`].
+pub type IdSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+
 /// Length of every identifier in bytes.
 pub const ID_LEN: usize = 32;
 

@@ -2,7 +2,6 @@
 //! the repository already holds, or one another worker met first (in-flight dedup), is
 //! dropped at once; a new one goes to the packers through a bounded queue.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -10,7 +9,7 @@ use crossbeam_channel::Sender;
 
 use super::stopped;
 use crate::error::Result;
-use crate::id::BlobId;
+use crate::id::{BlobId, IdSet};
 use crate::pack::BlobKind;
 use crate::repository::Repository;
 
@@ -35,7 +34,7 @@ pub(super) struct BlobStore<'a> {
     repo: &'a Repository,
     jobs: Sender<Job>,
     /// Blobs this backup has queued: the in-flight dedup set.
-    seen: Mutex<HashSet<BlobId>>,
+    seen: Mutex<IdSet<BlobId>>,
     stats: &'a StoreStats,
     /// Count what would be added, store nothing (`--dry-run`).
     dry_run: bool,
@@ -44,7 +43,7 @@ pub(super) struct BlobStore<'a> {
 impl<'a> BlobStore<'a> {
     /// A store feeding `jobs`; dropping it tells the packers that no more blobs come.
     pub fn new(repo: &'a Repository, jobs: Sender<Job>, stats: &'a StoreStats, dry_run: bool) -> Self {
-        BlobStore { repo, jobs, seen: Mutex::new(HashSet::new()), stats, dry_run }
+        BlobStore { repo, jobs, seen: Mutex::new(IdSet::default()), stats, dry_run }
     }
 
     /// Stores a blob unless the repository has it or it is already on its way. Returns its ID.

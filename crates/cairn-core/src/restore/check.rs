@@ -9,6 +9,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::finish::{file_matches, path_matches};
 use super::plan::{chunk_offsets, Plan};
 use crate::chunker::is_zero;
 use crate::crypto::MasterKey;
@@ -94,10 +95,18 @@ pub struct NeededChunk {
     pub len: u32,
 }
 
-/// Checks every file entry against the target, on `threads` threads.
-pub fn check(target: &Path, plan: &Plan, key: &MasterKey, mode: Overwrite, threads: usize) -> Vec<FileState> {
+/// Checks every file entry against the target, on `threads` threads. Besides each file's
+/// state, says which complete files already carry their metadata (nothing left to do).
+pub fn check(
+    target: &Path,
+    plan: &Plan,
+    key: &MasterKey,
+    mode: Overwrite,
+    threads: usize,
+    is_root: bool,
+) -> (Vec<FileState>, Vec<bool>) {
     let next = AtomicUsize::new(0);
-    let slots: Vec<std::sync::Mutex<Option<FileState>>> =
+    let slots: Vec<std::sync::Mutex<Option<(FileState, bool)>>> =
         (0..plan.entries.len()).map(|_| std::sync::Mutex::new(None)).collect();
     std::thread::scope(|s| {
         for _ in 0..threads.max(1) {
@@ -109,45 +118,51 @@ pub fn check(target: &Path, plan: &Plan, key: &MasterKey, mode: Overwrite, threa
                 if entry.node.kind != NodeKind::File || entry.link_of.is_some() {
                     continue;
                 }
-                let st = check_file(&target.join(&entry.rel), &entry.node, key, mode);
+                let st = check_file(&target.join(&entry.rel), &entry.node, key, mode, is_root);
                 *slots[i].lock().expect("slot") = Some(st);
             });
         }
     });
-    slots.into_iter().map(|slot| slot.into_inner().expect("slot").unwrap_or(FileState::NotFile)).collect()
+    slots.into_iter().map(|slot| slot.into_inner().expect("slot").unwrap_or((FileState::NotFile, false))).unzip()
 }
 
-fn check_file(path: &Path, node: &Node, key: &MasterKey, mode: Overwrite) -> FileState {
+/// A file's state, and for a complete one whether its metadata matches too.
+fn check_file(path: &Path, node: &Node, key: &MasterKey, mode: Overwrite, is_root: bool) -> (FileState, bool) {
     let md = match std::fs::symlink_metadata(path) {
         Ok(md) => md,
-        Err(_) => return FileState::Create { clear: false },
+        Err(_) => return (FileState::Create { clear: false }, false),
     };
     // Not a plain file, or a file with other names (possibly outside the target): replace it,
     // never write through it.
     if !md.file_type().is_file() || md.nlink() > 1 {
-        return FileState::Create { clear: true };
+        return (FileState::Create { clear: true }, false);
     }
     let same_mtime = md.mtime() == node.mtime.secs && md.mtime_nsec() as u32 == node.mtime.nanos;
     match mode {
-        Overwrite::Never => return FileState::Skip,
+        Overwrite::Never => return (FileState::Skip, false),
         Overwrite::IfNewer => {
             let theirs = (md.mtime(), md.mtime_nsec() as u32);
             if theirs >= (node.mtime.secs, node.mtime.nanos) {
-                return FileState::Skip;
+                return (FileState::Skip, false);
             }
-            return FileState::Create { clear: true };
+            return (FileState::Create { clear: true }, false);
         }
         Overwrite::IfChanged => {
             if md.len() == node.size && same_mtime {
-                return FileState::Complete;
+                return (FileState::Complete, path_matches(path, &md, node, is_root));
             }
-            return FileState::Create { clear: true };
+            return (FileState::Create { clear: true }, false);
         }
         Overwrite::Always => {}
     }
-    match compare_content(path, node, key, md.len()) {
-        Ok(st) => st,
-        Err(_) => FileState::Create { clear: true },
+    let Ok(file) = open_noatime(path) else {
+        return (FileState::Create { clear: true }, false);
+    };
+    match compare_open(&file, node, key, md.len()) {
+        // The status was taken before reading, which leaves the access time alone (O_NOATIME).
+        Ok(FileState::Complete) => (FileState::Complete, file_matches(&file, &md, node, is_root)),
+        Ok(st) => (st, false),
+        Err(_) => (FileState::Create { clear: true }, false),
     }
 }
 
@@ -162,12 +177,11 @@ fn open_noatime(path: &Path) -> io::Result<File> {
 /// Compares the file at `path` with the node chunk by chunk.
 pub fn compare(path: &Path, node: &Node, key: &MasterKey) -> io::Result<FileState> {
     let size = std::fs::symlink_metadata(path)?.len();
-    compare_content(path, node, key, size)
+    compare_open(&open_noatime(path)?, node, key, size)
 }
 
-/// Compares an existing file of `size` bytes with the node chunk by chunk.
-fn compare_content(path: &Path, node: &Node, key: &MasterKey, size: u64) -> io::Result<FileState> {
-    let file = open_noatime(path)?;
+/// Compares an open file of `size` bytes with the node chunk by chunk.
+fn compare_open(file: &File, node: &Node, key: &MasterKey, size: u64) -> io::Result<FileState> {
     let mut needed = Vec::new();
     let mut zero_fix = Vec::new();
     let mut buf = Vec::new();
@@ -186,7 +200,7 @@ fn compare_content(path: &Path, node: &Node, key: &MasterKey, size: u64) -> io::
             }
             Chunk::Zero { len } => {
                 let end = (off + len).min(size);
-                if off < end && !region_is_zero(&file, off, end, &mut buf)? {
+                if off < end && !region_is_zero(file, off, end, &mut buf)? {
                     zero_fix.push((off, end - off));
                 }
             }

@@ -19,10 +19,12 @@ const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
 
 /// Something metadata can be applied to: an open file or a path (never followed).
 trait Target {
+    fn owner(&self) -> io::Result<(u32, u32)>;
     fn chown(&self, uid: u32, gid: u32) -> io::Result<()>;
     fn chmod(&self, mode: u32) -> io::Result<()>;
     fn set_times(&self, times: &[libc::timespec; 2]) -> io::Result<()>;
     fn list_xattrs(&self) -> io::Result<Vec<OsString>>;
+    fn get_xattr(&self, name: &OsStr) -> io::Result<Option<Vec<u8>>>;
     fn set_xattr(&self, name: &OsStr, value: &[u8]) -> io::Result<()>;
     fn remove_xattr(&self, name: &OsStr) -> io::Result<()>;
 }
@@ -35,6 +37,10 @@ fn check(rc: libc::c_int) -> io::Result<()> {
 }
 
 impl Target for File {
+    fn owner(&self) -> io::Result<(u32, u32)> {
+        let md = self.metadata()?;
+        Ok((md.uid(), md.gid()))
+    }
     fn chown(&self, uid: u32, gid: u32) -> io::Result<()> {
         // SAFETY: fchown on a descriptor we own.
         check(unsafe { libc::fchown(self.as_raw_fd(), uid, gid) })
@@ -50,6 +56,9 @@ impl Target for File {
     fn list_xattrs(&self) -> io::Result<Vec<OsString>> {
         Ok(xattr::FileExt::list_xattr(self)?.collect())
     }
+    fn get_xattr(&self, name: &OsStr) -> io::Result<Option<Vec<u8>>> {
+        xattr::FileExt::get_xattr(self, name)
+    }
     fn set_xattr(&self, name: &OsStr, value: &[u8]) -> io::Result<()> {
         xattr::FileExt::set_xattr(self, name, value)
     }
@@ -64,6 +73,10 @@ struct PathTarget<'a> {
 }
 
 impl Target for PathTarget<'_> {
+    fn owner(&self) -> io::Result<(u32, u32)> {
+        let md = std::fs::symlink_metadata(self.path)?;
+        Ok((md.uid(), md.gid()))
+    }
     fn chown(&self, uid: u32, gid: u32) -> io::Result<()> {
         // SAFETY: `c` is a valid path for the call.
         check(unsafe { libc::lchown(self.c.as_ptr(), uid, gid) })
@@ -78,6 +91,9 @@ impl Target for PathTarget<'_> {
     }
     fn list_xattrs(&self) -> io::Result<Vec<OsString>> {
         Ok(xattr::list(self.path)?.collect())
+    }
+    fn get_xattr(&self, name: &OsStr) -> io::Result<Option<Vec<u8>>> {
+        xattr::get(self.path, name)
     }
     fn set_xattr(&self, name: &OsStr, value: &[u8]) -> io::Result<()> {
         xattr::set(self.path, name, value)
@@ -147,7 +163,9 @@ fn apply(t: &impl Target, node: &Node, is_root: bool, created: Option<Created>) 
         None if !symlink || is_root => sync_xattrs(t, node).map_err(&xattr_err)?,
         None => {}
     }
-    if is_root {
+    // A file this restore created usually has the right owner already (root restoring root's
+    // files): a stat is much cheaper than a chown, which dirties the inode in the journal.
+    if is_root && (created.is_none() || t.owner().ok() != Some((node.uid, node.gid))) {
         t.chown(node.uid, node.gid).map_err(annotate("cannot change owner"))?;
     }
     // Creation already set the permission bits unless the umask took some away; setuid,
@@ -174,15 +192,26 @@ pub fn apply_to_file(file: &File, node: &Node, is_root: bool, created: Option<u3
 /// Applies `node`'s metadata to `path` (never followed), unless it already matches.
 pub fn apply_to_path(path: &Path, node: &Node, is_root: bool) -> io::Result<()> {
     let t = PathTarget { path, c: cstring(path)? };
-    if matches(&t, node, is_root)? {
+    if matches(&t, &std::fs::symlink_metadata(path)?, node, is_root)? {
         return Ok(());
     }
     apply(&t, node, is_root, None)
 }
 
-/// Whether the entry at the path already carries exactly the node's metadata.
-fn matches(t: &PathTarget<'_>, node: &Node, is_root: bool) -> io::Result<bool> {
-    let md = std::fs::symlink_metadata(t.path)?;
+/// Whether the open file `file`, whose status is `md`, already carries exactly the node's
+/// metadata (the check stage asks, so a no-op restore need not look at the file again).
+pub fn file_matches(file: &File, md: &std::fs::Metadata, node: &Node, is_root: bool) -> bool {
+    matches(file, md, node, is_root).unwrap_or(false)
+}
+
+/// [`file_matches`] for an entry at `path` (never followed).
+pub fn path_matches(path: &Path, md: &std::fs::Metadata, node: &Node, is_root: bool) -> bool {
+    let Ok(c) = cstring(path) else { return false };
+    matches(&PathTarget { path, c }, md, node, is_root).unwrap_or(false)
+}
+
+/// Whether the entry whose status is `md` already carries exactly the node's metadata.
+fn matches(t: &impl Target, md: &std::fs::Metadata, node: &Node, is_root: bool) -> io::Result<bool> {
     let same = (node.kind == NodeKind::Symlink || md.mode() & 0o7777 == node.mode)
         && (!is_root || (md.uid() == node.uid && md.gid() == node.gid))
         && md.mtime() == node.mtime.secs
@@ -202,13 +231,13 @@ fn matches(t: &PathTarget<'_>, node: &Node, is_root: bool) -> io::Result<bool> {
         return Ok(false);
     }
     for x in &node.xattrs {
-        if xattr::get(t.path, OsStr::from_bytes(&x.name))?.as_deref() != Some(&x.value[..]) {
+        if t.get_xattr(OsStr::from_bytes(&x.name))?.as_deref() != Some(&x.value[..]) {
             return Ok(false);
         }
     }
     for (name, value) in [(ACL_ACCESS, &node.acl_access), (ACL_DEFAULT, &node.acl_default)] {
         if let Some(v) = value {
-            if xattr::get(t.path, OsStr::from_bytes(name))?.as_deref() != Some(&v[..]) {
+            if t.get_xattr(OsStr::from_bytes(name))?.as_deref() != Some(&v[..]) {
                 return Ok(false);
             }
         }

@@ -33,7 +33,7 @@ pub use plan::{Filter, Plan};
 pub use profile::{StageTimes, STAGE_NAMES};
 
 use crate::error::{Error, Result};
-use crate::id::BlobId;
+use crate::id::{BlobId, IdMap};
 use crate::repository::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::{Chunk, Node, NodeKind};
@@ -221,7 +221,7 @@ impl PhaseClock {
 
 /// Failures collected while the pipeline runs.
 pub struct Failures<'a> {
-    dests: &'a HashMap<BlobId, Vec<plan::Dest>>,
+    dests: &'a IdMap<BlobId, Vec<plan::Dest>>,
     entries: Mutex<BTreeMap<usize, String>>,
 }
 
@@ -369,8 +369,9 @@ pub fn restore(
         }
     }
     phase.lap(&mut out_phases, "plan");
-    let states = if empty {
-        plan.entries
+    let (states, meta_ok) = if empty {
+        let states = plan
+            .entries
             .iter()
             .map(|e| {
                 if e.node.kind == NodeKind::File && e.link_of.is_none() {
@@ -379,10 +380,12 @@ pub fn restore(
                     FileState::NotFile
                 }
             })
-            .collect()
+            .collect();
+        (states, vec![false; plan.entries.len()])
     } else {
-        check::check(target, &plan, repo.key(), opts.overwrite, threads)
+        check::check(target, &plan, repo.key(), opts.overwrite, threads, is_root)
     };
+    let files_already_done = meta_ok.iter().filter(|&&ok| ok).count() as u64;
     let needed: Vec<Vec<check::NeededChunk>> =
         plan.entries.iter().zip(&states).map(|(e, s)| s.needed(&e.node)).collect();
     phase.lap(&mut out_phases, "check");
@@ -451,10 +454,11 @@ pub fn restore(
         clocks: Default::default(),
         remaining,
         sized: (0..plan.entries.len()).map(|_| AtomicBool::new(false)).collect(),
-        meta_done: (0..plan.entries.len()).map(|_| AtomicBool::new(false)).collect(),
+        // Files the check found complete with their metadata need nothing more.
+        meta_done: meta_ok.into_iter().map(AtomicBool::new).collect(),
         fetched: AtomicU64::new(0),
         written: AtomicU64::new(0),
-        files_done: AtomicU64::new(0),
+        files_done: AtomicU64::new(files_already_done),
         cancel,
         fatal: Mutex::new(None),
         warnings: Mutex::new(Vec::new()),
@@ -489,6 +493,7 @@ pub fn restore(
     }
     let base_done: u64 = out.bytes_in_place + out.bytes_zero;
     progress.done_bytes.store(base_done, Ordering::Relaxed);
+    progress.done_files.store(files_already_done, Ordering::Relaxed);
 
     phase.lap(&mut out.phases, "create");
     run_pipeline(&sh, opts, progress, base_done, &mut out.stalls);

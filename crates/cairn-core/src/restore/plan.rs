@@ -17,7 +17,7 @@ use globset::{Glob, GlobSet, GlobSetBuilder};
 use super::check::NeededChunk;
 use crate::crypto::SALT_LEN;
 use crate::error::{Error, Result};
-use crate::id::{BlobId, PackId};
+use crate::id::{BlobId, IdMap, PackId};
 use crate::index::BlobLocation;
 use crate::pack::{decode_blob, pack_path, BlobEntry};
 use crate::repository::Repository;
@@ -76,7 +76,7 @@ pub struct Plan {
 #[derive(Debug, Default)]
 pub struct Fetches {
     /// Destinations of every blob to fetch.
-    pub dests: HashMap<BlobId, Vec<Dest>>,
+    pub dests: IdMap<BlobId, Vec<Dest>>,
     /// The reads that fetch them.
     pub reads: Vec<PackRead>,
     /// Blobs a file needs that no index lists: `(entry, blob)`.
@@ -186,7 +186,7 @@ struct Builder<'a> {
     plan: Plan,
     links: HashMap<(u64, u64), usize>,
     depth: usize,
-    trees: HashMap<BlobId, Tree>,
+    trees: IdMap<BlobId, Tree>,
 }
 
 /// Deepest directory nesting a restore accepts (a path that deep is already longer than
@@ -214,7 +214,7 @@ pub fn build(
 ) -> Result<Plan> {
     let trees = match &top {
         Top::Tree(id) => load_trees(repo, *id, threads, loading)?,
-        Top::Node(_) => HashMap::new(),
+        Top::Node(_) => IdMap::default(),
     };
     let mut b = Builder { repo, filter, plan: Plan::default(), links: HashMap::new(), depth: 0, trees };
     match top {
@@ -297,11 +297,13 @@ pub fn chunk_offsets(content: &[Chunk]) -> impl Iterator<Item = (u64, &Chunk)> {
 pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>], budget: u64) -> Fetches {
     let mut f = Fetches::default();
     let index = repo.index();
+    // Each distinct blob is looked up once.
+    let mut location: IdMap<BlobId, Option<BlobLocation>> = IdMap::default();
     for (i, chunks) in needed.iter().enumerate() {
         for c in chunks {
             // A tree whose chunk length disagrees with the blob would make a file of the wrong
             // size: that file fails instead.
-            match index.get(&c.id) {
+            match *location.entry(c.id).or_insert_with(|| index.get(&c.id)) {
                 Some(loc) if loc.entry.raw_length != c.len => f.mismatched.push((i, c.id)),
                 _ => f.dests.entry(c.id).or_default().push(Dest { entry: i as u32, offset: c.offset }),
             }
@@ -310,7 +312,7 @@ pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>], budg
     debug_assert_eq!(needed.len(), plan.entries.len());
     let mut located = Vec::with_capacity(f.dests.len());
     for (id, dests) in &f.dests {
-        match index.get(id) {
+        match location[id] {
             Some(loc) => located.push(loc),
             None => f.missing.extend(dests.iter().map(|d| (d.entry as usize, *id))),
         }
@@ -333,19 +335,22 @@ pub fn coalesce(located: Vec<BlobLocation>, budget: u64, gap: u64) -> Vec<PackRe
     for (_, (pack, salt, mut blobs)) in by_pack {
         blobs.sort_by_key(|b| b.offset);
         let mut current: Option<PackRead> = None;
+        let mut raw = 0; // plaintext bytes of `current`'s blobs
         for b in blobs {
             let (start, end) = (u64::from(b.offset), u64::from(b.offset) + u64::from(b.length));
             if let Some(r) = current.as_mut() {
                 let r_end = r.offset + r.length;
-                let reserved = end - r.offset + r.raw_bytes() + u64::from(b.raw_length);
+                let reserved = end - r.offset + raw + u64::from(b.raw_length);
                 if start >= r_end && start - r_end <= gap && end - r.offset <= MAX_READ && reserved <= budget {
                     r.length = end - r.offset;
                     r.blobs.push(b);
+                    raw += u64::from(b.raw_length);
                     continue;
                 }
                 reads.push(current.take().expect("current read"));
             }
             current = Some(PackRead { pack, salt, offset: start, length: end - start, blobs: vec![b] });
+            raw = u64::from(b.raw_length);
         }
         reads.extend(current);
     }
@@ -354,8 +359,8 @@ pub fn coalesce(located: Vec<BlobLocation>, budget: u64, gap: u64) -> Vec<PackRe
 
 /// Loads every tree below `root` ahead of planning: level by level, each level's tree blobs
 /// fetched with coalesced ranged reads on `threads` threads.
-pub fn load_trees(repo: &Repository, root: BlobId, threads: usize, loading: &Loading) -> Result<HashMap<BlobId, Tree>> {
-    let mut trees: HashMap<BlobId, Tree> = HashMap::new();
+pub fn load_trees(repo: &Repository, root: BlobId, threads: usize, loading: &Loading) -> Result<IdMap<BlobId, Tree>> {
+    let mut trees: IdMap<BlobId, Tree> = IdMap::default();
     let mut level = vec![root];
     for depth in 0.. {
         if level.is_empty() {
