@@ -3,10 +3,11 @@
 
 use std::io::Read;
 
-use fastcdc::v2020::{Error as CdcError, FastCDC, Normalization, StreamCDC};
+use fastcdc::v2020::{FastCDC, Normalization};
 
-/// Inputs up to this size are chunked in memory.
-const IN_MEMORY_LIMIT: u64 = 16 * 1024 * 1024;
+/// Content-defined chunking reads windows of at least this size (and twice the largest
+/// chunk); a smaller input is read whole into a buffer of its own size.
+const WINDOW_MIN: u64 = 16 * 1024 * 1024;
 
 use crate::config::ChunkerParams;
 
@@ -29,45 +30,43 @@ impl ChunkerKind {
         mut each: impl FnMut(Vec<u8>) -> Result<(), E>,
     ) -> Result<(), E> {
         match *self {
-            // Small inputs are read whole and cut in memory: the streaming chunker zeroes a
-            // max-size buffer per input, which dominates for many small files.
-            ChunkerKind::Cdc(p) if len <= IN_MEMORY_LIMIT => {
-                let mut buf = Vec::with_capacity(len as usize);
-                reader.read_to_end(&mut buf)?;
-                if buf.len() <= p.min_size as usize {
-                    return if buf.is_empty() { Ok(()) } else { each(buf) };
-                }
-                let cuts = FastCDC::with_level_and_seed(
-                    &buf,
-                    p.min_size,
-                    p.avg_size,
-                    p.max_size,
-                    Normalization::Level1,
-                    p.seed,
-                );
-                for c in cuts {
-                    each(buf[c.offset..c.offset + c.length].to_vec())?;
-                }
-                Ok(())
-            }
             ChunkerKind::Cdc(p) => {
-                let cdc = StreamCDC::with_level_and_seed(
-                    reader,
-                    p.min_size,
-                    p.avg_size,
-                    p.max_size,
-                    Normalization::Level1,
-                    p.seed,
-                );
-                for chunk in cdc {
-                    match chunk {
-                        Ok(c) => each(c.data)?,
-                        Err(CdcError::IoError(e)) => return Err(e.into()),
-                        Err(CdcError::Empty) => break,
-                        Err(CdcError::Other(msg)) => return Err(std::io::Error::other(msg).into()),
+                // The input is cut window by window in memory. A cut before the window's end is
+                // the cut the whole input would have (FastCDC looks only at the bytes since the
+                // previous cut); the bytes after the window's last real cut are carried into the
+                // next window, so each byte moves at most once. (fastcdc's StreamCDC shifts its
+                // whole buffer after every chunk: 13% of a disk image backup's CPU.)
+                let window = (2 * p.max_size as u64).max(WINDOW_MIN);
+                let mut buf = Vec::with_capacity(len.saturating_add(1).min(window) as usize);
+                loop {
+                    let want = window - buf.len() as u64;
+                    let eof = (&mut reader).take(want).read_to_end(&mut buf)? < want as usize;
+                    if buf.len() <= p.min_size as usize {
+                        // Too short to cut (only at the end of the input).
+                        return if buf.is_empty() { Ok(()) } else { each(buf) };
                     }
+                    let mut done = 0;
+                    let cuts = FastCDC::with_level_and_seed(
+                        &buf,
+                        p.min_size,
+                        p.avg_size,
+                        p.max_size,
+                        Normalization::Level1,
+                        p.seed,
+                    );
+                    for c in cuts {
+                        let end = c.offset + c.length;
+                        if end == buf.len() && !eof && c.length < p.max_size as usize {
+                            break; // the window ended, not the chunk
+                        }
+                        each(buf[c.offset..end].to_vec())?;
+                        done = end;
+                    }
+                    if eof {
+                        return Ok(());
+                    }
+                    buf.drain(..done);
                 }
-                Ok(())
             }
             ChunkerKind::Fixed(size) => loop {
                 let mut buf = Vec::with_capacity(size as usize);
@@ -145,6 +144,53 @@ mod tests {
             })
             .unwrap();
         assert_eq!(small, streamed);
+    }
+
+    /// A reader that hands out at most 7,777 bytes per call, like a pipe.
+    struct Trickle<'a>(&'a [u8]);
+
+    impl Read for Trickle<'_> {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            let n = out.len().min(self.0.len()).min(7_777);
+            out[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn windows_cut_like_the_whole_input_and_like_fastcdc_streaming() {
+        // Larger than two windows, so cuts carried across window ends are exercised, with
+        // chunk sizes small enough for thousands of cuts; each repository made before the
+        // windowed chunker cut large files with fastcdc's StreamCDC, and dedup needs the same cuts.
+        let p = ChunkerParams { min_size: 2048, avg_size: 8192, max_size: 65536, seed: 11 };
+        let mut data: Vec<u8> = (0..40_000_000u32).map(|i| (i.wrapping_mul(2654435761) >> 7) as u8).collect();
+        data[20_000_000..20_300_000].fill(0); // a run that forces max-size cuts near a window end
+        let mut windowed = Vec::new();
+        ChunkerKind::Cdc(p)
+            .chunk(Trickle(&data), u64::MAX, |c| -> std::io::Result<()> {
+                windowed.push(c.len());
+                Ok(())
+            })
+            .unwrap();
+        let whole: Vec<usize> =
+            FastCDC::with_level_and_seed(&data, p.min_size, p.avg_size, p.max_size, Normalization::Level1, p.seed)
+                .map(|c| c.length)
+                .collect();
+        let streamed: Vec<usize> = fastcdc::v2020::StreamCDC::with_level_and_seed(
+            &data[..],
+            p.min_size,
+            p.avg_size,
+            p.max_size,
+            Normalization::Level1,
+            p.seed,
+        )
+        .map(|c| c.unwrap().length)
+        .collect();
+        assert_eq!(windowed.iter().sum::<usize>(), data.len());
+        assert!(windowed.len() > 1000);
+        assert_eq!(windowed, whole);
+        assert_eq!(windowed, streamed);
     }
 
     #[test]
