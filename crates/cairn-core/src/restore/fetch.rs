@@ -1,7 +1,6 @@
 //! Fetch stage: many ranged reads of packs in flight, each reserved against the memory budget
-//! first; each read is then cut into its blobs.
+//! first. A read goes to the decode stage whole, with the blobs it covers.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -11,29 +10,27 @@ use super::plan::PackRead;
 use super::profile::work;
 use super::Shared;
 use crate::crypto::ObjectKey;
-use crate::pack::{pack_path, BlobEntry};
+use crate::pack::pack_path;
 
-/// One blob as read from storage, still encrypted.
+/// One ranged read of a pack, still encrypted.
 pub struct Fetched<'b> {
-    /// Its pack entry.
-    pub entry: BlobEntry,
+    /// What was read: the pack, the range and the blobs in it.
+    pub read: &'b PackRead,
     /// The pack's key.
-    pub key: Arc<ObjectKey>,
+    pub key: ObjectKey,
     /// The pack's path, for errors.
-    pub pack: Arc<str>,
-    /// The whole range read, shared by its blobs.
-    pub range: Arc<Vec<u8>>,
-    /// Where this blob starts in `range`.
-    pub start: usize,
-    /// Budget for the plaintext this blob decodes to (the range's own share is released when
-    /// the last blob of the range is decoded).
-    pub reservation: Reservation<'b>,
-    /// Keeps the range's budget until every blob of it is decoded.
-    pub range_reservation: Arc<Reservation<'b>>,
+    pub pack: String,
+    /// The bytes read (each blob is decrypted in place).
+    pub range: Vec<u8>,
+    /// Budget for the range, released once its blobs are decoded.
+    pub range_reservation: Reservation<'b>,
+    /// Budget for each blob's plaintext, in the order of `read.blobs`; released as each blob
+    /// has been written everywhere.
+    pub blob_reservations: Vec<Reservation<'b>>,
 }
 
 /// Runs until `reads` is drained, the pipeline is cancelled, or `out` is closed.
-pub fn fetch_worker<'s>(sh: &'s Shared<'_>, reads: Receiver<&PackRead>, out: Sender<Fetched<'s>>) {
+pub fn fetch_worker<'s>(sh: &'s Shared<'_>, reads: Receiver<&'s PackRead>, out: Sender<Fetched<'s>>) {
     let clock = &sh.clocks[0];
     loop {
         let t = Instant::now();
@@ -42,11 +39,11 @@ pub fn fetch_worker<'s>(sh: &'s Shared<'_>, reads: Receiver<&PackRead>, out: Sen
         if sh.cancelled() {
             return;
         }
-        let Some(mut reservation) = sh.budget.reserve(read.length + read.raw_bytes(), || sh.cancelled()) else {
+        let Some(mut range_reservation) = sh.budget.reserve(read.length + read.raw_bytes(), || sh.cancelled()) else {
             return;
         };
-        let path: Arc<str> = pack_path(&read.pack).into();
-        let bytes = match work(clock, || sh.repo.read_pack_range(&path, read.offset, read.length)) {
+        let pack = pack_path(&read.pack);
+        let range = match work(clock, || sh.repo.read_pack_range(&pack, read.offset, read.length)) {
             Ok(b) => b,
             Err(e) => {
                 for b in &read.blobs {
@@ -56,26 +53,13 @@ pub fn fetch_worker<'s>(sh: &'s Shared<'_>, reads: Receiver<&PackRead>, out: Sen
             }
         };
         sh.fetched.fetch_add(read.length, std::sync::atomic::Ordering::Relaxed);
-        let key = Arc::new(sh.repo.key().object_key(&read.salt));
-        let range = Arc::new(bytes);
-        let blob_parts: Vec<Reservation<'s>> =
-            read.blobs.iter().map(|b| reservation.split(u64::from(b.raw_length))).collect();
-        let range_reservation = Arc::new(reservation);
-        for (b, part) in read.blobs.iter().zip(blob_parts) {
-            let job = Fetched {
-                entry: *b,
-                key: key.clone(),
-                pack: path.clone(),
-                range: range.clone(),
-                start: (u64::from(b.offset) - read.offset) as usize,
-                reservation: part,
-                range_reservation: range_reservation.clone(),
-            };
-            let t = Instant::now();
-            if out.send(job).is_err() {
-                return;
-            }
-            clock.blocked(t);
+        let blob_reservations = read.blobs.iter().map(|b| range_reservation.split(u64::from(b.raw_length))).collect();
+        let key = sh.repo.key().object_key(&read.salt);
+        let job = Fetched { read, key, pack, range, range_reservation, blob_reservations };
+        let t = Instant::now();
+        if out.send(job).is_err() {
+            return;
         }
+        clock.blocked(t);
     }
 }

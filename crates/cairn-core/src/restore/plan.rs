@@ -104,7 +104,8 @@ fn coalesce_gap(repo: &Repository) -> u64 {
     }
 }
 
-/// Largest single read.
+/// Largest single read, and most plaintext one read decodes to (a read is decoded and written
+/// as one batch).
 pub const MAX_READ: u64 = 8 * 1024 * 1024;
 
 /// Which snapshot paths a restore takes.
@@ -323,9 +324,9 @@ pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>], budg
 }
 
 /// Groups blob locations by pack, sorts them by offset and merges neighbours at most `gap` bytes
-/// apart into ranged reads of at most [`MAX_READ`] bytes whose budget reservation (the range
-/// plus its plaintext) stays within `budget`, so a small `--max-memory` really bounds the bytes
-/// in flight. A blob that alone exceeds the budget is read on its own.
+/// apart into ranged reads of at most [`MAX_READ`] bytes (stored, and decoded) whose budget
+/// reservation (the range plus its plaintext) stays within `budget`, so a small `--max-memory`
+/// really bounds the bytes in flight. A blob that alone exceeds the budget is read on its own.
 pub fn coalesce(located: Vec<BlobLocation>, budget: u64, gap: u64) -> Vec<PackRead> {
     let mut by_pack: BTreeMap<u32, (PackId, [u8; SALT_LEN], Vec<BlobEntry>)> = BTreeMap::new();
     for loc in located {
@@ -341,7 +342,8 @@ pub fn coalesce(located: Vec<BlobLocation>, budget: u64, gap: u64) -> Vec<PackRe
             if let Some(r) = current.as_mut() {
                 let r_end = r.offset + r.length;
                 let reserved = end - r.offset + raw + u64::from(b.raw_length);
-                if start >= r_end && start - r_end <= gap && end - r.offset <= MAX_READ && reserved <= budget {
+                let fits = end - r.offset <= MAX_READ && raw + u64::from(b.raw_length) <= MAX_READ;
+                if start >= r_end && start - r_end <= gap && fits && reserved <= budget {
                     r.length = end - r.offset;
                     r.blobs.push(b);
                     raw += u64::from(b.raw_length);
@@ -449,4 +451,55 @@ fn read_trees(repo: &Repository, read: &PackRead) -> Result<Vec<(BlobId, Tree)>>
             })
             .collect()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::Codec;
+    use crate::pack::BlobKind;
+
+    /// Blob `n` of pack 0 at `offset`, stored in `length` bytes, decoding to `raw` bytes.
+    fn at(n: u8, offset: u32, length: u32, raw: u32) -> BlobLocation {
+        let entry = BlobEntry {
+            id: BlobId([n; 32]),
+            kind: BlobKind::Data,
+            codec: Codec::Zstd(1),
+            offset,
+            length,
+            raw_length: raw,
+        };
+        BlobLocation { pack: PackId([0; 32]), pack_no: 0, salt: [0; SALT_LEN], entry }
+    }
+
+    fn shape(reads: &[PackRead]) -> Vec<(u64, u64, usize)> {
+        reads.iter().map(|r| (r.offset, r.length, r.blobs.len())).collect()
+    }
+
+    #[test]
+    fn neighbours_merge_across_small_gaps_only() {
+        let locs = vec![at(3, 20_000, 100, 100), at(1, 0, 1000, 1000), at(2, 1000 + 4096, 100, 100)];
+        let reads = coalesce(locs, u64::MAX, 4096);
+        // Sorted by offset; the 4 KiB gap is read, the larger one is not.
+        assert_eq!(shape(&reads), [(0, 5196, 2), (20_000, 100, 1)]);
+    }
+
+    #[test]
+    fn a_read_decodes_to_at_most_max_read_bytes() {
+        // Highly compressible blobs: 1 MiB stored each, 3 MiB of plaintext each.
+        let mib = 1 << 20;
+        let locs: Vec<_> = (0..6).map(|i| at(i, u32::from(i) * mib, mib, 3 * mib)).collect();
+        let reads = coalesce(locs, u64::MAX, 0);
+        assert_eq!(reads.iter().map(|r| r.blobs.len()).collect::<Vec<_>>(), [2, 2, 2]);
+        assert!(reads.iter().all(|r| r.raw_bytes() <= MAX_READ));
+    }
+
+    #[test]
+    fn a_small_budget_splits_reads_but_never_drops_a_blob() {
+        let locs: Vec<_> = (0..4).map(|i| at(i, u32::from(i) * 1000, 1000, 1000)).collect();
+        // Range plus plaintext of two blobs is 4000 bytes.
+        assert_eq!(shape(&coalesce(locs.clone(), 4000, 0)), [(0, 2000, 2), (2000, 2000, 2)]);
+        // A budget smaller than one blob: each is read alone.
+        assert_eq!(coalesce(locs, 1, 0).len(), 4);
+    }
 }

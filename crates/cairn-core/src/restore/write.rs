@@ -21,30 +21,32 @@ use super::{is_fatal, Shared, Sparse};
 use crate::chunker::is_zero;
 
 /// Runs until `input` is drained.
-pub fn write_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Decoded<'s>>) {
+pub fn write_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Vec<Decoded<'s>>>) {
     let clock = &sh.clocks[2];
     loop {
         let t = Instant::now();
-        let Ok(blob) = input.recv() else { return };
+        let Ok(batch) = input.recv() else { return };
         clock.idle(t);
-        if sh.cancelled() {
-            continue;
-        }
-        let Some(dests) = sh.fetches.dests.get(&blob.id) else {
-            continue;
-        };
-        work(clock, || {
-            for d in dests {
-                if let Err(e) = write_one(sh, d, &blob.data) {
-                    if is_fatal(&e) {
-                        sh.fatal(sh.target.join(&sh.plan.entries[d.entry as usize].rel), e);
-                        return;
-                    }
-                    sh.failures.entry(d.entry as usize, &format!("cannot write: {e}"));
-                }
+        for blob in batch {
+            if sh.cancelled() {
+                break;
             }
-        });
-        drop(blob.reservation); // written everywhere: its bytes leave the budget
+            let Some(dests) = sh.fetches.dests.get(&blob.id) else {
+                continue;
+            };
+            work(clock, || {
+                for d in dests {
+                    if let Err(e) = write_one(sh, d, &blob.data) {
+                        if is_fatal(&e) {
+                            sh.fatal(sh.target.join(&sh.plan.entries[d.entry as usize].rel), e);
+                            return;
+                        }
+                        sh.failures.entry(d.entry as usize, &format!("cannot write: {e}"));
+                    }
+                }
+            });
+            drop(blob.reservation); // written everywhere: its bytes leave the budget
+        }
     }
 }
 

@@ -216,6 +216,31 @@ fn install_http_transport() -> Result<()> {
         .map_err(|e| Error::Usage(format!("cannot set up HTTP: {e}")))
 }
 
+impl OpendalStorage {
+    /// A ranged read of a local file, straight into the returned buffer. (OpenDAL's fs reader
+    /// zeroes a buffer, fills it on the runtime's thread and returns it to be copied once more:
+    /// 9% of the CPU of restoring 1 GB of 1 MB files.)
+    fn read_local_range(&self, path: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        use std::io::{Read, Seek, SeekFrom};
+        let full = std::path::Path::new(&*self.location).join(path);
+        let failed = |e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::NotFound(path.to_string()),
+            _ => Error::io(&full, "cannot read", e),
+        };
+        let mut file = std::fs::File::open(&full).map_err(failed)?;
+        file.seek(SeekFrom::Start(offset)).map_err(failed)?;
+        let mut buf = Vec::with_capacity(len as usize);
+        file.take(len).read_to_end(&mut buf).map_err(failed)?;
+        if buf.len() as u64 != len {
+            return Err(Error::corrupt(
+                path,
+                format!("truncated: wanted {len} bytes at offset {offset}, got {}", buf.len()),
+            ));
+        }
+        Ok(buf)
+    }
+}
+
 fn storage_err(op: &'static str, path: &str, source: opendal::Error) -> Error {
     if source.kind() == ErrorKind::NotFound {
         Error::NotFound(path.to_string())
@@ -243,6 +268,9 @@ impl Storage for OpendalStorage {
     }
 
     fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        if self.kind == Kind::Local {
+            return self.read_local_range(path, offset, len);
+        }
         let opts = ReadOptions { range: (offset..offset + len).into(), ..Default::default() };
         let buf = self.op.read_options(path, opts).map_err(|e| match e.kind() {
             ErrorKind::RangeNotSatisfied => Error::corrupt(path, "truncated (range past the end)"),
