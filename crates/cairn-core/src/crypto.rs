@@ -75,6 +75,11 @@ impl MasterKey {
         BlobId(*blake3::keyed_hash(&self.chunk_id, plaintext).as_bytes())
     }
 
+    /// A hasher computing [`MasterKey::blob_id`] of plaintext fed to it piece by piece.
+    pub fn blob_hasher(&self) -> blake3::Hasher {
+        blake3::Hasher::new_keyed(&self.chunk_id)
+    }
+
     /// The AES-256-GCM key for the object (pack or sealed file) with this salt.
     pub fn object_key(&self, salt: &[u8; SALT_LEN]) -> ObjectKey {
         ObjectKey::new(blake3::keyed_hash(&self.encryption, salt).as_bytes())

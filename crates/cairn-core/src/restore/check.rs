@@ -3,12 +3,13 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::dirs::ParentDirs;
 use super::finish::{file_matches, path_matches};
 use super::plan::{chunk_offsets, Plan};
 use crate::chunker::is_zero;
@@ -110,58 +111,73 @@ pub fn check(
         (0..plan.entries.len()).map(|_| std::sync::Mutex::new(None)).collect();
     std::thread::scope(|s| {
         for _ in 0..threads.max(1) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(entry) = plan.entries.get(i) else {
-                    break;
-                };
-                if entry.node.kind != NodeKind::File || entry.link_of.is_some() {
-                    continue;
+            s.spawn(|| {
+                let mut here = Here { dirs: ParentDirs::new(target), buf: Vec::new() };
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(entry) = plan.entries.get(i) else {
+                        break;
+                    };
+                    if entry.node.kind != NodeKind::File || entry.link_of.is_some() {
+                        continue;
+                    }
+                    let st = check_file(&mut here, target, &entry.rel, &entry.node, key, mode, is_root);
+                    *slots[i].lock().expect("slot") = Some(st);
                 }
-                let st = check_file(&target.join(&entry.rel), &entry.node, key, mode, is_root);
-                *slots[i].lock().expect("slot") = Some(st);
             });
         }
     });
     slots.into_iter().map(|slot| slot.into_inner().expect("slot").unwrap_or((FileState::NotFile, false))).unzip()
 }
 
-/// A file's state, and for a complete one whether its metadata matches too.
-fn check_file(path: &Path, node: &Node, key: &MasterKey, mode: Overwrite, is_root: bool) -> (FileState, bool) {
-    let md = match std::fs::symlink_metadata(path) {
-        Ok(md) => md,
-        Err(_) => return (FileState::Create { clear: false }, false),
+/// A check worker's open directory and read buffer, reused from file to file.
+struct Here<'t> {
+    dirs: ParentDirs<'t>,
+    buf: Vec<u8>,
+}
+
+/// The state of the file at `rel` (below `target`), and for a complete one whether its
+/// metadata matches too.
+fn check_file(
+    here: &mut Here<'_>,
+    target: &Path,
+    rel: &Path,
+    node: &Node,
+    key: &MasterKey,
+    mode: Overwrite,
+    is_root: bool,
+) -> (FileState, bool) {
+    let Ok(st) = here.dirs.status(rel) else {
+        return (FileState::Create { clear: false }, false);
     };
     // Not a plain file, or a file with other names (possibly outside the target): replace it,
     // never write through it.
-    if !md.file_type().is_file() || md.nlink() > 1 {
+    if !st.is_file() || st.nlink > 1 {
         return (FileState::Create { clear: true }, false);
     }
-    let same_mtime = md.mtime() == node.mtime.secs && md.mtime_nsec() as u32 == node.mtime.nanos;
     match mode {
         Overwrite::Never => return (FileState::Skip, false),
         Overwrite::IfNewer => {
-            let theirs = (md.mtime(), md.mtime_nsec() as u32);
-            if theirs >= (node.mtime.secs, node.mtime.nanos) {
+            if st.mtime >= node.mtime {
                 return (FileState::Skip, false);
             }
             return (FileState::Create { clear: true }, false);
         }
         Overwrite::IfChanged => {
-            if md.len() == node.size && same_mtime {
-                return (FileState::Complete, path_matches(path, &md, node, is_root));
+            if st.size == node.size && st.mtime == node.mtime {
+                return (FileState::Complete, path_matches(&target.join(rel), &st, node, is_root));
             }
             return (FileState::Create { clear: true }, false);
         }
         Overwrite::Always => {}
     }
-    let Ok(file) = open_noatime(path) else {
+    let Ok(file) = here.dirs.open_read(rel) else {
         return (FileState::Create { clear: true }, false);
     };
-    match compare_open(&file, node, key, md.len()) {
+    match compare_open(&file, node, key, st.size, &mut here.buf) {
         // The status was taken before reading, which leaves the access time alone (O_NOATIME).
-        Ok(FileState::Complete) => (FileState::Complete, file_matches(&file, &md, node, is_root)),
-        Ok(st) => (st, false),
+        Ok(FileState::Complete) => (FileState::Complete, file_matches(&file, &st, node, is_root)),
+        Ok(state) => (state, false),
         Err(_) => (FileState::Create { clear: true }, false),
     }
 }
@@ -177,14 +193,13 @@ fn open_noatime(path: &Path) -> io::Result<File> {
 /// Compares the file at `path` with the node chunk by chunk.
 pub fn compare(path: &Path, node: &Node, key: &MasterKey) -> io::Result<FileState> {
     let size = std::fs::symlink_metadata(path)?.len();
-    compare_open(&open_noatime(path)?, node, key, size)
+    compare_open(&open_noatime(path)?, node, key, size, &mut Vec::new())
 }
 
 /// Compares an open file of `size` bytes with the node chunk by chunk.
-fn compare_open(file: &File, node: &Node, key: &MasterKey, size: u64) -> io::Result<FileState> {
+fn compare_open(file: &File, node: &Node, key: &MasterKey, size: u64, buf: &mut Vec<u8>) -> io::Result<FileState> {
     let mut needed = Vec::new();
     let mut zero_fix = Vec::new();
-    let mut buf = Vec::new();
     for (off, chunk) in chunk_offsets(&node.content) {
         match *chunk {
             Chunk::Data { id, len } => {
@@ -192,15 +207,13 @@ fn compare_open(file: &File, node: &Node, key: &MasterKey, size: u64) -> io::Res
                     needed.push(NeededChunk { offset: off, id, len });
                     continue;
                 }
-                buf.resize(len as usize, 0);
-                file.read_exact_at(&mut buf, off)?;
-                if key.blob_id(&buf) != id {
+                if chunk_id(file, off, len, key, buf)? != id {
                     needed.push(NeededChunk { offset: off, id, len });
                 }
             }
             Chunk::Zero { len } => {
                 let end = (off + len).min(size);
-                if off < end && !region_is_zero(file, off, end, &mut buf)? {
+                if off < end && !region_is_zero(file, off, end, buf)? {
                     zero_fix.push((off, end - off));
                 }
             }
@@ -211,6 +224,29 @@ fn compare_open(file: &File, node: &Node, key: &MasterKey, size: u64) -> io::Res
         return Ok(FileState::Complete);
     }
     Ok(FileState::InPlace { needed, zero_fix, resize })
+}
+
+/// Reads a piece at a time into a buffer that stays in the CPU cache while it is hashed: with
+/// whole chunks (up to 8 MiB) the copy from the page cache cost as much as the hashing.
+const HASH_PIECE: usize = 128 * 1024;
+
+/// The blob ID of the `len` bytes of `file` at `off`.
+fn chunk_id(file: &File, off: u64, len: u32, key: &MasterKey, buf: &mut Vec<u8>) -> io::Result<BlobId> {
+    let len = len as usize;
+    buf.resize(len.min(HASH_PIECE), 0);
+    if len <= HASH_PIECE {
+        file.read_exact_at(buf, off)?;
+        return Ok(key.blob_id(buf));
+    }
+    let mut hasher = key.blob_hasher();
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(HASH_PIECE);
+        file.read_exact_at(&mut buf[..n], off + done as u64)?;
+        hasher.update(&buf[..n]);
+        done += n;
+    }
+    Ok(BlobId(*hasher.finalize().as_bytes()))
 }
 
 /// Whether `[start, end)` of the file reads as zeros; holes are skipped without reading.
@@ -239,4 +275,27 @@ fn region_is_zero(file: &File, start: u64, end: u64, buf: &mut Vec<u8>) -> io::R
         pos = stop;
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn chunk_ids_read_piece_by_piece_equal_whole_chunk_ids() {
+        let key = MasterKey::generate();
+        let data: Vec<u8> = (0..3 * HASH_PIECE as u32 + 7).map(|i| (i.wrapping_mul(2654435761) >> 9) as u8).collect();
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&data).unwrap();
+        let mut buf = Vec::new();
+        for (off, len) in
+            [(0, 1), (5, HASH_PIECE), (3, HASH_PIECE + 1), (0, data.len()), (HASH_PIECE - 1, 2 * HASH_PIECE)]
+        {
+            let id = chunk_id(&f, off as u64, len as u32, &key, &mut buf).unwrap();
+            assert_eq!(id, key.blob_id(&data[off..off + len]), "{len} bytes at {off}");
+        }
+        // A chunk running past the end of the file is an error, not a short hash.
+        assert!(chunk_id(&f, 1, data.len() as u32, &key, &mut buf).is_err());
+    }
 }

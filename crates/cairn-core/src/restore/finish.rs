@@ -11,6 +11,7 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
+use super::dirs::Status;
 use crate::platform::cstring;
 use crate::tree::{Node, NodeKind, Timestamp};
 
@@ -192,32 +193,30 @@ pub fn apply_to_file(file: &File, node: &Node, is_root: bool, created: Option<u3
 /// Applies `node`'s metadata to `path` (never followed), unless it already matches.
 pub fn apply_to_path(path: &Path, node: &Node, is_root: bool) -> io::Result<()> {
     let t = PathTarget { path, c: cstring(path)? };
-    if matches(&t, &std::fs::symlink_metadata(path)?, node, is_root)? {
+    if matches(&t, &Status::from(&std::fs::symlink_metadata(path)?), node, is_root)? {
         return Ok(());
     }
     apply(&t, node, is_root, None)
 }
 
-/// Whether the open file `file`, whose status is `md`, already carries exactly the node's
+/// Whether the open file `file`, whose status is `st`, already carries exactly the node's
 /// metadata (the check stage asks, so a no-op restore need not look at the file again).
-pub fn file_matches(file: &File, md: &std::fs::Metadata, node: &Node, is_root: bool) -> bool {
-    matches(file, md, node, is_root).unwrap_or(false)
+pub fn file_matches(file: &File, st: &Status, node: &Node, is_root: bool) -> bool {
+    matches(file, st, node, is_root).unwrap_or(false)
 }
 
 /// [`file_matches`] for an entry at `path` (never followed).
-pub fn path_matches(path: &Path, md: &std::fs::Metadata, node: &Node, is_root: bool) -> bool {
+pub fn path_matches(path: &Path, st: &Status, node: &Node, is_root: bool) -> bool {
     let Ok(c) = cstring(path) else { return false };
-    matches(&PathTarget { path, c }, md, node, is_root).unwrap_or(false)
+    matches(&PathTarget { path, c }, st, node, is_root).unwrap_or(false)
 }
 
-/// Whether the entry whose status is `md` already carries exactly the node's metadata.
-fn matches(t: &impl Target, md: &std::fs::Metadata, node: &Node, is_root: bool) -> io::Result<bool> {
-    let same = (node.kind == NodeKind::Symlink || md.mode() & 0o7777 == node.mode)
-        && (!is_root || (md.uid() == node.uid && md.gid() == node.gid))
-        && md.mtime() == node.mtime.secs
-        && md.mtime_nsec() as u32 == node.mtime.nanos
-        && md.atime() == node.atime.secs
-        && md.atime_nsec() as u32 == node.atime.nanos;
+/// Whether the entry whose status is `st` already carries exactly the node's metadata.
+fn matches(t: &impl Target, st: &Status, node: &Node, is_root: bool) -> io::Result<bool> {
+    let same = (node.kind == NodeKind::Symlink || st.mode & 0o7777 == node.mode)
+        && (!is_root || (st.uid == node.uid && st.gid == node.gid))
+        && st.mtime == node.mtime
+        && st.atime == node.atime;
     if !same {
         return Ok(false);
     }

@@ -10,6 +10,7 @@ mod budget;
 mod check;
 mod create;
 mod decode;
+mod dirs;
 mod dump;
 mod fetch;
 mod finish;

@@ -12,8 +12,9 @@ use std::time::Instant;
 use crossbeam_channel::Receiver;
 
 use super::check::FileState;
-use super::create::{create_file, size_new_file};
+use super::create::size_new_file;
 use super::decode::Decoded;
+use super::dirs::ParentDirs;
 use super::finish::apply_to_file;
 use super::plan::Dest;
 use super::profile::work;
@@ -23,6 +24,7 @@ use crate::chunker::is_zero;
 /// Runs until `input` is drained.
 pub fn write_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Vec<Decoded<'s>>>) {
     let clock = &sh.clocks[2];
+    let mut dirs = ParentDirs::new(sh.target);
     loop {
         let t = Instant::now();
         let Ok(batch) = input.recv() else { return };
@@ -36,7 +38,7 @@ pub fn write_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Vec<Decoded<'s>>>) {
             };
             work(clock, || {
                 for d in dests {
-                    if let Err(e) = write_one(sh, d, &blob.data) {
+                    if let Err(e) = write_one(sh, &mut dirs, d, &blob.data) {
                         if is_fatal(&e) {
                             sh.fatal(sh.target.join(&sh.plan.entries[d.entry as usize].rel), e);
                             return;
@@ -50,11 +52,10 @@ pub fn write_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Vec<Decoded<'s>>>) {
     }
 }
 
-fn write_one(sh: &Shared<'_>, d: &Dest, data: &[u8]) -> io::Result<()> {
+fn write_one(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, d: &Dest, data: &[u8]) -> io::Result<()> {
     let i = d.entry as usize;
     let entry = &sh.plan.entries[i];
-    let path = sh.target.join(&entry.rel);
-    let file = create_file(&path, entry.node.mode)?;
+    let file = dirs.create(&entry.rel, entry.node.mode)?;
     let fresh = matches!(sh.states[i], FileState::Create { .. });
     if fresh && !sh.sized[i].swap(true, Ordering::AcqRel) {
         size_new_file(&file, &entry.node, sh.sparse)?;
