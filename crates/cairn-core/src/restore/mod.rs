@@ -359,12 +359,24 @@ pub fn restore(
                 continue;
             }
             let path = target.join(&entry.rel);
-            if let Err(e) = create::prepare(&path, entry, &FileState::NotFile, false, Sparse::Auto, is_root) {
+            // Into an empty target a directory is simply made (one call instead of four); only
+            // if something is in the way is it examined and replaced.
+            let made = if empty { std::fs::create_dir(&path) } else { Err(std::io::ErrorKind::AlreadyExists.into()) };
+            let made = match made {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    create::prepare(&path, entry, &FileState::NotFile, false, Sparse::Auto, is_root)
+                }
+                other => other,
+            };
+            // A directory this restore made has a default ACL only by inheriting its parent's.
+            let parent = entry.rel.parent().unwrap_or(Path::new(""));
+            let may_have_acl = !empty || acl_dirs.contains(parent);
+            if let Err(e) = made {
                 if is_fatal(&e) {
                     return Err(Error::io(path, "cannot create", e));
                 }
                 dir_failures.push((i, format!("cannot create: {e}")));
-            } else if create::has_default_acl(&path) {
+            } else if may_have_acl && create::has_default_acl(&path) {
                 acl_dirs.insert(entry.rel.clone());
             }
         }
@@ -393,7 +405,7 @@ pub fn restore(
     let fetches = plan::fetches(repo, &plan, &needed, opts.max_memory);
 
     let mut out = RestoreOutcome { phases: out_phases, stalls: plan_stalls, ..Default::default() };
-    for (e, st) in plan.entries.iter().zip(&states) {
+    for ((e, st), needed) in plan.entries.iter().zip(&states).zip(&needed) {
         match e.node.kind {
             NodeKind::File => out.files += 1,
             NodeKind::Dir => out.dirs += 1,
@@ -405,7 +417,7 @@ pub fn restore(
         let zero: u64 = e.node.content.iter().filter(|c| matches!(c, Chunk::Zero { .. })).map(Chunk::len).sum();
         out.bytes_total += e.node.size;
         out.bytes_zero += zero;
-        let needed_bytes: u64 = st.needed(&e.node).iter().map(|c| u64::from(c.len)).sum();
+        let needed_bytes: u64 = needed.iter().map(|c| u64::from(c.len)).sum();
         if !matches!(st, FileState::Create { .. } | FileState::Skip) {
             out.bytes_in_place += e.node.size - zero - needed_bytes;
         }
@@ -484,6 +496,9 @@ pub fn restore(
             continue;
         }
         let has_data = sh.remaining[i].load(Ordering::Relaxed) > 0;
+        if entry.link_of.is_some() || (has_data && states[i] == FileState::Create { clear: false }) {
+            continue; // made later: by the write stage, or linked once its file is complete
+        }
         let path = target.join(&entry.rel);
         if let Err(e) = create::prepare(&path, entry, &states[i], has_data, sparse, is_root) {
             if is_fatal(&e) {

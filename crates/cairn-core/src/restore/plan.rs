@@ -296,10 +296,12 @@ pub fn chunk_offsets(content: &[Chunk]) -> impl Iterator<Item = (u64, &Chunk)> {
 /// Builds the fetches for the chunks that `needed(entry)` lists, grouped by pack, sorted by
 /// offset and coalesced into reads that each fit in `budget` (see [`coalesce`]).
 pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>], budget: u64) -> Fetches {
-    let mut f = Fetches::default();
+    let chunks: usize = needed.iter().map(Vec::len).sum();
+    let mut f = Fetches { dests: IdMap::with_capacity_and_hasher(chunks, Default::default()), ..Default::default() };
     let index = repo.index();
-    // Each distinct blob is looked up once.
-    let mut location: IdMap<BlobId, Option<BlobLocation>> = IdMap::default();
+    // Each distinct blob is looked up once. (Both maps are sized up front: growing them
+    // rehashed 80,000 entries several times.)
+    let mut location: IdMap<BlobId, Option<BlobLocation>> = IdMap::with_capacity_and_hasher(chunks, Default::default());
     for (i, chunks) in needed.iter().enumerate() {
         for c in chunks {
             // A tree whose chunk length disagrees with the blob would make a file of the wrong
