@@ -99,16 +99,28 @@ impl ObjectKey {
     /// Encrypts `plaintext`, returning `nonce || ciphertext || tag`.
     pub fn seal(&self, aad: &[u8], plaintext: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(plaintext.len() + SEAL_OVERHEAD);
+        self.seal_append(aad, plaintext, &mut out);
+        out
+    }
+
+    /// Appends `nonce || ciphertext || tag` of `plaintext` to `out` (encrypting where it lands,
+    /// so a pack is built without a copy of each sealed blob); returns the sealed length.
+    pub fn seal_append(&self, aad: &[u8], plaintext: &[u8], out: &mut Vec<u8>) -> usize {
+        let start = out.len();
         let mut nonce = [0u8; NONCE_LEN];
         random_bytes(&mut nonce);
         out.extend_from_slice(&nonce);
         out.extend_from_slice(plaintext);
         let tag = self
             .0
-            .seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), Aad::from(aad), &mut out[NONCE_LEN..])
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad),
+                &mut out[start + NONCE_LEN..],
+            )
             .expect("AES-GCM seal of a message under 64 GiB");
         out.extend_from_slice(tag.as_ref());
-        out
+        out.len() - start
     }
 
     /// Decrypts `nonce || ciphertext || tag` in place; returns the plaintext's range in `buf`,

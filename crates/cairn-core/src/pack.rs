@@ -122,16 +122,9 @@ impl PackWriter {
 
     /// Encrypts and appends a blob whose plaintext was already compressed to `stored`.
     pub fn add(&mut self, id: BlobId, kind: BlobKind, codec: Codec, raw_length: u32, stored: &[u8]) {
-        let sealed = self.key.seal(&id.0, stored);
-        self.entries.push(BlobEntry {
-            id,
-            kind,
-            codec,
-            offset: self.buf.len() as u32,
-            length: sealed.len() as u32,
-            raw_length,
-        });
-        self.buf.extend_from_slice(&sealed);
+        let offset = self.buf.len() as u32;
+        let length = self.key.seal_append(&id.0, stored, &mut self.buf) as u32;
+        self.entries.push(BlobEntry { id, kind, codec, offset, length, raw_length });
     }
 
     /// Appends header and trailer.

@@ -1,6 +1,6 @@
 //! Decode stage (CPU pool): decrypt, decompress, and recompute the blob ID before any byte is
 //! written. A worker decodes the blobs of one read (in place, without copying them out) and
-//! hands them to the write stage together.
+//! hands them to the write stage together, always to the writer that writes their file.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,7 +25,7 @@ pub struct Decoded<'b> {
 }
 
 /// Runs until `input` is drained or `out` is closed.
-pub fn decode_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Fetched<'s>>, out: Sender<Vec<Decoded<'s>>>) {
+pub fn decode_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Fetched<'s>>, writers: Vec<Sender<Vec<Decoded<'s>>>>) {
     let clock = &sh.clocks[1];
     loop {
         let t = Instant::now();
@@ -54,8 +54,13 @@ pub fn decode_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Fetched<'s>>, out: 
         if batch.is_empty() {
             continue;
         }
+        // Writes to one file from two threads serialize on the file's inode lock, and spinning
+        // on it cost more than it gained (a 4 GiB image: write busy 1.9 s with one writer,
+        // 5.2 s with two). So a file's chunks always go to one writer, chosen by the batch's
+        // first file; neighbouring entries (mostly one directory) share a writer as well.
+        let first = sh.fetches.dests.get(&batch[0].id).and_then(|d| d.first()).map_or(0, |d| d.entry as usize);
         let t = Instant::now();
-        if out.send(batch).is_err() {
+        if writers[(first / 16) % writers.len()].send(batch).is_err() {
             return;
         }
         clock.blocked(t);

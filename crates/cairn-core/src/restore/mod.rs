@@ -658,6 +658,18 @@ fn extra_entries(target: &Path, plan: &Plan, include_root: bool, selected: impl 
     out
 }
 
+/// Starts a scoped thread named `cairn-NAME` (so profilers and `top -H` show the stages).
+fn spawn_named<'scope, F>(
+    s: &'scope std::thread::Scope<'scope, '_>,
+    name: &str,
+    f: F,
+) -> std::thread::ScopedJoinHandle<'scope, ()>
+where
+    F: FnOnce() + Send + 'scope,
+{
+    std::thread::Builder::new().name(format!("cairn-{name}")).spawn_scoped(s, f).expect("cannot start a restore thread")
+}
+
 fn run_pipeline(sh: &Shared<'_>, opts: &RestoreOptions, progress: &Progress, base_done: u64, stalls: &mut Vec<String>) {
     if sh.fetches.reads.is_empty() {
         return;
@@ -669,21 +681,21 @@ fn run_pipeline(sh: &Shared<'_>, opts: &RestoreOptions, progress: &Progress, bas
     std::thread::scope(|s| {
         let (reads_tx, reads_rx) = bounded(fetchers);
         let (fetched_tx, fetched_rx) = bounded(decoders * 4);
-        let (decoded_tx, decoded_rx) = bounded(writers * 4);
+        // One queue per writer: a file's chunks always go to the same writer (see decode.rs).
+        let (to_writers, writer_queues): (Vec<_>, Vec<_>) = (0..writers).map(|_| bounded(4)).unzip();
         let mut workers = Vec::new();
         for _ in 0..fetchers {
             let (rx, tx) = (reads_rx.clone(), fetched_tx.clone());
-            workers.push(s.spawn(move || fetch::fetch_worker(sh, rx, tx)));
+            workers.push(spawn_named(s, "fetch", move || fetch::fetch_worker(sh, rx, tx)));
         }
         for _ in 0..decoders {
-            let (rx, tx) = (fetched_rx.clone(), decoded_tx.clone());
-            workers.push(s.spawn(move || decode::decode_worker(sh, rx, tx)));
+            let (rx, txs) = (fetched_rx.clone(), to_writers.clone());
+            workers.push(spawn_named(s, "decode", move || decode::decode_worker(sh, rx, txs)));
         }
-        for _ in 0..writers {
-            let rx = decoded_rx.clone();
-            workers.push(s.spawn(move || write::write_worker(sh, rx)));
+        for rx in writer_queues {
+            workers.push(spawn_named(s, "write", move || write::write_worker(sh, rx)));
         }
-        drop((reads_rx, fetched_tx, fetched_rx, decoded_tx, decoded_rx));
+        drop((reads_rx, fetched_tx, fetched_rx, to_writers));
         let watchdog = s.spawn(|| watchdog(sh, opts.stall_timeout, progress, base_done, &finished));
         for read in &sh.fetches.reads {
             if sh.cancelled() || reads_tx.send(read).is_err() {
