@@ -24,7 +24,7 @@ pub struct Decoded<'b> {
     pub reservation: Reservation<'b>,
 }
 
-/// Runs until `input` is drained or `out` is closed.
+/// Runs until `input` is drained or a writer's queue is closed.
 pub fn decode_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Fetched<'s>>, writers: Vec<Sender<Vec<Decoded<'s>>>>) {
     let clock = &sh.clocks[1];
     loop {
