@@ -690,6 +690,52 @@ fn missing_pack_fails_only_its_files_among_many() {
     assert_same(&want, &got, true);
 }
 
+/// Restoring over an older copy of the tree when a pack is missing: the files whose new data is
+/// in that pack fail, but nothing was written to them, so they keep their old content (and say
+/// so) instead of being removed; every other file is brought up to date.
+#[test]
+fn missing_pack_leaves_existing_files_as_they_were() {
+    let sizes: Vec<usize> = (0..120).map(|i| 4 * KIB + (i * 997) % (11 * KIB)).collect();
+    let env = Env::new(|src| random_files(&src.join("many"), 21, &sizes), &SMALL_REPO, &[]);
+    let t = env.path("t");
+    env.restore(&t, &[]);
+    let r = env.restored(&t);
+    // The target holds an older version of every file: same size and times, other bytes.
+    let old = |p: &Path| vec![b'o'; fs::metadata(env.src.join(p)).expect("stat").len() as usize];
+    let files: Vec<PathBuf> = env.before.iter().filter(|(_, m)| m.kind == Kind::File).map(|(p, _)| p.clone()).collect();
+    for p in &files {
+        scribble(&r.join(p), 0, &old(p));
+    }
+    let (repo, _) = env.cairn.open();
+    let stored = env.cairn.stored_blobs();
+    let pack_of = |p: &Path| {
+        let id = repo.key().blob_id(&read_noatime(&env.src.join(p)));
+        stored.iter().find(|b| b.id == id).map(|b| b.pack.clone()).expect("stored blob")
+    };
+    let victim = pack_of(&files[0]);
+    assert!(env.data_only_packs().contains(&victim), "{victim} holds trees");
+    let lost: BTreeSet<&PathBuf> = files.iter().filter(|p| pack_of(p) == victim).collect();
+    assert!(!lost.is_empty() && lost.len() < files.len(), "{} of {} files in the victim pack", lost.len(), files.len());
+    fs::remove_file(env.cairn.repo.join(&victim)).expect("delete pack");
+
+    let out = env.run_restore(&[], &t, &[]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = stderr(&out);
+    for p in &files {
+        let got = read_noatime(&r.join(p));
+        if lost.contains(p) {
+            assert_eq!(got, old(p), "{p:?} lost its old content");
+            let line = err
+                .lines()
+                .find(|l| l.contains(&*p.to_string_lossy()))
+                .unwrap_or_else(|| panic!("{p:?} not named: {err}"));
+            assert!(line.contains("left as it was"), "{line}");
+        } else {
+            assert_eq!(got, read_noatime(&env.src.join(p)), "{p:?} not restored");
+        }
+    }
+}
+
 /// A fetch that hangs longer than `--stall-timeout` makes the watchdog report the stall and
 /// name the stage that waits; the restore still completes exactly once the read returns.
 #[test]

@@ -97,16 +97,21 @@ fn prepare_file(path: &Path, node: &Node, state: &FileState, has_data: bool, spa
         }
         FileState::InPlace { zero_fix, resize, .. } => {
             let f = OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
-            if *resize {
-                f.set_len(node.size)?;
-            }
-            for &(off, len) in zero_fix {
-                punch_hole(&f, off, len)?;
-            }
-            Ok(())
+            fix_in_place(&f, node, zero_fix, *resize)
         }
         _ => Ok(()),
     }
+}
+
+/// Gives an existing file the node's size and turns `zero_fix` ranges into holes.
+pub fn fix_in_place(f: &fs::File, node: &Node, zero_fix: &[(u64, u64)], resize: bool) -> io::Result<()> {
+    if resize {
+        f.set_len(node.size)?;
+    }
+    for &(off, len) in zero_fix {
+        punch_hole(f, off, len)?;
+    }
+    Ok(())
 }
 
 /// Opens (creating if needed) a file for writing, never through a symlink.

@@ -240,6 +240,9 @@ impl Failures<'_> {
     }
 }
 
+/// How a file's first write prepared it: done, or the OS error code and message of why not.
+type Prepared = std::result::Result<(), (Option<i32>, String)>;
+
 /// State shared by the pipeline's workers.
 pub struct Shared<'a> {
     repo: &'a Repository,
@@ -251,7 +254,9 @@ pub struct Shared<'a> {
     failures: Failures<'a>,
     clocks: [StageClock; 3],
     remaining: Vec<AtomicU32>,
-    sized: Vec<AtomicBool>,
+    /// Set by a file's first write, once it is prepared (or with why that failed); a failed
+    /// file nothing was written to is left as it was.
+    touched: Vec<std::sync::OnceLock<Prepared>>,
     meta_done: Vec<AtomicBool>,
     fetched: AtomicU64,
     written: AtomicU64,
@@ -466,7 +471,7 @@ pub fn restore(
         failures: Failures { dests: &fetches.dests, entries: Mutex::new(BTreeMap::new()) },
         clocks: Default::default(),
         remaining,
-        sized: (0..plan.entries.len()).map(|_| AtomicBool::new(false)).collect(),
+        touched: (0..plan.entries.len()).map(|_| std::sync::OnceLock::new()).collect(),
         // Files the check found complete with their metadata need nothing more.
         meta_done: meta_ok.into_iter().map(AtomicBool::new).collect(),
         fetched: AtomicU64::new(0),
@@ -489,6 +494,8 @@ pub fn restore(
     for (entry, why) in dir_failures {
         sh.failures.entry(entry, &why);
     }
+    // Entries that already failed are not created: they could never be right.
+    let failed_early: HashSet<usize> = sh.failures.entries.lock().expect("failures lock").keys().copied().collect();
 
     // Create stage (directories are done): parents before children.
     for (i, entry) in plan.entries.iter().enumerate() {
@@ -496,8 +503,11 @@ pub fn restore(
             continue;
         }
         let has_data = sh.remaining[i].load(Ordering::Relaxed) > 0;
-        if entry.link_of.is_some() || (has_data && states[i] == FileState::Create { clear: false }) {
-            continue; // made later: by the write stage, or linked once its file is complete
+        if failed_early.contains(&i)
+            || entry.link_of.is_some()
+            || (has_data && matches!(states[i], FileState::Create { .. } | FileState::InPlace { .. }))
+        {
+            continue; // prepared by its first write (write.rs), or linked once its file is complete
         }
         let path = target.join(&entry.rel);
         if let Err(e) = create::prepare(&path, entry, &states[i], has_data, sparse, is_root) {
@@ -523,7 +533,13 @@ pub fn restore(
     out.bytes_fetched = sh.fetched.load(Ordering::Relaxed);
     out.profile = [sh.clocks[0].times(), sh.clocks[1].times(), sh.clocks[2].times()];
 
-    let failed = std::mem::take(&mut *sh.failures.entries.lock().expect("failures lock"));
+    let mut failed = std::mem::take(&mut *sh.failures.entries.lock().expect("failures lock"));
+    for (&i, why) in failed.iter_mut() {
+        let was_there = matches!(sh.states[i], FileState::InPlace { .. } | FileState::Create { clear: true });
+        if was_there && sh.touched[i].get().is_none() {
+            why.push_str("; what was already at this path is left as it was");
+        }
+    }
     phase.lap(&mut out.phases, "pipeline");
     finish_all(&sh, &failed, opts, progress);
     if opts.delete {
@@ -595,8 +611,11 @@ fn finish_all(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, opts: &RestoreO
                 }
                 let path = sh.target.join(&entry.rel);
                 if failed.contains_key(&i) {
+                    // A file written in part is removed: a file is either exact or absent. One
+                    // that nothing was written to still holds what it held before.
                     if entry.node.kind == NodeKind::File
                         && matches!(sh.states[i], FileState::Create { .. } | FileState::InPlace { .. })
+                        && sh.touched[i].get().is_some()
                     {
                         let _ = std::fs::remove_file(&path);
                     }

@@ -1,6 +1,8 @@
-//! Write stage: positioned writes of each verified blob to every place it belongs — many files
-//! at once, and many offsets of one large file at once. A new file is created and sized by its
-//! first write; whoever writes its last chunk applies its metadata through the open descriptor.
+//! Write stage: positioned writes of each verified blob to every place it belongs, many files at
+//! once. A file is prepared by its first write — whatever stands in its way removed, a new file
+//! created and sized, an existing one resized and its stale data punched out — so a file whose
+//! data never arrives (a damaged or missing pack) is left as it was. Whoever writes its last
+//! chunk applies its metadata through the open descriptor.
 
 use std::fs::File;
 use std::io;
@@ -12,7 +14,7 @@ use std::time::Instant;
 use crossbeam_channel::Receiver;
 
 use super::check::FileState;
-use super::create::size_new_file;
+use super::create::{fix_in_place, remove_any, size_new_file};
 use super::decode::Decoded;
 use super::dirs::ParentDirs;
 use super::finish::apply_to_file;
@@ -55,11 +57,23 @@ pub fn write_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Vec<Decoded<'s>>>) {
 fn write_one(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, d: &Dest, data: &[u8]) -> io::Result<()> {
     let i = d.entry as usize;
     let entry = &sh.plan.entries[i];
-    let file = dirs.create(&entry.rel, entry.node.mode)?;
-    let fresh = matches!(sh.states[i], FileState::Create { .. });
-    if fresh && !sh.sized[i].swap(true, Ordering::AcqRel) {
-        size_new_file(&file, &entry.node, sh.sparse)?;
+    // The first write prepares the file; a concurrent write to it waits for that.
+    let mut opened = None;
+    let prepared = sh.touched[i].get_or_init(|| match first_touch(sh, dirs, i) {
+        Ok(f) => {
+            opened = Some(f);
+            Ok(())
+        }
+        Err(e) => Err((e.raw_os_error(), e.to_string())),
+    });
+    if let Err((code, why)) = prepared {
+        return Err(code.map_or_else(|| io::Error::other(why.clone()), io::Error::from_raw_os_error));
     }
+    let file = match opened {
+        Some(f) => f,
+        None => dirs.create(&entry.rel, entry.node.mode)?,
+    };
+    let fresh = matches!(sh.states[i], FileState::Create { .. });
     if fresh && sh.sparse == Sparse::Always {
         write_skipping_zeros(&file, data, d.offset)?;
     } else {
@@ -70,6 +84,22 @@ fn write_one(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, d: &Dest, data: &[u8]) 
         finish_file(sh, i, &file, fresh);
     }
     Ok(())
+}
+
+/// Readies file `i` for its first write and opens it: clears what is in the way and sizes a new
+/// file, or resizes an existing one and punches holes where the snapshot has zeros.
+fn first_touch(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, i: usize) -> io::Result<File> {
+    let entry = &sh.plan.entries[i];
+    if sh.states[i] == (FileState::Create { clear: true }) {
+        remove_any(&sh.target.join(&entry.rel))?;
+    }
+    let file = dirs.create(&entry.rel, entry.node.mode)?;
+    match &sh.states[i] {
+        FileState::Create { .. } => size_new_file(&file, &entry.node, sh.sparse)?,
+        FileState::InPlace { zero_fix, resize, .. } => fix_in_place(&file, &entry.node, zero_fix, *resize)?,
+        _ => {}
+    }
+    Ok(file)
 }
 
 /// The last chunk of file `i` is written: apply its metadata now, while it is open.
