@@ -2,9 +2,8 @@
 //! SEEK_DATA / SEEK_HOLE and never read. A reader is free for the next file as soon as the
 //! last byte is read and chunked: storing the blobs and the directory's tree happen without it.
 
-use std::fs::File;
 use std::io::{Seek, SeekFrom};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crossbeam_channel::Receiver;
@@ -13,7 +12,7 @@ use super::chunk::{chunk_into, push_zero, ChunkError};
 use super::pending::Slot;
 use super::Shared;
 use crate::error::{Error, Result};
-use crate::platform::data_regions;
+use crate::platform::{data_regions, open_noatime};
 use crate::tree::{Chunk, Timestamp};
 
 /// One file to read.
@@ -83,16 +82,6 @@ pub(super) fn finish(sh: &Shared<'_>, slot: &Slot, content: Option<&[Chunk]>) ->
             node.size = c.iter().map(Chunk::len).sum();
         }),
         None => slot.drop_entry(sh),
-    }
-}
-
-/// Opens a file for reading without updating its access time where permitted.
-fn open_noatime(path: &Path) -> std::io::Result<File> {
-    match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOATIME | libc::O_NOFOLLOW).open(path) {
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path)
-        }
-        other => other,
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::str::FromStr;
@@ -16,6 +16,7 @@ use crate::chunker::is_zero;
 use crate::crypto::MasterKey;
 use crate::error::Error;
 use crate::id::BlobId;
+use crate::platform::open_noatime;
 use crate::tree::{Chunk, Node, NodeKind};
 
 /// What to do with a file that already exists in the target.
@@ -179,14 +180,6 @@ fn check_file(
         Ok(FileState::Complete) => (FileState::Complete, file_matches(&file, &st, node, is_root)),
         Ok(state) => (state, false),
         Err(_) => (FileState::Create { clear: true }, false),
-    }
-}
-
-fn open_noatime(path: &Path) -> io::Result<File> {
-    let open = |flags| std::fs::OpenOptions::new().read(true).custom_flags(flags).open(path);
-    match open(libc::O_NOFOLLOW | libc::O_NOATIME) {
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => open(libc::O_NOFOLLOW),
-        other => other,
     }
 }
 
