@@ -20,7 +20,6 @@ const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
 
 /// Something metadata can be applied to: an open file or a path (never followed).
 trait Target {
-    fn owner(&self) -> io::Result<(u32, u32)>;
     fn chown(&self, uid: u32, gid: u32) -> io::Result<()>;
     fn chmod(&self, mode: u32) -> io::Result<()>;
     fn set_times(&self, times: &[libc::timespec; 2]) -> io::Result<()>;
@@ -38,10 +37,6 @@ fn check(rc: libc::c_int) -> io::Result<()> {
 }
 
 impl Target for File {
-    fn owner(&self) -> io::Result<(u32, u32)> {
-        let md = self.metadata()?;
-        Ok((md.uid(), md.gid()))
-    }
     fn chown(&self, uid: u32, gid: u32) -> io::Result<()> {
         // SAFETY: fchown on a descriptor we own.
         check(unsafe { libc::fchown(self.as_raw_fd(), uid, gid) })
@@ -74,10 +69,6 @@ struct PathTarget<'a> {
 }
 
 impl Target for PathTarget<'_> {
-    fn owner(&self) -> io::Result<(u32, u32)> {
-        let md = std::fs::symlink_metadata(self.path)?;
-        Ok((md.uid(), md.gid()))
-    }
     fn chown(&self, uid: u32, gid: u32) -> io::Result<()> {
         // SAFETY: `c` is a valid path for the call.
         check(unsafe { libc::lchown(self.c.as_ptr(), uid, gid) })
@@ -145,10 +136,11 @@ fn sync_xattrs(t: &impl Target, node: &Node) -> io::Result<()> {
 }
 
 /// How a file this restore just created was made: with the node's permission bits less
-/// `umask`, and without extended attributes.
+/// `umask`, without extended attributes, and (as root) owned by `owner` if it could be read.
 #[derive(Clone, Copy)]
 struct Created {
     umask: u32,
+    owner: Option<(u32, u32)>,
 }
 
 fn apply(t: &impl Target, node: &Node, is_root: bool, created: Option<Created>) -> io::Result<()> {
@@ -166,7 +158,7 @@ fn apply(t: &impl Target, node: &Node, is_root: bool, created: Option<Created>) 
     }
     // A file this restore created usually has the right owner already (root restoring root's
     // files): a stat is much cheaper than a chown, which dirties the inode in the journal.
-    if is_root && (created.is_none() || t.owner().ok() != Some((node.uid, node.gid))) {
+    if is_root && created.and_then(|c| c.owner) != Some((node.uid, node.gid)) {
         t.chown(node.uid, node.gid).map_err(annotate("cannot change owner"))?;
     }
     // Creation already set the permission bits unless the umask took some away; setuid,
@@ -187,7 +179,11 @@ fn apply(t: &impl Target, node: &Node, is_root: bool, created: Option<Created>) 
 /// Applies `node`'s metadata through an open file (the write stage, after the last chunk);
 /// `created` when this restore created the file.
 pub fn apply_to_file(file: &File, node: &Node, is_root: bool, created: Option<u32>) -> io::Result<()> {
-    apply(file, node, is_root, created.map(|umask| Created { umask }))
+    let created = created.map(|umask| {
+        let owner = if is_root { file.metadata().ok().map(|md| (md.uid(), md.gid())) } else { None };
+        Created { umask, owner }
+    });
+    apply(file, node, is_root, created)
 }
 
 /// Applies `node`'s metadata to `path` (never followed), unless it already matches.
