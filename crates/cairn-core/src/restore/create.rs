@@ -114,9 +114,15 @@ pub fn fix_in_place(f: &fs::File, node: &Node, zero_fix: &[(u64, u64)], resize: 
     Ok(())
 }
 
+/// The permission bits a file restored with `mode` is created with: its own, plus owner read
+/// and write so the restore can fill it (the finish stage sets the exact mode).
+pub fn new_file_mode(mode: u32) -> u32 {
+    (mode & 0o777) | 0o600
+}
+
 /// Opens (creating if needed) a file for writing, never through a symlink.
 pub fn create_file(path: &Path, mode: u32) -> io::Result<fs::File> {
-    OpenOptions::new().write(true).create(true).mode((mode & 0o777) | 0o600).custom_flags(libc::O_NOFOLLOW).open(path)
+    OpenOptions::new().write(true).create(true).mode(new_file_mode(mode)).custom_flags(libc::O_NOFOLLOW).open(path)
 }
 
 /// Gives a new file its final size: zero ranges stay holes, except with `--sparse never`

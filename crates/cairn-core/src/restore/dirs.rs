@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 
+use super::create::new_file_mode;
 use crate::tree::Timestamp;
 
 /// The directory of the last entry looked up, kept open.
@@ -58,11 +59,11 @@ impl<'t> ParentDirs<'t> {
     }
 
     /// Opens (creating if needed) the file at `rel` for writing, never through a symlink; a
-    /// new file gets `mode`'s permission bits (and always owner read and write).
+    /// new file gets [`new_file_mode`]'s permission bits.
     pub fn create(&mut self, rel: &Path, mode: u32) -> io::Result<File> {
         let (dir, name) = self.parent(rel)?;
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat(dir, name, flags, Mode::from_raw_mode((mode & 0o777) | 0o600))?;
+        let fd = rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(new_file_mode(mode)))?;
         Ok(File::from(fd))
     }
 }
