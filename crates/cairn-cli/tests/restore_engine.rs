@@ -625,6 +625,40 @@ fn a_blob_needed_at_many_places_is_fetched_once() {
     assert!(fetched > (64 * KIB) as u64 && fetched < (65 * KIB) as u64, "fetched {fetched} for one 64 KiB blob");
 }
 
+/// Identical directories share one tree blob — empty ones, and ones holding the same hard links
+/// (nodes record inodes, so on a real file system only these can be identical). The plan takes
+/// a tree without copying it when its last directory is listed: every copy is restored, into
+/// an empty target and over an existing one.
+#[test]
+fn identical_directories_sharing_trees_all_restore() {
+    let env = Env::new(
+        |src| {
+            fs::write(src.join("orig"), b"linked bytes\n".repeat(500)).expect("write");
+            for i in 0..3 {
+                fs::create_dir(src.join(format!("h{i}"))).expect("mkdir");
+                fs::hard_link(src.join("orig"), src.join(format!("h{i}/x"))).expect("link");
+            }
+            for i in 0..5 {
+                fs::create_dir_all(src.join(format!("deep/e{i}"))).expect("mkdir");
+            }
+        },
+        &SMALL_REPO,
+        &[],
+    );
+    let trees: BTreeSet<_> =
+        env.cairn.stored_blobs().into_iter().filter(|b| b.kind == BlobKind::Tree).map(|b| b.id).collect();
+    // The source's own directories, and one tree for each directory above it in the snapshot.
+    let dirs = env.before.values().filter(|e| e.kind == Kind::Dir).count() + env.src.ancestors().count() - 1;
+    assert_eq!(trees.len() + 6, dirs, "{} trees for {dirs} directories: the copies share none", trees.len());
+    let t = env.path("t");
+    env.restore(&t, &[]);
+    env.assert_exact(&t);
+    fs::remove_dir(env.restored(&t).join("deep/e3")).expect("rm");
+    fs::remove_file(env.restored(&t).join("h1/x")).expect("rm");
+    env.restore(&t, &[]);
+    env.assert_exact(&t);
+}
+
 /// A missing data pack during a restore of many files fails exactly the files that need it —
 /// each named on its own line, including two files sharing one blob — with a non-zero exit;
 /// every other file is restored exactly and no failed file is left behind.

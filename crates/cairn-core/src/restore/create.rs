@@ -8,13 +8,15 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::check::FileState;
-use super::plan::Entry;
-use super::Sparse;
+use super::plan::{Entry, Plan};
+use super::{is_fatal, Sparse};
+use crate::error::Error;
 use crate::platform::cstring;
 use crate::tree::{Chunk, Node, NodeKind};
+use std::collections::HashSet;
 
 /// Removes whatever is at `path` (a directory with everything in it).
 pub fn remove_any(path: &Path) -> io::Result<()> {
@@ -42,6 +44,51 @@ fn already_there(path: &Path, node: &Node) -> io::Result<bool> {
         NodeKind::BlockDevice => ft.is_block_device() && md.rdev() == node.rdev,
         NodeKind::File => false,
     })
+}
+
+/// The directories [`directories`] made or could not make.
+#[derive(Debug, Default)]
+pub struct Directories {
+    /// Directories that could not be made: `(entry, why)`.
+    pub failed: Vec<(usize, String)>,
+    /// Directories (relative to the target, `""` for the target) with a default ACL.
+    pub acl: HashSet<PathBuf>,
+}
+
+/// Makes the plan's directories, parents before children, in `target` (which exists). Into an
+/// `empty` target a directory is simply made (one call instead of four); otherwise, or if
+/// something is in the way, the entry is examined and replaced. A disk full or read-only
+/// target stops it with an error.
+pub fn directories(target: &Path, plan: &Plan, empty: bool, is_root: bool) -> Result<Directories, Error> {
+    let mut out = Directories::default();
+    if has_default_acl(target) {
+        out.acl.insert(PathBuf::new());
+    }
+    for (i, entry) in plan.entries.iter().enumerate() {
+        if entry.node.kind != NodeKind::Dir {
+            continue;
+        }
+        let path = target.join(&entry.rel);
+        let made = if empty { fs::create_dir(&path) } else { Err(io::ErrorKind::AlreadyExists.into()) };
+        let made = match made {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                prepare(&path, entry, &FileState::NotFile, false, Sparse::Auto, is_root)
+            }
+            other => other,
+        };
+        // A directory this restore made has a default ACL only by inheriting its parent's.
+        let parent = entry.rel.parent().unwrap_or(Path::new(""));
+        let may_have_acl = !empty || out.acl.contains(parent);
+        match made {
+            Err(e) if is_fatal(&e) => return Err(Error::io(path, "cannot create", e)),
+            Err(e) => out.failed.push((i, format!("cannot create: {e}"))),
+            Ok(()) if may_have_acl && has_default_acl(&path) => {
+                out.acl.insert(entry.rel.clone());
+            }
+            Ok(()) => {}
+        }
+    }
+    Ok(out)
 }
 
 /// Prepares one entry; `has_data` says whether the write stage will write to it.

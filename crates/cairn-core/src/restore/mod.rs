@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::bounded;
@@ -267,8 +267,41 @@ pub struct Shared<'a> {
     sparse: Sparse,
     is_root: bool,
     umask: u32,
-    /// Directories (relative to the target) with a default ACL while files are written.
-    acl_dirs: HashSet<PathBuf>,
+    /// Directories (relative to the target) with a default ACL while files are written; set
+    /// once they are made.
+    acl_dirs: OnceLock<HashSet<PathBuf>>,
+    /// Opens once the directories and the entries without data are made: writers wait for it.
+    dirs_ready: Gate,
+}
+
+/// A one-way gate: closed until opened, then open for good.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    fn open(&self) {
+        *self.open.lock().expect("gate lock") = true;
+        self.opened.notify_all();
+    }
+
+    fn wait(&self) {
+        let mut open = self.open.lock().expect("gate lock");
+        while !*open {
+            open = self.opened.wait(open).expect("gate lock");
+        }
+    }
+}
+
+/// Opens its gate when dropped.
+struct OpenOnDrop<'a>(&'a Gate);
+
+impl Drop for OpenOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.open();
+    }
 }
 
 impl Shared<'_> {
@@ -283,6 +316,12 @@ impl Shared<'_> {
         if f.is_none() {
             *f = Some(Error::io(path, "cannot write", e));
         }
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// Stops everything with `e` (the first such error is kept).
+    fn fail(&self, e: Error) {
+        self.fatal.lock().expect("fatal lock").get_or_insert(e);
         self.cancel.store(true, Ordering::Relaxed);
     }
 
@@ -347,46 +386,21 @@ pub fn restore(
         (plan, dog.join().expect("watchdog panicked"))
     });
     let plan = plan?;
+    phase.lap(&mut out_phases, "plan");
     let threads = opts.write_threads.max(1);
     let is_root = crate::platform::is_root();
-    // Directories first, so the check below never looks through a symlink standing where a
-    // directory belongs (it is replaced by a real directory here).
     let empty = target_is_empty(target);
-    let mut dir_failures = Vec::new();
-    let mut acl_dirs = HashSet::new();
     if !opts.dry_run {
         std::fs::create_dir_all(target).map_err(|e| Error::io(target, "cannot create restore target", e))?;
-        if create::has_default_acl(target) {
-            acl_dirs.insert(PathBuf::new());
-        }
-        for (i, entry) in plan.entries.iter().enumerate() {
-            if entry.node.kind != NodeKind::Dir {
-                continue;
-            }
-            let path = target.join(&entry.rel);
-            // Into an empty target a directory is simply made (one call instead of four); only
-            // if something is in the way is it examined and replaced.
-            let made = if empty { std::fs::create_dir(&path) } else { Err(std::io::ErrorKind::AlreadyExists.into()) };
-            let made = match made {
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    create::prepare(&path, entry, &FileState::NotFile, false, Sparse::Auto, is_root)
-                }
-                other => other,
-            };
-            // A directory this restore made has a default ACL only by inheriting its parent's.
-            let parent = entry.rel.parent().unwrap_or(Path::new(""));
-            let may_have_acl = !empty || acl_dirs.contains(parent);
-            if let Err(e) = made {
-                if is_fatal(&e) {
-                    return Err(Error::io(path, "cannot create", e));
-                }
-                dir_failures.push((i, format!("cannot create: {e}")));
-            } else if may_have_acl && create::has_default_acl(&path) {
-                acl_dirs.insert(entry.rel.clone());
-            }
-        }
     }
-    phase.lap(&mut out_phases, "plan");
+    // Into an empty target the directories are made alongside the pipeline (run_pipeline):
+    // nothing there needs checking, and fetching and decoding need no directory. Otherwise
+    // they come first, so the check below never looks through a symlink standing where a
+    // directory belongs (it is replaced by a real directory here).
+    let dirs_alongside = empty && !opts.dry_run;
+    let dirs_made =
+        if opts.dry_run || dirs_alongside { None } else { Some(create::directories(target, &plan, false, is_root)?) };
+    phase.lap(&mut out_phases, "dirs");
     let (states, meta_ok) = if empty {
         let states = plan
             .entries
@@ -408,6 +422,7 @@ pub fn restore(
         plan.entries.iter().zip(&states).map(|(e, s)| s.needed(&e.node)).collect();
     phase.lap(&mut out_phases, "check");
     let fetches = plan::fetches(repo, &plan, &needed, opts.max_memory);
+    phase.lap(&mut out_phases, "schedule");
 
     let mut out = RestoreOutcome { phases: out_phases, stalls: plan_stalls, ..Default::default() };
     for ((e, st), needed) in plan.entries.iter().zip(&states).zip(&needed) {
@@ -483,7 +498,8 @@ pub fn restore(
         sparse,
         is_root,
         umask: crate::platform::umask(),
-        acl_dirs,
+        acl_dirs: OnceLock::new(),
+        dirs_ready: Gate::default(),
     };
     for &(entry, id) in &fetches.missing {
         sh.failures.entry(entry, &format!("blob {} is not in the repository index", id.short()));
@@ -491,38 +507,37 @@ pub fn restore(
     for &(entry, id) in &fetches.mismatched {
         sh.failures.entry(entry, &format!("a chunk's recorded length differs from blob {}", id.short()));
     }
-    for (entry, why) in dir_failures {
-        sh.failures.entry(entry, &why);
-    }
-    // Entries that already failed are not created: they could never be right.
-    let failed_early: HashSet<usize> = sh.failures.entries.lock().expect("failures lock").keys().copied().collect();
-
-    // Create stage (directories are done): parents before children.
-    for (i, entry) in plan.entries.iter().enumerate() {
-        if entry.node.kind == NodeKind::Dir {
-            continue;
-        }
-        let has_data = sh.remaining[i].load(Ordering::Relaxed) > 0;
-        if failed_early.contains(&i)
-            || entry.link_of.is_some()
-            || (has_data && matches!(states[i], FileState::Create { .. } | FileState::InPlace { .. }))
-        {
-            continue; // prepared by its first write (write.rs), or linked once its file is complete
-        }
-        let path = target.join(&entry.rel);
-        if let Err(e) = create::prepare(&path, entry, &states[i], has_data, sparse, is_root) {
-            if is_fatal(&e) {
-                return Err(Error::io(path, "cannot create", e));
-            }
-            sh.failures.entry(i, &format!("cannot create: {e}"));
-        }
-    }
     let base_done: u64 = out.bytes_in_place + out.bytes_zero;
     progress.done_bytes.store(base_done, Ordering::Relaxed);
     progress.done_files.store(files_already_done, Ordering::Relaxed);
-
-    phase.lap(&mut out.phases, "create");
-    run_pipeline(&sh, opts, progress, base_done, &mut out.stalls);
+    let create_took = Mutex::new(Duration::ZERO);
+    // Directories (unless made above) and the entries without data, while fetching starts;
+    // writers wait for it (Shared::dirs_ready).
+    let create = || {
+        let t = Instant::now();
+        let _open = OpenOnDrop(&sh.dirs_ready); // even if this panics: no writer waits forever
+        let made = match dirs_made {
+            Some(made) => Ok(made),
+            None => create::directories(target, &plan, true, is_root),
+        };
+        match made {
+            Ok(made) => {
+                for (entry, why) in &made.failed {
+                    sh.failures.entry(*entry, why);
+                }
+                sh.acl_dirs.set(made.acl).expect("directories are made once");
+                if let Err(e) = create_entries(&sh) {
+                    sh.fail(e);
+                }
+            }
+            Err(e) => sh.fail(e),
+        }
+        *create_took.lock().expect("create clock") = t.elapsed();
+    };
+    run_pipeline(&sh, opts, progress, base_done, &mut out.stalls, create);
+    phase.lap(&mut out.phases, "pipeline");
+    // The create stage ran alongside the pipeline: its own time is listed after it.
+    out.phases.push(("(create, alongside)", create_took.into_inner().expect("create clock")));
     if let Some(e) = sh.fatal.lock().expect("fatal lock").take() {
         return Err(e);
     }
@@ -540,7 +555,6 @@ pub fn restore(
             why.push_str("; what was already at this path is left as it was");
         }
     }
-    phase.lap(&mut out.phases, "pipeline");
     finish_all(&sh, &failed, opts, progress);
     if opts.delete {
         for p in extra_entries(target, &plan, into_dir, |rel| filter.selects(&base_path, rel)) {
@@ -550,14 +564,7 @@ pub fn restore(
             }
         }
     }
-    // Directories last, deepest first, so their times stay as recorded.
-    for (i, entry) in plan.entries.iter().enumerate().rev() {
-        if entry.node.kind == NodeKind::Dir && !failed.contains_key(&i) {
-            if let Err(e) = finish::apply_to_path(&target.join(&entry.rel), &entry.node, is_root) {
-                sh.warn(entry.rel.clone(), e.to_string());
-            }
-        }
-    }
+    finish_dirs(&sh, &failed, threads);
     if let Some(node) = &target_node {
         if let Err(e) = finish::apply_to_path(target, node, is_root) {
             sh.warn(PathBuf::from("."), e.to_string());
@@ -585,6 +592,63 @@ pub fn restore(
     }
     out.duration = started.elapsed();
     Ok(out)
+}
+
+/// Create stage for entries without data to write (directories are done): symlinks, devices,
+/// FIFOs, empty files, files fixed in place without new data. Parents come before children.
+fn create_entries(sh: &Shared<'_>) -> Result<()> {
+    // Entries that already failed are not created: they could never be right.
+    let failed_early: HashSet<usize> = sh.failures.entries.lock().expect("failures lock").keys().copied().collect();
+    for (i, entry) in sh.plan.entries.iter().enumerate() {
+        if entry.node.kind == NodeKind::Dir {
+            continue;
+        }
+        let has_data = sh.remaining[i].load(Ordering::Relaxed) > 0;
+        if failed_early.contains(&i)
+            || entry.link_of.is_some()
+            || (has_data && matches!(sh.states[i], FileState::Create { .. } | FileState::InPlace { .. }))
+        {
+            continue; // prepared by its first write (write.rs), or linked once its file is complete
+        }
+        let path = sh.target.join(&entry.rel);
+        if let Err(e) = create::prepare(&path, entry, &sh.states[i], has_data, sh.sparse, sh.is_root) {
+            if is_fatal(&e) {
+                return Err(Error::io(path, "cannot create", e));
+            }
+            sh.failures.entry(i, &format!("cannot create: {e}"));
+        }
+    }
+    Ok(())
+}
+
+/// Directories last, so their times stay as recorded: deepest first (a directory whose mode
+/// locks out its owner does not stop its children's), each depth on `threads` threads.
+fn finish_dirs(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, threads: usize) {
+    let mut by_depth: Vec<Vec<usize>> = Vec::new();
+    for (i, entry) in sh.plan.entries.iter().enumerate() {
+        if entry.node.kind == NodeKind::Dir && !failed.contains_key(&i) {
+            let depth = entry.rel.components().count();
+            if by_depth.len() <= depth {
+                by_depth.resize_with(depth + 1, Vec::new);
+            }
+            by_depth[depth].push(i);
+        }
+    }
+    for level in by_depth.iter().rev().filter(|l| !l.is_empty()) {
+        let next = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..threads.clamp(1, level.len()) {
+                s.spawn(|| {
+                    while let Some(&i) = level.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        let entry = &sh.plan.entries[i];
+                        if let Err(e) = finish::apply_to_path(&sh.target.join(&entry.rel), &entry.node, sh.is_root) {
+                            sh.warn(entry.rel.clone(), e.to_string());
+                        }
+                    }
+                });
+            }
+        });
+    }
 }
 
 fn target_is_empty(target: &Path) -> bool {
@@ -689,8 +753,18 @@ where
     std::thread::Builder::new().name(format!("cairn-{name}")).spawn_scoped(s, f).expect("cannot start a restore thread")
 }
 
-fn run_pipeline(sh: &Shared<'_>, opts: &RestoreOptions, progress: &Progress, base_done: u64, stalls: &mut Vec<String>) {
+/// Runs fetch, decode and write, with `create` (which opens `sh.dirs_ready`) on a thread of
+/// its own alongside.
+fn run_pipeline(
+    sh: &Shared<'_>,
+    opts: &RestoreOptions,
+    progress: &Progress,
+    base_done: u64,
+    stalls: &mut Vec<String>,
+    create: impl FnOnce() + Send,
+) {
     if sh.fetches.reads.is_empty() {
+        create();
         return;
     }
     let fetchers = opts.fetch_concurrency.max(1);
@@ -702,7 +776,7 @@ fn run_pipeline(sh: &Shared<'_>, opts: &RestoreOptions, progress: &Progress, bas
         let (fetched_tx, fetched_rx) = bounded(decoders * 4);
         // One queue per writer: a file's chunks always go to the same writer (see decode.rs).
         let (to_writers, writer_queues): (Vec<_>, Vec<_>) = (0..writers).map(|_| bounded(4)).unzip();
-        let mut workers = Vec::new();
+        let mut workers = vec![spawn_named(s, "create", create)];
         for _ in 0..fetchers {
             let (rx, tx) = (reads_rx.clone(), fetched_tx.clone());
             workers.push(spawn_named(s, "fetch", move || fetch::fetch_worker(sh, rx, tx)));

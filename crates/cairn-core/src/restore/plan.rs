@@ -137,6 +137,10 @@ impl Filter {
         set.is_match(abs) || abs.file_name().is_some_and(|n| set.is_match(n))
     }
 
+    fn is_empty(&self) -> bool {
+        self.include.is_none() && self.exclude.is_none()
+    }
+
     fn excluded(&self, abs: &Path) -> bool {
         self.exclude.as_ref().is_some_and(|s| Self::matches(s, abs))
     }
@@ -187,7 +191,15 @@ struct Builder<'a> {
     plan: Plan,
     links: HashMap<(u64, u64), usize>,
     depth: usize,
-    trees: IdMap<BlobId, Tree>,
+    trees: IdMap<BlobId, LoadedTree>,
+}
+
+/// A loaded tree and how many directory nodes still refer to it (identical directories share
+/// one tree): the last one takes it without a copy. (A tree visited again below a shared parent
+/// is read again, from the metadata cache.)
+pub struct LoadedTree {
+    tree: Tree,
+    uses: u32,
 }
 
 /// Deepest directory nesting a restore accepts (a path that deep is already longer than
@@ -240,10 +252,18 @@ impl Builder<'_> {
                 format!("directories nested deeper than {MAX_DEPTH} levels"),
             ));
         }
-        let tree = self.trees.get(id).cloned().map(Ok).unwrap_or_else(|| self.repo.read_tree(id))?;
+        let tree = match self.trees.get_mut(id) {
+            Some(t) if t.uses > 1 => {
+                t.uses -= 1;
+                t.tree.clone()
+            }
+            Some(_) => self.trees.remove(id).expect("tree just found").tree,
+            None => self.repo.read_tree(id)?,
+        };
         let mut any = false;
         for node in tree.nodes {
-            let abs = abs_dir.join(OsStr::from_bytes(&node.name));
+            // Absolute paths are only for the filters; without any, none is built.
+            let abs = if self.filter.is_empty() { PathBuf::new() } else { abs_dir.join(OsStr::from_bytes(&node.name)) };
             any |= self.add_node(node, dir, &abs, parent_included)?;
         }
         self.depth -= 1;
@@ -362,9 +382,18 @@ pub fn coalesce(located: Vec<BlobLocation>, budget: u64, gap: u64) -> Vec<PackRe
 }
 
 /// Loads every tree below `root` ahead of planning: level by level, each level's tree blobs
-/// fetched with coalesced ranged reads on `threads` threads.
-pub fn load_trees(repo: &Repository, root: BlobId, threads: usize, loading: &Loading) -> Result<IdMap<BlobId, Tree>> {
-    let mut trees: IdMap<BlobId, Tree> = IdMap::default();
+/// fetched with coalesced ranged reads on `threads` threads. A level's reads are cut small
+/// enough that every thread has some to decode (trees lie side by side in a few packs, and one
+/// read per level left one core decoding while the other waited).
+pub fn load_trees(
+    repo: &Repository,
+    root: BlobId,
+    threads: usize,
+    loading: &Loading,
+) -> Result<IdMap<BlobId, LoadedTree>> {
+    let mut trees: IdMap<BlobId, LoadedTree> = IdMap::default();
+    let mut uses: IdMap<BlobId, u32> = IdMap::default();
+    uses.insert(root, 1);
     let mut level = vec![root];
     for depth in 0.. {
         if level.is_empty() {
@@ -386,7 +415,9 @@ pub fn load_trees(repo: &Repository, root: BlobId, threads: usize, loading: &Loa
                 .push(index.get(id).ok_or_else(|| Error::NotFound(format!("tree {} (not in any index)", id.short())))?);
         }
         drop(index);
-        let reads = coalesce(located, u64::MAX, coalesce_gap(repo));
+        let level_bytes: u64 = located.iter().map(|l| u64::from(l.entry.length) + u64::from(l.entry.raw_length)).sum();
+        let share = (level_bytes / (threads.max(1) as u64 * 4)).max(TREE_READ_MIN);
+        let reads = coalesce(located, share, coalesce_gap(repo));
         let next = AtomicUsize::new(0);
         let loaded: Mutex<Vec<(BlobId, Tree)>> = Mutex::new(cached);
         let failed: Mutex<Option<Error>> = Mutex::new(None);
@@ -420,19 +451,27 @@ pub fn load_trees(repo: &Repository, root: BlobId, threads: usize, loading: &Loa
         for (id, tree) in loaded.into_inner().expect("lock") {
             for n in &tree.nodes {
                 if let Some(sub) = n.subtree {
+                    *uses.entry(sub).or_default() += 1;
                     if !trees.contains_key(&sub) {
                         level.push(sub);
                     }
                 }
             }
-            trees.insert(id, tree);
+            trees.insert(id, LoadedTree { tree, uses: 0 });
         }
         level.sort_unstable();
         level.dedup();
         level.retain(|id| !trees.contains_key(id));
     }
+    for (id, t) in trees.iter_mut() {
+        t.uses = uses.get(id).copied().unwrap_or(1);
+    }
     Ok(trees)
 }
+
+/// Smallest share of a tree level one read takes (below this, another read costs more than
+/// decoding in parallel saves).
+const TREE_READ_MIN: u64 = 256 * 1024;
 
 /// Reads one coalesced range of tree blobs (again, if the transfer came back damaged) and
 /// keeps each verified tree in the metadata cache.

@@ -26,6 +26,9 @@ use crate::chunker::is_zero;
 /// Runs until `input` is drained.
 pub fn write_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Vec<Decoded<'s>>>) {
     let clock = &sh.clocks[2];
+    let t = Instant::now();
+    sh.dirs_ready.wait(); // the directories are made alongside the first fetches
+    clock.idle(t);
     let mut dirs = ParentDirs::new(sh.target);
     loop {
         let t = Instant::now();
@@ -106,7 +109,8 @@ fn first_touch(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, i: usize) -> io::Resu
 fn finish_file(sh: &Shared<'_>, i: usize, file: &File, fresh: bool) {
     let entry = &sh.plan.entries[i];
     // A file created in a directory with a default ACL inherited an ACL: treat it as existing.
-    let inherited = !sh.acl_dirs.is_empty() && sh.acl_dirs.contains(entry.rel.parent().unwrap_or(Path::new("")));
+    let parent = entry.rel.parent().unwrap_or(Path::new(""));
+    let inherited = sh.acl_dirs.get().is_some_and(|acl| !acl.is_empty() && acl.contains(parent));
     let created = (fresh && !inherited).then_some(sh.umask);
     if let Err(e) = apply_to_file(file, &entry.node, sh.is_root, created) {
         sh.warn(entry.rel.clone(), e.to_string());
