@@ -5,7 +5,7 @@
 //! Each distinct blob appears once, with all of its destinations (file, offset); the blobs of
 //! one pack are sorted by offset and neighbours are coalesced into one read.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -315,68 +315,69 @@ pub fn chunk_offsets(content: &[Chunk]) -> impl Iterator<Item = (u64, &Chunk)> {
 
 /// Builds the fetches for the chunks that `needed(entry)` lists, grouped by pack, sorted by
 /// offset and coalesced into reads that each fit in `budget` (see [`coalesce`]).
+///
+/// The wanted chunks are sorted by blob ID first: each distinct blob is then looked up once,
+/// in the index's own order, and its destinations are already side by side. (Looking every
+/// chunk up in hash maps cost 80–140 ms of cache misses for the Linux tree's 80,000 chunks.)
 pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>], budget: u64) -> Fetches {
-    let chunks: usize = needed.iter().map(Vec::len).sum();
-    let mut f = Fetches { dests: IdMap::with_capacity_and_hasher(chunks, Default::default()), ..Default::default() };
-    let index = repo.index();
-    // Each distinct blob is looked up once. (Both maps are sized up front: growing them
-    // rehashed 80,000 entries several times.)
-    let mut location: IdMap<BlobId, Option<BlobLocation>> = IdMap::with_capacity_and_hasher(chunks, Default::default());
-    for (i, chunks) in needed.iter().enumerate() {
-        for c in chunks {
-            // A tree whose chunk length disagrees with the blob would make a file of the wrong
-            // size: that file fails instead.
-            match *location.entry(c.id).or_insert_with(|| index.get(&c.id)) {
-                Some(loc) if loc.entry.raw_length != c.len => f.mismatched.push((i, c.id)),
-                _ => f.dests.entry(c.id).or_default().push(Dest { entry: i as u32, offset: c.offset }),
-            }
-        }
-    }
     debug_assert_eq!(needed.len(), plan.entries.len());
-    let mut located = Vec::with_capacity(f.dests.len());
-    for (id, dests) in &f.dests {
-        match location[id] {
-            Some(loc) => located.push(loc),
-            None => f.missing.extend(dests.iter().map(|d| (d.entry as usize, *id))),
+    let mut wanted: Vec<(BlobId, Dest, u32)> = Vec::with_capacity(needed.iter().map(Vec::len).sum());
+    for (i, chunks) in needed.iter().enumerate() {
+        wanted.extend(chunks.iter().map(|c| (c.id, Dest { entry: i as u32, offset: c.offset }, c.len)));
+    }
+    wanted.sort_unstable_by_key(|w| w.0);
+    let mut f = Fetches::default();
+    let mut located = Vec::new();
+    let index = repo.index();
+    for same in wanted.chunk_by(|a, b| a.0 == b.0) {
+        let id = same[0].0;
+        let Some(loc) = index.get(&id) else {
+            // Still a destination, so its files never count as complete.
+            f.missing.extend(same.iter().map(|(_, d, _)| (d.entry as usize, id)));
+            f.dests.insert(id, same.iter().map(|(_, d, _)| *d).collect());
+            continue;
+        };
+        // A tree whose chunk length disagrees with the blob would make a file of the wrong
+        // size: that file fails instead.
+        let (fits, wrong): (Vec<_>, Vec<_>) = same.iter().partition(|(_, _, len)| *len == loc.entry.raw_length);
+        f.mismatched.extend(wrong.iter().map(|(_, d, _)| (d.entry as usize, id)));
+        if !fits.is_empty() {
+            f.dests.insert(id, fits.iter().map(|(_, d, _)| *d).collect());
+            located.push(loc);
         }
     }
+    drop(index);
     f.reads = coalesce(located, budget, coalesce_gap(repo));
     f.fetch_bytes = f.reads.iter().map(|r| r.length).sum();
     f
 }
 
 /// Groups blob locations by pack, sorts them by offset and merges neighbours at most `gap` bytes
-/// apart into ranged reads of at most [`MAX_READ`] bytes (stored, and decoded) whose budget
+/// apart into one read, up to [`MAX_READ`] stored bytes and [`MAX_READ`] of plaintext. A read's
 /// reservation (the range plus its plaintext) stays within `budget`, so a small `--max-memory`
 /// really bounds the bytes in flight. A blob that alone exceeds the budget is read on its own.
-pub fn coalesce(located: Vec<BlobLocation>, budget: u64, gap: u64) -> Vec<PackRead> {
-    let mut by_pack: BTreeMap<u32, (PackId, [u8; SALT_LEN], Vec<BlobEntry>)> = BTreeMap::new();
+pub fn coalesce(mut located: Vec<BlobLocation>, budget: u64, gap: u64) -> Vec<PackRead> {
+    located.sort_unstable_by_key(|l| (l.pack_no, l.entry.offset));
+    let mut reads: Vec<PackRead> = Vec::new();
+    let mut raw = 0; // plaintext bytes of the last read's blobs
+    let mut last_pack = None;
     for loc in located {
-        by_pack.entry(loc.pack_no).or_insert_with(|| (loc.pack, loc.salt, Vec::new())).2.push(loc.entry);
-    }
-    let mut reads = Vec::new();
-    for (_, (pack, salt, mut blobs)) in by_pack {
-        blobs.sort_by_key(|b| b.offset);
-        let mut current: Option<PackRead> = None;
-        let mut raw = 0; // plaintext bytes of `current`'s blobs
-        for b in blobs {
-            let (start, end) = (u64::from(b.offset), u64::from(b.offset) + u64::from(b.length));
-            if let Some(r) = current.as_mut() {
-                let r_end = r.offset + r.length;
-                let reserved = end - r.offset + raw + u64::from(b.raw_length);
-                let fits = end - r.offset <= MAX_READ && raw + u64::from(b.raw_length) <= MAX_READ;
-                if start >= r_end && start - r_end <= gap && fits && reserved <= budget {
-                    r.length = end - r.offset;
-                    r.blobs.push(b);
-                    raw += u64::from(b.raw_length);
-                    continue;
-                }
-                reads.push(current.take().expect("current read"));
+        let b = loc.entry;
+        let (start, end) = (u64::from(b.offset), u64::from(b.offset) + u64::from(b.length));
+        if let Some(r) = reads.last_mut().filter(|_| last_pack == Some(loc.pack_no)) {
+            let r_end = r.offset + r.length;
+            let reserved = end - r.offset + raw + u64::from(b.raw_length);
+            let fits = end - r.offset <= MAX_READ && raw + u64::from(b.raw_length) <= MAX_READ;
+            if start >= r_end && start - r_end <= gap && fits && reserved <= budget {
+                r.length = end - r.offset;
+                r.blobs.push(b);
+                raw += u64::from(b.raw_length);
+                continue;
             }
-            current = Some(PackRead { pack, salt, offset: start, length: end - start, blobs: vec![b] });
-            raw = u64::from(b.raw_length);
         }
-        reads.extend(current);
+        last_pack = Some(loc.pack_no);
+        reads.push(PackRead { pack: loc.pack, salt: loc.salt, offset: start, length: end - start, blobs: vec![b] });
+        raw = u64::from(b.raw_length);
     }
     reads
 }
@@ -523,6 +524,27 @@ mod tests {
         let reads = coalesce(locs, u64::MAX, 4096);
         // Sorted by offset; the 4 KiB gap is read, the larger one is not.
         assert_eq!(shape(&reads), [(0, 5196, 2), (20_000, 100, 1)]);
+    }
+
+    #[test]
+    fn reads_never_span_two_packs() {
+        let in_pack = |mut l: BlobLocation, no: u32| {
+            l.pack_no = no;
+            l.pack = PackId([no as u8; 32]);
+            l
+        };
+        // Two packs' blobs interleaved and out of order; pack 7's lie just after pack 3's.
+        let locs = vec![
+            in_pack(at(1, 400, 100, 100), 7),
+            in_pack(at(2, 0, 100, 100), 3),
+            in_pack(at(3, 300, 100, 100), 7),
+            in_pack(at(4, 100, 100, 100), 3),
+        ];
+        let reads = coalesce(locs, u64::MAX, 4096);
+        assert_eq!(shape(&reads), [(0, 200, 2), (300, 200, 2)]);
+        assert_eq!(reads[0].pack, PackId([3; 32]));
+        assert_eq!(reads[1].pack, PackId([7; 32]));
+        assert_eq!(reads[1].blobs.iter().map(|b| b.id.0[0]).collect::<Vec<_>>(), [3, 1]);
     }
 
     #[test]
