@@ -229,7 +229,8 @@ struct RestoreArgs {
     /// inside data), never (allocate every byte)
     #[arg(long, default_value = "auto", value_name = "MODE")]
     sparse: String,
-    /// Reserve each file's data ranges on disk before writing
+    /// Reserve every file's data ranges on disk before writing (by default only files of 1 MiB
+    /// or more, and none on tmpfs)
     #[arg(long)]
     preallocate: bool,
     /// Ranged pack reads in flight [default: 4 for a local repository, 32 for S3, 8 for SFTP]

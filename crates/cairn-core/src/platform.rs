@@ -43,6 +43,11 @@ pub fn format_local(t: Timestamp) -> String {
     }
 }
 
+/// Whether `path` is on tmpfs (false when that cannot be told).
+pub fn is_tmpfs(path: &Path) -> bool {
+    rustix::fs::statfs(path).is_ok_and(|s| s.f_type as u64 == libc::TMPFS_MAGIC as u64)
+}
+
 /// Whether the process runs as root (and so may restore ownership and device nodes).
 pub fn is_root() -> bool {
     uzers::get_effective_uid() == 0

@@ -175,13 +175,19 @@ pub fn create_file(path: &Path, mode: u32) -> io::Result<fs::File> {
 /// Gives a new file its final size: zero ranges stay holes, except with `--sparse never`
 /// (everything allocated) or `--preallocate` (data ranges reserved).
 pub fn size_new_file(f: &fs::File, node: &Node, sparse: Sparse) -> io::Result<()> {
+    let reserve = match sparse {
+        Sparse::Preallocate => true,
+        Sparse::ReserveLarge => node.size >= super::RESERVE_MIN,
+        _ => false,
+    };
     // Writes extend the file themselves; only trailing zeros need the size set.
-    if sparse != Sparse::Auto || !matches!(node.content.last(), Some(Chunk::Data { .. })) {
+    let extended_by_writes = matches!(sparse, Sparse::Auto | Sparse::ReserveLarge) && !reserve;
+    if !extended_by_writes || !matches!(node.content.last(), Some(Chunk::Data { .. })) {
         f.set_len(node.size)?;
     }
     match sparse {
         Sparse::Never if node.size > 0 => fallocate(f, 0, node.size),
-        Sparse::Preallocate => {
+        _ if reserve => {
             // One call per run of adjacent data chunks, so the file stays in few extents.
             let mut off = 0u64;
             let mut run: Option<(u64, u64)> = None;
@@ -259,4 +265,45 @@ pub fn hard_link(first: &Path, path: &Path) -> io::Result<()> {
     }
     remove_any(path)?;
     fs::hard_link(first, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+    use crate::id::BlobId;
+
+    /// A 4 MiB file: 1 MiB of data, a 2 MiB hole, 1 MiB of data.
+    fn image() -> Node {
+        let mut node = Node::new(b"img".to_vec(), NodeKind::File);
+        let data = Chunk::Data { id: BlobId([1; 32]), len: 1 << 20 };
+        node.content = vec![data, Chunk::Zero { len: 2 << 20 }, data];
+        node.size = 4 << 20;
+        node
+    }
+
+    fn allocated_after_sizing(sparse: Sparse, node: &Node) -> (u64, u64) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = fs::File::create(dir.path().join("f")).expect("create");
+        size_new_file(&f, node, sparse).expect("size");
+        let md = f.metadata().expect("stat");
+        (md.len(), md.blocks() * 512)
+    }
+
+    #[test]
+    fn large_files_have_their_data_ranges_reserved_before_any_write() {
+        let node = image();
+        let (len, reserved) = allocated_after_sizing(Sparse::ReserveLarge, &node);
+        assert_eq!(len, node.size);
+        // Both data MiBs, not the hole (a little slack for file system metadata).
+        assert!((2 << 20..=(2 << 20) + (64 << 10)).contains(&reserved), "{reserved} bytes reserved");
+        // Plain auto: nothing allocated until written; the writes set the size.
+        assert_eq!(allocated_after_sizing(Sparse::Auto, &node), (0, 0));
+        // A file below the threshold is left to its writes as well.
+        let mut small = Node::new(b"small".to_vec(), NodeKind::File);
+        small.content = vec![Chunk::Data { id: BlobId([2; 32]), len: 4096 }];
+        small.size = 4096;
+        assert_eq!(allocated_after_sizing(Sparse::ReserveLarge, &small), (0, 0));
+    }
 }

@@ -77,7 +77,18 @@ pub enum Sparse {
     Never,
     /// Holes for zero chunks, data ranges reserved up front.
     Preallocate,
+    /// Holes for zero chunks, data ranges of files of [`RESERVE_MIN`] or more reserved up
+    /// front (the default, except on tmpfs).
+    ReserveLarge,
 }
+
+/// New files this large have their data ranges reserved before they are written, unless the
+/// target is tmpfs (where reserving means zeroing pages about to be overwritten). On ext4 the
+/// writes then fill reserved extents instead of taking delayed-allocation bookkeeping per page:
+/// restoring the 4 GiB `disk.img` the write stage was busy 1.1–1.3 s instead of 2.0–2.1 s
+/// (`--profile`). For small files the extra call costs more than it saves (the Linux tree with
+/// every file reserved: +1 s of system time).
+pub const RESERVE_MIN: u64 = 1024 * 1024;
 
 /// How to restore.
 #[derive(Clone, Debug)]
@@ -468,7 +479,8 @@ pub fn restore(
         (SparseMode::Never, _) => Sparse::Never,
         (_, true) => Sparse::Preallocate,
         (SparseMode::Always, false) => Sparse::Always,
-        (SparseMode::Auto, false) => Sparse::Auto,
+        (SparseMode::Auto, false) if crate::platform::is_tmpfs(target) => Sparse::Auto,
+        (SparseMode::Auto, false) => Sparse::ReserveLarge,
     };
     let mut remaining: Vec<AtomicU32> = (0..plan.entries.len()).map(|_| AtomicU32::new(0)).collect();
     for dests in fetches.dests.values() {
