@@ -195,12 +195,18 @@ pub fn data_regions(file: &File, size: u64) -> io::Result<Vec<(u64, u64)>> {
 /// Opens a file for reading, never through a symlink, without updating its access time where
 /// that is permitted (O_NOATIME needs the file's owner or root).
 pub fn open_noatime(path: &Path) -> io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let open = |flags| std::fs::OpenOptions::new().read(true).custom_flags(flags).open(path);
-    match open(libc::O_NOFOLLOW | libc::O_NOATIME) {
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => open(libc::O_NOFOLLOW),
-        other => other,
-    }
+    open_noatime_at(rustix::fs::CWD, path)
+}
+
+/// [`open_noatime`] for `name` relative to the open directory `dir`.
+pub fn open_noatime_at<P: rustix::path::Arg + Copy>(dir: impl std::os::fd::AsFd, name: P) -> io::Result<File> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = match rustix::fs::openat(&dir, name, flags | OFlags::NOATIME, Mode::empty()) {
+        Err(rustix::io::Errno::PERM) => rustix::fs::openat(&dir, name, flags, Mode::empty())?,
+        other => other?,
+    };
+    Ok(File::from(fd))
 }
 
 /// `path` as a C string.

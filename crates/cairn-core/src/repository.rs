@@ -230,13 +230,18 @@ impl Repository {
             self.index().get(id).ok_or_else(|| Error::NotFound(format!("tree {} (not in any index)", id.short())))?;
         let path = pack_path(&loc.pack);
         let key = self.key.object_key(&loc.salt);
-        let (sealed, plain) = retry_damaged(|| {
+        retry_damaged(|| {
             let sealed = self.storage.read_range(&path, u64::from(loc.entry.offset), u64::from(loc.entry.length))?;
-            let plain = decode_blob(&self.key, &key, &loc.entry, sealed.clone(), &path)?;
-            Ok((sealed, plain))
-        })?;
-        let tree = Tree::from_bytes(&format!("tree {}", id.short()), &plain)?;
-        self.remember_tree(id, &sealed);
+            self.decode_tree(&key, &loc.entry, &sealed, &path)
+        })
+    }
+
+    /// Decrypts, decompresses, verifies and parses a tree blob's sealed bytes (read from
+    /// `path`), and keeps them in the metadata cache.
+    pub(crate) fn decode_tree(&self, key: &ObjectKey, entry: &BlobEntry, sealed: &[u8], path: &str) -> Result<Tree> {
+        let plain = decode_blob(&self.key, key, entry, sealed.to_vec(), path)?;
+        let tree = Tree::from_bytes(&format!("tree {}", entry.id.short()), &plain)?;
+        self.remember_tree(&entry.id, sealed);
         Ok(tree)
     }
 

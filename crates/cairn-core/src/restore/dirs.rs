@@ -50,12 +50,7 @@ impl<'t> ParentDirs<'t> {
     /// access time where that is permitted.
     pub fn open_read(&mut self, rel: &Path) -> io::Result<File> {
         let (dir, name) = self.parent(rel)?;
-        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = match rustix::fs::openat(dir, name, flags | OFlags::NOATIME, Mode::empty()) {
-            Err(rustix::io::Errno::PERM) => rustix::fs::openat(dir, name, flags, Mode::empty())?,
-            other => other?,
-        };
-        Ok(File::from(fd))
+        crate::platform::open_noatime_at(dir, name)
     }
 
     /// Opens (creating if needed) the file at `rel` for writing, never through a symlink; a

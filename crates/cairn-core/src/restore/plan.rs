@@ -19,7 +19,7 @@ use crate::crypto::SALT_LEN;
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap, PackId};
 use crate::index::BlobLocation;
-use crate::pack::{decode_blob, pack_path, BlobEntry};
+use crate::pack::{pack_path, BlobEntry};
 use crate::repository::Repository;
 use crate::tree::{Chunk, Node, NodeKind, Tree};
 
@@ -485,11 +485,7 @@ fn read_trees(repo: &Repository, read: &PackRead) -> Result<Vec<(BlobId, Tree)>>
             .iter()
             .map(|b| {
                 let start = (u64::from(b.offset) - read.offset) as usize;
-                let sealed = &bytes[start..start + b.length as usize];
-                let plain = decode_blob(repo.key(), &key, b, sealed.to_vec(), &path)?;
-                let tree = Tree::from_bytes(&format!("tree {}", b.id.short()), &plain)?;
-                repo.remember_tree(&b.id, sealed);
-                Ok((b.id, tree))
+                Ok((b.id, repo.decode_tree(&key, b, &bytes[start..start + b.length as usize], &path)?))
             })
             .collect()
     })
