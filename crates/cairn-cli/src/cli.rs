@@ -230,7 +230,7 @@ struct RestoreArgs {
     #[arg(long, default_value = "auto", value_name = "MODE")]
     sparse: String,
     /// Reserve every file's data ranges on disk before writing (by default only files of 1 MiB
-    /// or more, and none on tmpfs)
+    /// or more, on ext4 and XFS)
     #[arg(long)]
     preallocate: bool,
     /// Ranged pack reads in flight [default: 4 for a local repository, 32 for S3, 8 for SFTP]

@@ -659,6 +659,52 @@ fn identical_directories_sharing_trees_all_restore() {
     env.assert_exact(&t);
 }
 
+/// A directory backed up twice through a bind mount: its whole subtree is shared, so trees
+/// below a shared tree are listed once per copy (the plan copies them rather than take them on
+/// the first listing). Both copies restore exactly.
+#[test]
+fn a_bind_mounted_copy_shares_nested_trees_and_both_restore() {
+    let base = tempfile::tempdir().expect("tempdir");
+    let src = base.path().join("src");
+    let a = src.join("a");
+    random_files(&a.join("sub/deeper"), 21, &[5 * KIB, 70 * KIB]);
+    random_files(&a.join("sub/other"), 22, &[9 * KIB]);
+    fs::write(a.join("top.txt"), b"top\n".repeat(100)).expect("write");
+    fs::create_dir(src.join("b")).expect("mkdir");
+    let bound = BindMount::new(&a, &src.join("b"));
+    let cairn = Cairn::new(&base.path().join("repo"), PASSWORD);
+    cairn.init(&SMALL_REPO);
+    cairn.backup(&[&src], &[]);
+    drop(bound);
+    let trees = cairn.stored_blobs().into_iter().filter(|b| b.kind == BlobKind::Tree).count();
+    // src, a = b, a/sub, a/sub/deeper, a/sub/other, and the directories above src.
+    assert_eq!(trees, 5 + src.ancestors().count() - 1, "the bind-mounted copy does not share trees");
+    let want = scan_source(&a);
+    for t in [base.path().join("t1"), base.path().join("t2")] {
+        cairn.restore_with("latest", &t, &[]);
+        let r = restored_path(&t, &src);
+        assert_same(&want, &scan(&r.join("a")), true);
+        assert_same(&want, &scan(&r.join("b")), true);
+    }
+}
+
+/// `mount --bind`, undone when dropped.
+struct BindMount(PathBuf);
+
+impl BindMount {
+    fn new(from: &Path, at: &Path) -> Self {
+        let st = Command::new("mount").arg("--bind").arg(from).arg(at).status().expect("mount");
+        assert!(st.success(), "mount --bind failed (the tests run as root)");
+        BindMount(at.to_path_buf())
+    }
+}
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
 /// A missing data pack during a restore of many files fails exactly the files that need it —
 /// each named on its own line, including two files sharing one blob — with a non-zero exit;
 /// every other file is restored exactly and no failed file is left behind.

@@ -43,9 +43,13 @@ pub fn format_local(t: Timestamp) -> String {
     }
 }
 
-/// Whether `path` is on tmpfs (false when that cannot be told).
-pub fn is_tmpfs(path: &Path) -> bool {
-    rustix::fs::statfs(path).is_ok_and(|s| s.f_type as u64 == libc::TMPFS_MAGIC as u64)
+/// Whether `path` is on a file system where reserving a file's blocks before writing them
+/// costs little and changes nothing else: ext4 or XFS (false when that cannot be told).
+pub fn reserves_cheaply(path: &Path) -> bool {
+    const XFS_SUPER_MAGIC: u64 = 0x5846_5342;
+    let Ok(s) = rustix::fs::statfs(path) else { return false };
+    let kind = s.f_type as u64;
+    kind == libc::EXT4_SUPER_MAGIC as u64 || kind == XFS_SUPER_MAGIC
 }
 
 /// Whether the process runs as root (and so may restore ownership and device nodes).

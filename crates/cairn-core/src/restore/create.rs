@@ -17,6 +17,7 @@ use crate::error::Error;
 use crate::platform::cstring;
 use crate::tree::{Chunk, Node, NodeKind};
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Removes whatever is at `path` (a directory with everything in it).
 pub fn remove_any(path: &Path) -> io::Result<()> {
@@ -58,8 +59,15 @@ pub struct Directories {
 /// Makes the plan's directories, parents before children, in `target` (which exists). Into an
 /// `empty` target a directory is simply made (one call instead of four); otherwise, or if
 /// something is in the way, the entry is examined and replaced. A disk full or read-only
-/// target stops it with an error.
-pub fn directories(target: &Path, plan: &Plan, empty: bool, is_root: bool) -> Result<Directories, Error> {
+/// target stops it with an error, and so does `cancel`; `done` counts the directories made.
+pub fn directories(
+    target: &Path,
+    plan: &Plan,
+    empty: bool,
+    is_root: bool,
+    done: &AtomicU64,
+    cancel: &AtomicBool,
+) -> Result<Directories, Error> {
     let mut out = Directories::default();
     if has_default_acl(target) {
         out.acl.insert(PathBuf::new());
@@ -68,6 +76,10 @@ pub fn directories(target: &Path, plan: &Plan, empty: bool, is_root: bool) -> Re
         if entry.node.kind != NodeKind::Dir {
             continue;
         }
+        if cancel.load(Ordering::Relaxed) {
+            return Err(Error::Interrupted);
+        }
+        done.fetch_add(1, Ordering::Relaxed);
         let path = target.join(&entry.rel);
         let made = if empty { fs::create_dir(&path) } else { Err(io::ErrorKind::AlreadyExists.into()) };
         let made = match made {
@@ -185,9 +197,10 @@ pub fn size_new_file(f: &fs::File, node: &Node, sparse: Sparse) -> io::Result<()
     if !extended_by_writes || !matches!(node.content.last(), Some(Chunk::Data { .. })) {
         f.set_len(node.size)?;
     }
-    match sparse {
-        Sparse::Never if node.size > 0 => fallocate(f, 0, node.size),
-        _ if reserve => {
+    if sparse == Sparse::Never && node.size > 0 {
+        fallocate(f, 0, node.size)
+    } else if reserve {
+        let reserved = (|| {
             // One call per run of adjacent data chunks, so the file stays in few extents.
             let mut off = 0u64;
             let mut run: Option<(u64, u64)> = None;
@@ -207,8 +220,15 @@ pub fn size_new_file(f: &fs::File, node: &Node, sparse: Sparse) -> io::Result<()
                 fallocate(f, start, len)?;
             }
             Ok(())
+        })();
+        match reserved {
+            // Reserving by default is only a speed-up: where the file system will not, the
+            // writes allocate as they go. Out of space is out of space either way.
+            Err(e) if sparse == Sparse::ReserveLarge && !super::is_fatal(&e) => Ok(()),
+            other => other,
         }
-        _ => Ok(()),
+    } else {
+        Ok(())
     }
 }
 

@@ -78,12 +78,13 @@ pub enum Sparse {
     /// Holes for zero chunks, data ranges reserved up front.
     Preallocate,
     /// Holes for zero chunks, data ranges of files of [`RESERVE_MIN`] or more reserved up
-    /// front (the default, except on tmpfs).
+    /// front (the default on ext4 and XFS).
     ReserveLarge,
 }
 
-/// New files this large have their data ranges reserved before they are written, unless the
-/// target is tmpfs (where reserving means zeroing pages about to be overwritten). On ext4 the
+/// New files this large have their data ranges reserved before they are written, on ext4 and
+/// XFS only: on tmpfs reserving means zeroing pages about to be overwritten, and on btrfs
+/// reserved ranges are written without compression. On ext4 the
 /// writes then fill reserved extents instead of taking delayed-allocation bookkeeping per page:
 /// restoring the 4 GiB `disk.img` the write stage was busy 1.1–1.3 s instead of 2.0–2.1 s
 /// (`--profile`). For small files the extra call costs more than it saves (the Linux tree with
@@ -211,7 +212,8 @@ pub struct RestoreOutcome {
     pub profile: [StageTimes; 3],
     /// Set for `--dry-run`.
     pub dry_run: Option<DryRun>,
-    /// Wall time of each phase: plan, check, create, pipeline, finish (and verify).
+    /// Wall time of each phase: plan, dirs, check, schedule, pipeline, the create stage's own
+    /// time (which ran alongside the pipeline), finish (and verify).
     pub phases: Vec<(&'static str, Duration)>,
     /// Wall time.
     pub duration: Duration,
@@ -283,6 +285,8 @@ pub struct Shared<'a> {
     acl_dirs: OnceLock<HashSet<PathBuf>>,
     /// Opens once the directories and the entries without data are made: writers wait for it.
     dirs_ready: Gate,
+    /// Directories and other entries the create stage has made (the watchdog's measure of it).
+    created: AtomicU64,
 }
 
 /// A one-way gate: closed until opened, then open for good.
@@ -296,6 +300,10 @@ impl Gate {
     fn open(&self) {
         *self.open.lock().expect("gate lock") = true;
         self.opened.notify_all();
+    }
+
+    fn is_open(&self) -> bool {
+        *self.open.lock().expect("gate lock")
     }
 
     fn wait(&self) {
@@ -409,8 +417,11 @@ pub fn restore(
     // they come first, so the check below never looks through a symlink standing where a
     // directory belongs (it is replaced by a real directory here).
     let dirs_alongside = empty && !opts.dry_run;
-    let dirs_made =
-        if opts.dry_run || dirs_alongside { None } else { Some(create::directories(target, &plan, false, is_root)?) };
+    let dirs_made = if opts.dry_run || dirs_alongside {
+        None
+    } else {
+        Some(create::directories(target, &plan, false, is_root, &AtomicU64::new(0), &cancel)?)
+    };
     phase.lap(&mut out_phases, "dirs");
     let (states, meta_ok) = if empty {
         let states = plan
@@ -479,8 +490,8 @@ pub fn restore(
         (SparseMode::Never, _) => Sparse::Never,
         (_, true) => Sparse::Preallocate,
         (SparseMode::Always, false) => Sparse::Always,
-        (SparseMode::Auto, false) if crate::platform::is_tmpfs(target) => Sparse::Auto,
-        (SparseMode::Auto, false) => Sparse::ReserveLarge,
+        (SparseMode::Auto, false) if crate::platform::reserves_cheaply(target) => Sparse::ReserveLarge,
+        (SparseMode::Auto, false) => Sparse::Auto,
     };
     let mut remaining: Vec<AtomicU32> = (0..plan.entries.len()).map(|_| AtomicU32::new(0)).collect();
     for dests in fetches.dests.values() {
@@ -512,6 +523,7 @@ pub fn restore(
         umask: crate::platform::umask(),
         acl_dirs: OnceLock::new(),
         dirs_ready: Gate::default(),
+        created: AtomicU64::new(0),
     };
     for &(entry, id) in &fetches.missing {
         sh.failures.entry(entry, &format!("blob {} is not in the repository index", id.short()));
@@ -530,7 +542,7 @@ pub fn restore(
         let _open = OpenOnDrop(&sh.dirs_ready); // even if this panics: no writer waits forever
         let made = match dirs_made {
             Some(made) => Ok(made),
-            None => create::directories(target, &plan, true, is_root),
+            None => create::directories(target, &plan, true, is_root, &sh.created, &sh.cancel),
         };
         match made {
             Ok(made) => {
@@ -622,6 +634,10 @@ fn create_entries(sh: &Shared<'_>) -> Result<()> {
         {
             continue; // prepared by its first write (write.rs), or linked once its file is complete
         }
+        if sh.cancelled() {
+            return Ok(()); // the restore ends with Interrupted (or the error that stopped it)
+        }
+        sh.created.fetch_add(1, Ordering::Relaxed);
         let path = sh.target.join(&entry.rel);
         if let Err(e) = create::prepare(&path, entry, &sh.states[i], has_data, sh.sparse, sh.is_root) {
             if is_fatal(&e) {
@@ -808,12 +824,20 @@ fn run_pipeline(
             }
         }
         drop(reads_tx);
+        // A worker's panic is passed on only once the watchdog has stopped: the scope would
+        // otherwise wait for it forever.
+        let mut panicked = None;
         for w in workers {
-            w.join().expect("restore worker panicked");
+            if let Err(p) = w.join() {
+                panicked.get_or_insert(p);
+            }
         }
         finished.store(true, Ordering::Relaxed);
         watchdog.thread().unpark();
         stalls.extend(watchdog.join().expect("watchdog panicked"));
+        if let Some(p) = panicked {
+            std::panic::resume_unwind(p);
+        }
     });
 }
 
@@ -835,9 +859,10 @@ fn watchdog(
             progress.fetched_bytes.store(now.0, Ordering::Relaxed);
             progress.done_bytes.store(base_done + now.1, Ordering::Relaxed);
             progress.done_files.store(sh.files_done.load(Ordering::Relaxed), Ordering::Relaxed);
-            now
+            (now, sh.created.load(Ordering::Relaxed))
         },
-        || profile::stalled_stage(&sh.clocks),
+        // Until the create stage is done the writers wait for it, and the fetchers for them.
+        || if sh.dirs_ready.is_open() { profile::stalled_stage(&sh.clocks) } else { "create" },
     );
     progress.done_bytes.store(base_done + sh.written.load(Ordering::Relaxed), Ordering::Relaxed);
     progress.fetched_bytes.store(sh.fetched.load(Ordering::Relaxed), Ordering::Relaxed);

@@ -192,11 +192,13 @@ struct Builder<'a> {
     links: HashMap<(u64, u64), usize>,
     depth: usize,
     trees: IdMap<BlobId, LoadedTree>,
+    /// Trees on the current path that will be listed again (see [`LoadedTree`]).
+    again: usize,
 }
 
-/// A loaded tree and how many directory nodes still refer to it (identical directories share
-/// one tree): the last one takes it without a copy. (A tree visited again below a shared parent
-/// is read again, from the metadata cache.)
+/// A loaded tree and how many directory nodes of other trees still refer to it (identical
+/// directories share one tree): the last one takes it without a copy. Below a tree that will be
+/// listed again every tree is copied, as it will be listed again too.
 pub struct LoadedTree {
     tree: Tree,
     uses: u32,
@@ -229,7 +231,7 @@ pub fn build(
         Top::Tree(id) => load_trees(repo, *id, threads, loading)?,
         Top::Node(_) => IdMap::default(),
     };
-    let mut b = Builder { repo, filter, plan: Plan::default(), links: HashMap::new(), depth: 0, trees };
+    let mut b = Builder { repo, filter, plan: Plan::default(), links: HashMap::new(), depth: 0, trees, again: 0 };
     match top {
         Top::Tree(id) => {
             b.add_tree(&id, Path::new(""), base, false)?;
@@ -252,20 +254,25 @@ impl Builder<'_> {
                 format!("directories nested deeper than {MAX_DEPTH} levels"),
             ));
         }
-        let tree = match self.trees.get_mut(id) {
+        // Below a tree that will be listed again, every tree will be listed again too: copied.
+        let again_above = self.again > 0;
+        let (tree, again) = match self.trees.get_mut(id) {
+            Some(t) if again_above => (t.tree.clone(), true),
             Some(t) if t.uses > 1 => {
                 t.uses -= 1;
-                t.tree.clone()
+                (t.tree.clone(), true)
             }
-            Some(_) => self.trees.remove(id).expect("tree just found").tree,
-            None => self.repo.read_tree(id)?,
+            Some(_) => (self.trees.remove(id).expect("tree just found").tree, false),
+            None => (self.repo.read_tree(id)?, again_above),
         };
+        self.again += usize::from(again);
         let mut any = false;
         for node in tree.nodes {
             // Absolute paths are only for the filters; without any, none is built.
             let abs = if self.filter.is_empty() { PathBuf::new() } else { abs_dir.join(OsStr::from_bytes(&node.name)) };
             any |= self.add_node(node, dir, &abs, parent_included)?;
         }
+        self.again -= usize::from(again);
         self.depth -= 1;
         Ok(any)
     }
@@ -325,7 +332,9 @@ pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>], budg
     for (i, chunks) in needed.iter().enumerate() {
         wanted.extend(chunks.iter().map(|c| (c.id, Dest { entry: i as u32, offset: c.offset }, c.len)));
     }
-    wanted.sort_unstable_by_key(|w| w.0);
+    // By ID, and each blob's destinations in plan order (the decode stage picks a batch's
+    // writer by its first destination).
+    wanted.sort_unstable_by_key(|w| (w.0, w.1.entry, w.1.offset));
     let mut f = Fetches::default();
     let mut located = Vec::new();
     let index = repo.index();
