@@ -6,7 +6,6 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
@@ -102,43 +101,50 @@ const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
 /// Reads `path`'s metadata (without following a final symlink) into a node named `name`.
 /// Returns `Ok(None)` for sockets, which cannot be backed up.
 pub fn read_node(path: &Path, name: Vec<u8>, names: &mut NameCache) -> io::Result<Option<Node>> {
-    let md = std::fs::symlink_metadata(path)?;
-    let ft = md.file_type();
-    use std::os::unix::fs::FileTypeExt;
-    let kind = if ft.is_file() {
-        NodeKind::File
-    } else if ft.is_dir() {
-        NodeKind::Dir
-    } else if ft.is_symlink() {
-        NodeKind::Symlink
-    } else if ft.is_char_device() {
-        NodeKind::CharDevice
-    } else if ft.is_block_device() {
-        NodeKind::BlockDevice
-    } else if ft.is_fifo() {
-        NodeKind::Fifo
-    } else {
-        return Ok(None);
+    read_node_at(rustix::fs::CWD, path, path, name, names)
+}
+
+/// [`read_node`] for the entry `at` (a name) in the open directory `dir`, whose path is
+/// `path`: status and symlink target are read relative to the directory, so the kernel does
+/// not walk the whole path again (extended attributes have no such call and use `path`).
+pub fn read_node_at(
+    dir: impl std::os::fd::AsFd,
+    at: &Path,
+    path: &Path,
+    name: Vec<u8>,
+    names: &mut NameCache,
+) -> io::Result<Option<Node>> {
+    use rustix::fs::{AtFlags, FileType};
+    let st = rustix::fs::statat(&dir, at, AtFlags::SYMLINK_NOFOLLOW)?;
+    let kind = match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => NodeKind::File,
+        FileType::Directory => NodeKind::Dir,
+        FileType::Symlink => NodeKind::Symlink,
+        FileType::CharacterDevice => NodeKind::CharDevice,
+        FileType::BlockDevice => NodeKind::BlockDevice,
+        FileType::Fifo => NodeKind::Fifo,
+        _ => return Ok(None),
     };
+    let time = |secs: i64, nanos: u64| Timestamp { secs, nanos: nanos as u32 };
     let mut node = Node::new(name, kind);
-    node.mode = md.mode() & 0o7777;
-    node.uid = md.uid();
-    node.gid = md.gid();
-    node.user = names.user(md.uid());
-    node.group = names.group(md.gid());
-    node.atime = Timestamp { secs: md.atime(), nanos: md.atime_nsec() as u32 };
-    node.mtime = Timestamp { secs: md.mtime(), nanos: md.mtime_nsec() as u32 };
-    node.ctime = Timestamp { secs: md.ctime(), nanos: md.ctime_nsec() as u32 };
-    node.inode = md.ino();
-    node.device_id = md.dev();
-    node.links = md.nlink();
+    node.mode = st.st_mode & 0o7777;
+    node.uid = st.st_uid;
+    node.gid = st.st_gid;
+    node.user = names.user(st.st_uid);
+    node.group = names.group(st.st_gid);
+    node.atime = time(st.st_atime, st.st_atime_nsec);
+    node.mtime = time(st.st_mtime, st.st_mtime_nsec);
+    node.ctime = time(st.st_ctime, st.st_ctime_nsec);
+    node.inode = st.st_ino;
+    node.device_id = st.st_dev;
+    node.links = st.st_nlink;
     match kind {
-        NodeKind::File => node.size = md.len(),
+        NodeKind::File => node.size = st.st_size as u64,
         NodeKind::Symlink => {
-            node.target = std::fs::read_link(path)?.as_os_str().as_bytes().to_vec();
+            node.target = rustix::fs::readlinkat(&dir, at, Vec::new())?.into_bytes();
             node.size = node.target.len() as u64;
         }
-        NodeKind::CharDevice | NodeKind::BlockDevice => node.rdev = md.rdev(),
+        NodeKind::CharDevice | NodeKind::BlockDevice => node.rdev = st.st_rdev,
         _ => {}
     }
     read_xattrs(path, &mut node)?;

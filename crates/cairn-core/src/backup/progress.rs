@@ -79,32 +79,40 @@ impl Progress {
     /// Counts the files and bytes the backup will see, applying the same exclusions, until
     /// done or `stop` is set. Runs alongside the backup: it only stats entries.
     pub(super) fn prescan(&self, roots: &[PathBuf], filter: &Filter, stop: &AtomicBool) {
+        use rustix::fs::{statat, AtFlags, FileType, Stat};
         let mut stack: Vec<(PathBuf, u64)> = Vec::new();
-        let count = |path: &Path, md: &std::fs::Metadata, root_dev: u64, stack: &mut Vec<(PathBuf, u64)>| {
-            use std::os::unix::fs::MetadataExt;
-            if md.is_file() {
-                self.total_files.fetch_add(1, Ordering::Relaxed);
-                self.total_bytes.fetch_add(md.len(), Ordering::Relaxed);
-            } else if md.is_dir() && !filter.excludes_dir(path) && !filter.stops_at_device(root_dev, md.dev()) {
-                stack.push((path.to_path_buf(), root_dev));
-            }
-        };
+        let count =
+            |path: &Path, st: &Stat, root_dev: u64, stack: &mut Vec<(PathBuf, u64)>| match FileType::from_raw_mode(
+                st.st_mode,
+            ) {
+                FileType::RegularFile => {
+                    self.total_files.fetch_add(1, Ordering::Relaxed);
+                    self.total_bytes.fetch_add(st.st_size as u64, Ordering::Relaxed);
+                }
+                FileType::Directory if !filter.excludes_dir(path) && !filter.stops_at_device(root_dev, st.st_dev) => {
+                    stack.push((path.to_path_buf(), root_dev));
+                }
+                _ => {}
+            };
         for root in roots {
-            if let Ok(md) = std::fs::symlink_metadata(root) {
-                use std::os::unix::fs::MetadataExt;
-                count(root, &md, md.dev(), &mut stack);
+            if let Ok(st) = statat(rustix::fs::CWD, root, AtFlags::SYMLINK_NOFOLLOW) {
+                count(root, &st, st.st_dev, &mut stack);
             }
         }
         while let Some((dir, root_dev)) = stack.pop() {
             if stop.load(Ordering::Relaxed) {
                 return;
             }
-            for (_, path) in list_dir(&dir, |_| {}) {
+            let listing = list_dir(&dir, |_| {});
+            let Some(fd) = listing.dir else { continue };
+            for (_, path) in listing.entries {
                 if filter.excludes_path(&path) {
                     continue;
                 }
-                if let Ok(md) = std::fs::symlink_metadata(&path) {
-                    count(&path, &md, root_dev, &mut stack);
+                let name = Path::new(path.file_name().unwrap_or(std::ffi::OsStr::new(".")));
+                // Relative to the open directory: no walk of the whole path per entry.
+                if let Ok(st) = statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+                    count(&path, &st, root_dev, &mut stack);
                 }
             }
         }

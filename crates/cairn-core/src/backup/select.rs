@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -164,64 +165,50 @@ impl Selection {
     }
 }
 
-/// The entries of directory `dir` as `(name, path)`, sorted by name; a directory that cannot
-/// be listed is reported through `warn`.
-pub fn list_dir(dir: &Path, mut warn: impl FnMut(String)) -> Vec<(Vec<u8>, PathBuf)> {
+/// A listed directory: its entries as `(name, path)`, sorted by name, and the directory kept
+/// open, so its entries can be looked up relative to it (`fstatat`) rather than by path.
+#[derive(Default)]
+pub struct Listing {
+    /// The open directory (none if it could not be listed).
+    pub dir: Option<OwnedFd>,
+    /// The entries, sorted by name.
+    pub entries: Vec<(Vec<u8>, PathBuf)>,
+}
+
+/// Lists directory `dir`; a directory that cannot be listed is reported through `warn`.
+pub fn list_dir(dir: &Path, mut warn: impl FnMut(String)) -> Listing {
     match read_names(dir) {
-        Ok(mut names) => {
+        Ok((fd, mut names)) => {
             names.sort_unstable();
-            names.into_iter().map(|n| (n.clone(), dir.join(std::ffi::OsStr::from_bytes(&n)))).collect()
+            let entries = names.into_iter().map(|n| (n.clone(), dir.join(std::ffi::OsStr::from_bytes(&n)))).collect();
+            Listing { dir: Some(fd), entries }
         }
         Err(e) => {
             warn(format!("cannot list directory: {e}"));
-            Vec::new()
+            Listing::default()
         }
     }
 }
 
-/// The names in directory `dir`. The directory is opened with `O_NOATIME` where permitted:
-/// listing would otherwise change its access time before the walker records it (the pre-scan
-/// lists directories ahead of the walker), and a backup should leave the tree as it found it.
-fn read_names(dir: &Path) -> std::io::Result<Vec<Vec<u8>>> {
-    let c = crate::platform::cstring(dir)?;
-    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
-    // SAFETY: `c` is a valid NUL-terminated path; the returned descriptor is owned below.
-    let mut fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_NOATIME) };
-    if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM) {
-        // SAFETY: as above.
-        fd = unsafe { libc::open(c.as_ptr(), flags) };
-    }
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is an open directory descriptor; on success the stream owns it.
-    let stream = unsafe { libc::fdopendir(fd) };
-    if stream.is_null() {
-        let err = std::io::Error::last_os_error();
-        // SAFETY: `fd` is still ours when fdopendir fails.
-        unsafe { libc::close(fd) };
-        return Err(err);
-    }
-    let mut names = Vec::new();
-    let result = loop {
-        // SAFETY: errno is thread-local; clearing it tells end-of-stream from an error.
-        unsafe { *libc::__errno_location() = 0 };
-        // SAFETY: `stream` is a valid open stream, used by this thread only.
-        let entry = unsafe { libc::readdir64(stream) };
-        if entry.is_null() {
-            let err = std::io::Error::last_os_error();
-            break if err.raw_os_error().unwrap_or(0) == 0 { Ok(()) } else { Err(err) };
-        }
-        // SAFETY: `d_name` of a returned entry is a NUL-terminated name valid until the next
-        // readdir call; it is copied at once.
-        let name = unsafe { std::ffi::CStr::from_ptr((*entry).d_name.as_ptr()) }.to_bytes();
-        if name != b"." && name != b".." {
-            names.push(name.to_vec());
-        }
+/// Opens directory `dir` and reads the names in it. It is opened with `O_NOATIME` where
+/// permitted: listing would otherwise change its access time before the walker records it
+/// (the pre-scan lists directories ahead of the walker), and a backup should leave the tree as
+/// it found it.
+fn read_names(dir: &Path) -> std::io::Result<(OwnedFd, Vec<Vec<u8>>)> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let fd = match rustix::fs::open(dir, flags | OFlags::NOATIME, Mode::empty()) {
+        Err(rustix::io::Errno::PERM) => rustix::fs::open(dir, flags, Mode::empty())?,
+        other => other?,
     };
-    // SAFETY: closes the stream (and its descriptor) exactly once.
-    unsafe { libc::closedir(stream) };
-    result.map(|()| names)
+    let mut names = Vec::new();
+    for entry in rustix::fs::Dir::read_from(&fd)? {
+        let name = entry?.file_name().to_bytes().to_vec();
+        if name != b"." && name != b".." {
+            names.push(name);
+        }
+    }
+    Ok((fd, names))
 }
 
 #[cfg(test)]
@@ -270,12 +257,12 @@ mod tests {
         std::fs::write(d.path().join("a"), b"").unwrap();
         let old = filetime::FileTime::from_unix_time(1_000_000_000, 0);
         filetime::set_file_atime(d.path(), old).unwrap();
-        let names: Vec<Vec<u8>> = list_dir(d.path(), |w| panic!("{w}")).into_iter().map(|(n, _)| n).collect();
+        let names: Vec<Vec<u8>> = list_dir(d.path(), |w| panic!("{w}")).entries.into_iter().map(|(n, _)| n).collect();
         assert_eq!(names, [b"a".to_vec(), b"b".to_vec()]);
         let md = std::fs::metadata(d.path()).unwrap();
         assert_eq!(filetime::FileTime::from_last_access_time(&md), old);
         let mut warned = None;
-        assert!(list_dir(&d.path().join("missing"), |w| warned = Some(w)).is_empty());
+        assert!(list_dir(&d.path().join("missing"), |w| warned = Some(w)).entries.is_empty());
         assert!(warned.unwrap().contains("cannot list directory"));
     }
 }

@@ -4,6 +4,7 @@
 //! asynchronously ([`super::pending`]).
 
 use std::ffi::OsStr;
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -15,11 +16,11 @@ use super::parent::{unchanged, ParentDir, TreeLoader};
 use super::pending::PendingDir;
 use super::progress::Counters;
 use super::read::{finish, ReadJob};
-use super::select::{list_dir, Filter, Selection};
+use super::select::{list_dir, Filter, Listing, Selection};
 use super::{stopped, Shared};
 use crate::error::Result;
 use crate::id::BlobId;
-use crate::platform::{read_node, NameCache};
+use crate::platform::{read_node, read_node_at, NameCache};
 use crate::tree::{Node, NodeKind};
 
 /// The walk stage of one backup.
@@ -55,7 +56,7 @@ impl<'a, 'b> Walker<'a, 'b> {
     ) -> Result<()> {
         for (name, child) in &sel.children {
             let path = dir.join(OsStr::from_bytes(name));
-            let Some(mut node) = self.node(&path, name.clone()) else {
+            let Some(mut node) = self.node(None, &path, name.clone()) else {
                 continue;
             };
             if child.whole {
@@ -90,8 +91,16 @@ impl<'a, 'b> Walker<'a, 'b> {
         parent
     }
 
-    fn node(&mut self, path: &Path, name: Vec<u8>) -> Option<Node> {
-        match read_node(path, name, &mut self.names) {
+    /// The node of `path`, named `name`, looked up in the open directory `dir` when given.
+    fn node(&mut self, dir: Option<&OwnedFd>, path: &Path, name: Vec<u8>) -> Option<Node> {
+        let read = match dir {
+            Some(dir) => {
+                let at = Path::new(path.file_name().unwrap_or(OsStr::new(".")));
+                read_node_at(dir, at, path, name, &mut self.names)
+            }
+            None => read_node(path, name, &mut self.names),
+        };
+        match read {
             Ok(Some(n)) => Some(n),
             Ok(None) => {
                 self.sh.note(path, "is a socket: skipped".into());
@@ -156,10 +165,13 @@ impl<'a, 'b> Walker<'a, 'b> {
     }
 
     fn dir(&mut self, dir: &Path, pending: &Arc<PendingDir>, parent: &mut ParentDir, root_dev: u64) -> Result<()> {
-        for (name, path) in list_dir(dir, |why| self.sh.warn(dir, why)) {
-            let Some(node) = self.node(&path, name) else {
-                continue;
-            };
+        let Listing { dir: fd, entries } = list_dir(dir, |why| self.sh.warn(dir, why));
+        // Every entry's status first, relative to the open directory, which is closed before
+        // descending: deep trees must not hold a descriptor per level.
+        let nodes: Vec<_> =
+            entries.into_iter().filter_map(|(name, path)| Some((self.node(fd.as_ref(), &path, name)?, path))).collect();
+        drop(fd);
+        for (node, path) in nodes {
             self.entry(&path, node, pending, parent, root_dev)?;
         }
         Ok(())
