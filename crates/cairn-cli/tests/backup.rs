@@ -509,3 +509,37 @@ fn backups_killed_at_different_moments_never_damage_the_repository() {
     let last = cairn.backup(&[&src], &[]);
     restore_exact(&cairn, &id(&last), &src, &now, &base.path().join("last"));
 }
+
+/// A tree 200 directories deep backs up with only 64 file descriptors allowed: the walker looks
+/// entries up relative to their open directory but closes it before descending, so it holds no
+/// descriptor per level. The restore is exact.
+#[test]
+fn a_deep_tree_backs_up_with_few_file_descriptors() {
+    let base = tempfile::tempdir().expect("tempdir");
+    let src = base.path().join("src");
+    let mut dir = src.clone();
+    for level in 0..200 {
+        dir.push("d");
+        fs::create_dir_all(&dir).expect("mkdir");
+        if level % 20 == 0 {
+            fs::write(dir.join("f"), format!("level {level}\n").repeat(50)).expect("write");
+            std::os::unix::fs::symlink("f", dir.join("link")).expect("symlink");
+        }
+    }
+    let want = scan_source(&src);
+    let cairn = new_repo(base.path());
+    let out = std::process::Command::new("prlimit")
+        .arg("--nofile=64")
+        .arg(env!("CARGO_BIN_EXE_cairn"))
+        .args(["--json", "-r"])
+        .arg(base.path().join("repo"))
+        .arg("backup")
+        .arg(&src)
+        .env("CAIRN_PASSWORD", PASSWORD)
+        .output()
+        .expect("run prlimit");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary = last_json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(summary["errors"], 0, "{summary}");
+    restore_exact(&cairn, "latest", &src, &want, &base.path().join("t"));
+}
