@@ -200,28 +200,7 @@ pub fn size_new_file(f: &fs::File, node: &Node, sparse: Sparse) -> io::Result<()
     if sparse == Sparse::Never && node.size > 0 {
         fallocate(f, 0, node.size)
     } else if reserve {
-        let reserved = (|| {
-            // One call per run of adjacent data chunks, so the file stays in few extents.
-            let mut off = 0u64;
-            let mut run: Option<(u64, u64)> = None;
-            for c in &node.content {
-                match (c, run.as_mut()) {
-                    (Chunk::Data { .. }, Some((_, len))) => *len += c.len(),
-                    (Chunk::Data { .. }, None) => run = Some((off, c.len())),
-                    (Chunk::Zero { .. }, _) => {
-                        if let Some((start, len)) = run.take() {
-                            fallocate(f, start, len)?;
-                        }
-                    }
-                }
-                off += c.len();
-            }
-            if let Some((start, len)) = run {
-                fallocate(f, start, len)?;
-            }
-            Ok(())
-        })();
-        match reserved {
+        match reserve_data_runs(f, node) {
             // Reserving by default is only a speed-up: where the file system will not, the
             // writes allocate as they go. Out of space is out of space either way.
             Err(e) if sparse == Sparse::ReserveLarge && !super::is_fatal(&e) => Ok(()),
@@ -230,6 +209,29 @@ pub fn size_new_file(f: &fs::File, node: &Node, sparse: Sparse) -> io::Result<()
     } else {
         Ok(())
     }
+}
+
+/// Reserves the node's data ranges: one call per run of adjacent data chunks, so the file
+/// stays in few extents.
+fn reserve_data_runs(f: &fs::File, node: &Node) -> io::Result<()> {
+    let mut off = 0u64;
+    let mut run: Option<(u64, u64)> = None;
+    for c in &node.content {
+        match (c, run.as_mut()) {
+            (Chunk::Data { .. }, Some((_, len))) => *len += c.len(),
+            (Chunk::Data { .. }, None) => run = Some((off, c.len())),
+            (Chunk::Zero { .. }, _) => {
+                if let Some((start, len)) = run.take() {
+                    fallocate(f, start, len)?;
+                }
+            }
+        }
+        off += c.len();
+    }
+    if let Some((start, len)) = run {
+        fallocate(f, start, len)?;
+    }
+    Ok(())
 }
 
 fn fallocate(f: &fs::File, off: u64, len: u64) -> io::Result<()> {

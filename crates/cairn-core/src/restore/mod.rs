@@ -331,11 +331,7 @@ impl Shared<'_> {
 
     /// Stops everything because of an error no other file would escape (disk full, read-only).
     fn fatal(&self, path: PathBuf, e: std::io::Error) {
-        let mut f = self.fatal.lock().expect("fatal lock");
-        if f.is_none() {
-            *f = Some(Error::io(path, "cannot write", e));
-        }
-        self.cancel.store(true, Ordering::Relaxed);
+        self.fail(Error::io(path, "cannot write", e));
     }
 
     /// Stops everything with `e` (the first such error is kept).
