@@ -659,20 +659,28 @@ fn finish_dirs(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, threads: usize
         }
     }
     for level in by_depth.iter().rev().filter(|l| !l.is_empty()) {
-        let next = AtomicUsize::new(0);
-        std::thread::scope(|s| {
-            for _ in 0..threads.clamp(1, level.len()) {
-                s.spawn(|| {
-                    while let Some(&i) = level.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        let entry = &sh.plan.entries[i];
-                        if let Err(e) = finish::apply_to_path(&sh.target.join(&entry.rel), &entry.node, sh.is_root) {
-                            sh.warn(entry.rel.clone(), e.to_string());
-                        }
-                    }
-                });
+        in_parallel(level, threads, |_, &i| {
+            let entry = &sh.plan.entries[i];
+            if let Err(e) = finish::apply_to_path(&sh.target.join(&entry.rel), &entry.node, sh.is_root) {
+                sh.warn(entry.rel.clone(), e.to_string());
             }
         });
     }
+}
+
+/// Calls `work(index, item)` for every item, on up to `threads` scoped threads taking the next
+/// item as they become free.
+pub(crate) fn in_parallel<T: Sync>(items: &[T], threads: usize, work: impl Fn(usize, &T) + Sync) {
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..threads.clamp(1, items.len().max(1)) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                work(i, item);
+            });
+        }
+    });
 }
 
 fn target_is_empty(target: &Path) -> bool {
@@ -686,39 +694,30 @@ fn target_is_empty(target: &Path) -> bool {
 /// failed files are removed so none is left with wrong content.
 fn finish_all(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, opts: &RestoreOptions, progress: &Progress) {
     let plan = sh.plan;
-    let next = AtomicUsize::new(0);
-    std::thread::scope(|s| {
-        for _ in 0..opts.write_threads.max(1) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(entry) = plan.entries.get(i) else {
-                    break;
-                };
-                if entry.node.kind == NodeKind::Dir || entry.link_of.is_some() {
-                    continue;
-                }
-                let path = sh.target.join(&entry.rel);
-                if failed.contains_key(&i) {
-                    // A file written in part is removed: a file is either exact or absent. One
-                    // that nothing was written to still holds what it held before.
-                    if entry.node.kind == NodeKind::File
-                        && matches!(sh.states[i], FileState::Create { .. } | FileState::InPlace { .. })
-                        && sh.touched[i].get().is_some()
-                    {
-                        let _ = std::fs::remove_file(&path);
-                    }
-                    continue;
-                }
-                if sh.meta_done[i].load(Ordering::Acquire) || sh.states[i] == FileState::Skip {
-                    continue;
-                }
-                if let Err(e) = finish::apply_to_path(&path, &entry.node, sh.is_root) {
-                    sh.warn(entry.rel.clone(), e.to_string());
-                }
-                if entry.node.kind == NodeKind::File {
-                    progress.done_files.fetch_add(1, Ordering::Relaxed);
-                }
-            });
+    in_parallel(&plan.entries, opts.write_threads, |i, entry| {
+        if entry.node.kind == NodeKind::Dir || entry.link_of.is_some() {
+            return;
+        }
+        let path = sh.target.join(&entry.rel);
+        if failed.contains_key(&i) {
+            // A file written in part is removed: a file is either exact or absent. One that
+            // nothing was written to still holds what it held before.
+            if entry.node.kind == NodeKind::File
+                && matches!(sh.states[i], FileState::Create { .. } | FileState::InPlace { .. })
+                && sh.touched[i].get().is_some()
+            {
+                let _ = std::fs::remove_file(&path);
+            }
+            return;
+        }
+        if sh.meta_done[i].load(Ordering::Acquire) || sh.states[i] == FileState::Skip {
+            return;
+        }
+        if let Err(e) = finish::apply_to_path(&path, &entry.node, sh.is_root) {
+            sh.warn(entry.rel.clone(), e.to_string());
+        }
+        if entry.node.kind == NodeKind::File {
+            progress.done_files.fetch_add(1, Ordering::Relaxed);
         }
     });
     for (i, entry) in plan.entries.iter().enumerate() {

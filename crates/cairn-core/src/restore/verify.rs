@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::check::{compare, FileState};
+use super::in_parallel;
 use super::plan::Plan;
 use crate::crypto::MasterKey;
 use crate::tree::NodeKind;
@@ -20,28 +21,21 @@ pub fn verify(
     key: &MasterKey,
     threads: usize,
 ) -> (u64, Vec<(PathBuf, String)>) {
-    let next = AtomicUsize::new(0);
     let checked = AtomicUsize::new(0);
     let bad = Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for _ in 0..threads.max(1) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(e) = plan.entries.get(i) else { break };
-                if e.node.kind != NodeKind::File || failed.contains_key(&i) || states[i] == FileState::Skip {
-                    continue;
-                }
-                checked.fetch_add(1, Ordering::Relaxed);
-                let path = target.join(&e.rel);
-                match compare(&path, &e.node, key) {
-                    Ok(FileState::Complete) => {}
-                    Ok(_) => bad
-                        .lock()
-                        .expect("bad")
-                        .push((e.rel.clone(), "verification failed: content differs from the snapshot".into())),
-                    Err(err) => bad.lock().expect("bad").push((e.rel.clone(), format!("verification failed: {err}"))),
-                }
-            });
+    in_parallel(&plan.entries, threads, |i, e| {
+        if e.node.kind != NodeKind::File || failed.contains_key(&i) || states[i] == FileState::Skip {
+            return;
+        }
+        checked.fetch_add(1, Ordering::Relaxed);
+        let path = target.join(&e.rel);
+        match compare(&path, &e.node, key) {
+            Ok(FileState::Complete) => {}
+            Ok(_) => bad
+                .lock()
+                .expect("bad")
+                .push((e.rel.clone(), "verification failed: content differs from the snapshot".into())),
+            Err(err) => bad.lock().expect("bad").push((e.rel.clone(), format!("verification failed: {err}"))),
         }
     });
     (checked.load(Ordering::Relaxed) as u64, bad.into_inner().expect("bad"))
