@@ -210,13 +210,22 @@ pub fn open_noatime(path: &Path) -> io::Result<File> {
 
 /// [`open_noatime`] for `name` relative to the open directory `dir`.
 pub fn open_noatime_at<P: rustix::path::Arg + Copy>(dir: impl std::os::fd::AsFd, name: P) -> io::Result<File> {
+    use rustix::fs::OFlags;
+    Ok(File::from(openat_noatime(dir, name, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC)?))
+}
+
+/// Opens `name` (relative to `dir`) with `flags` plus O_NOATIME, or without it where it is not
+/// permitted (EPERM: neither the file's owner nor root).
+pub fn openat_noatime<P: rustix::path::Arg + Copy>(
+    dir: impl std::os::fd::AsFd,
+    name: P,
+    flags: rustix::fs::OFlags,
+) -> io::Result<std::os::fd::OwnedFd> {
     use rustix::fs::{Mode, OFlags};
-    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let fd = match rustix::fs::openat(&dir, name, flags | OFlags::NOATIME, Mode::empty()) {
-        Err(rustix::io::Errno::PERM) => rustix::fs::openat(&dir, name, flags, Mode::empty())?,
-        other => other?,
-    };
-    Ok(File::from(fd))
+    match rustix::fs::openat(&dir, name, flags | OFlags::NOATIME, Mode::empty()) {
+        Err(rustix::io::Errno::PERM) => Ok(rustix::fs::openat(&dir, name, flags, Mode::empty())?),
+        other => Ok(other?),
+    }
 }
 
 /// `path` as a C string.

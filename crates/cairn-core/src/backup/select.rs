@@ -195,12 +195,9 @@ pub fn list_dir(dir: &Path, mut warn: impl FnMut(String)) -> Listing {
 /// (the pre-scan lists directories ahead of the walker), and a backup should leave the tree as
 /// it found it.
 fn read_names(dir: &Path) -> std::io::Result<(OwnedFd, Vec<Vec<u8>>)> {
-    use rustix::fs::{Mode, OFlags};
+    use rustix::fs::OFlags;
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    let fd = match rustix::fs::open(dir, flags | OFlags::NOATIME, Mode::empty()) {
-        Err(rustix::io::Errno::PERM) => rustix::fs::open(dir, flags, Mode::empty())?,
-        other => other?,
-    };
+    let fd = crate::platform::openat_noatime(rustix::fs::CWD, dir, flags)?;
     let mut names = Vec::new();
     for entry in rustix::fs::Dir::read_from(&fd)? {
         let name = entry?.file_name().to_bytes().to_vec();
