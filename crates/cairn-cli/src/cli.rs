@@ -120,6 +120,9 @@ struct InitArgs {
     /// Argon2id passes of the key file
     #[arg(long, default_value_t = KdfParams::default().iterations, value_name = "N")]
     kdf_iterations: u32,
+    /// Argon2id lanes of the key file (computed on all cores at once)
+    #[arg(long, default_value_t = KdfParams::default().parallelism, value_name = "N")]
+    kdf_parallelism: u32,
 }
 
 #[derive(Args, Debug)]
@@ -353,7 +356,7 @@ fn init(g: &Global, a: InitArgs) -> Result<ExitCode> {
         .context("--chunk-sizes wants three byte counts MIN,AVG,MAX")?;
     let [min, avg, max] = sizes[..] else { bail!("--chunk-sizes wants three byte counts MIN,AVG,MAX") };
     let opts = InitOptions {
-        kdf: KdfParams { memory_kib: a.kdf_memory, iterations: a.kdf_iterations, parallelism: 1 },
+        kdf: KdfParams { memory_kib: a.kdf_memory, iterations: a.kdf_iterations, parallelism: a.kdf_parallelism },
         chunk_sizes: (min, avg, max),
         pack_size: a.pack_size.checked_mul(1024 * 1024).context("--pack-size is too large")?,
         compression: parse_codec(&a.compression)?,
