@@ -69,22 +69,36 @@ impl Codec {
 
     /// Decompresses `data` whose plaintext is exactly `raw_len` bytes.
     pub fn decompress(self, data: &[u8], raw_len: usize) -> std::result::Result<Vec<u8>, String> {
-        let out = match self {
-            Codec::None => data.to_vec(),
-            Codec::Lz4 => lz4_flex::block::decompress(data, raw_len).map_err(|e| e.to_string())?,
+        let mut out = Vec::new();
+        self.decompress_into(data, raw_len, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Codec::decompress`] into `out` (replacing its content), reusing its memory.
+    pub fn decompress_into(self, data: &[u8], raw_len: usize, out: &mut Vec<u8>) -> std::result::Result<(), String> {
+        out.clear();
+        out.reserve_exact(raw_len);
+        match self {
+            Codec::None => out.extend_from_slice(data),
+            Codec::Lz4 => {
+                out.resize(raw_len, 0);
+                let n = lz4_flex::block::decompress_into(data, out).map_err(|e| e.to_string())?;
+                out.truncate(n);
+            }
             Codec::Zstd(_) => ZSTD_DCTX.with(|d| {
                 let mut d = d.borrow_mut();
                 let dctx = match d.as_mut() {
                     Some(x) => x,
                     None => d.insert(zstd::bulk::Decompressor::new().map_err(|e| e.to_string())?),
                 };
-                dctx.decompress(data, raw_len).map_err(|e| e.to_string())
+                // Writes into `out`'s spare capacity: a frame larger than `raw_len` is an error.
+                dctx.decompress_to_buffer(data, out).map(drop).map_err(|e| e.to_string())
             })?,
-        };
+        }
         if out.len() != raw_len {
             return Err(format!("decompressed to {} bytes, expected {raw_len}", out.len()));
         }
-        Ok(out)
+        Ok(())
     }
 }
 

@@ -28,6 +28,7 @@ pub mod index;
 pub mod keyfile;
 pub mod lock;
 pub mod pack;
+pub(crate) mod parallel;
 pub mod platform;
 pub mod repository;
 pub mod restore;

@@ -187,32 +187,41 @@ pub fn decode_blob(
     mut sealed: Vec<u8>,
     file: &str,
 ) -> Result<Vec<u8>> {
-    if entry.codec != Codec::None {
-        return decode_blob_in_place(master, key, entry, &mut sealed, file);
+    let mut out = Vec::new();
+    match decode_blob_into(master, key, entry, &mut sealed, file, &mut out)? {
+        // Stored uncompressed: the plaintext stays in `sealed`'s allocation.
+        Some(range) => {
+            sealed.truncate(range.end);
+            sealed.drain(..range.start);
+            Ok(sealed)
+        }
+        None => Ok(out),
     }
-    // Stored uncompressed: the plaintext stays in `sealed`'s allocation.
-    let range = open_blob(key, entry, &mut sealed, file)?;
-    sealed.truncate(range.end);
-    sealed.drain(..range.start);
-    verify_blob(master, entry, sealed, file)
 }
 
-/// [`decode_blob`] on the blob's bytes inside a larger read (they are decrypted in place).
-pub fn decode_blob_in_place(
+/// Decodes a blob inside a larger read (decrypting it in place) without copying it: a blob stored uncompressed is left where it was
+/// decrypted and its plaintext's place in `sealed` returned; a compressed one is decompressed
+/// into `out` (replacing its content, reusing its memory) and `None` returned. Either way the
+/// plaintext has been verified against the blob's ID.
+pub fn decode_blob_into(
     master: &MasterKey,
     key: &ObjectKey,
     entry: &BlobEntry,
     sealed: &mut [u8],
     file: &str,
-) -> Result<Vec<u8>> {
+    out: &mut Vec<u8>,
+) -> Result<Option<std::ops::Range<usize>>> {
     let range = open_blob(key, entry, sealed, file)?;
-    let plain = match entry.codec {
-        Codec::None => sealed[range].to_vec(),
-        codec => codec
-            .decompress(&sealed[range], entry.raw_length as usize)
-            .map_err(|why| Error::corrupt(file, format!("blob {}: {why}", entry.id.short())))?,
-    };
-    verify_blob(master, entry, plain, file)
+    if entry.codec == Codec::None {
+        verify_blob(master, entry, &sealed[range.clone()], file)?;
+        return Ok(Some(range));
+    }
+    entry
+        .codec
+        .decompress_into(&sealed[range], entry.raw_length as usize, out)
+        .map_err(|why| Error::corrupt(file, format!("blob {}: {why}", entry.id.short())))?;
+    verify_blob(master, entry, out, file)?;
+    Ok(None)
 }
 
 /// Decrypts a blob in place; returns where its (still compressed) plaintext lies.
@@ -221,15 +230,15 @@ fn open_blob(key: &ObjectKey, entry: &BlobEntry, sealed: &mut [u8], file: &str) 
         .ok_or_else(|| Error::corrupt(file, format!("blob {} failed authentication", entry.id.short())))
 }
 
-/// Returns the plaintext if it has the blob's length and ID.
-fn verify_blob(master: &MasterKey, entry: &BlobEntry, plain: Vec<u8>, file: &str) -> Result<Vec<u8>> {
+/// Checks that the plaintext has the blob's length and ID.
+fn verify_blob(master: &MasterKey, entry: &BlobEntry, plain: &[u8], file: &str) -> Result<()> {
     if plain.len() != entry.raw_length as usize {
         return Err(Error::corrupt(file, format!("blob {} has the wrong length", entry.id.short())));
     }
-    if master.blob_id(&plain) != entry.id {
+    if master.blob_id(plain) != entry.id {
         return Err(Error::corrupt(file, format!("blob {} does not match its ID", entry.id.short())));
     }
-    Ok(plain)
+    Ok(())
 }
 
 /// The storage path of a pack: `data/<first two hex digits>/<hex ID>`.

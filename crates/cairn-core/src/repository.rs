@@ -12,6 +12,7 @@ use crate::id::{BlobId, IndexId, KeyId, SnapshotId};
 use crate::index::{self, Index, IndexedPack};
 use crate::keyfile::{KdfParams, KeyFile};
 use crate::pack::{decode_blob, pack_path, BlobEntry, BlobKind, PackWriter};
+use crate::parallel::in_parallel;
 use crate::sealed::{self, SealedKind};
 use crate::snapshot::Snapshot;
 use crate::storage::Storage;
@@ -117,11 +118,19 @@ impl Repository {
         Ok(Repository { storage, key, config, index: RwLock::new(Index::default()), cache: None })
     }
 
-    /// Reads every index file into memory.
+    /// Reads every index file into memory, several at once (each is read, decrypted and
+    /// decoded on its own, and a remote one waits a round trip).
     pub fn load_index(&self) -> Result<()> {
+        let files = self.storage.list("index")?;
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let read: Vec<std::sync::Mutex<Option<Result<Vec<IndexedPack>>>>> =
+            files.iter().map(|_| std::sync::Mutex::new(None)).collect();
+        in_parallel(&files, threads, |i, obj| {
+            *read[i].lock().expect("index slot") = Some(self.read_index_file(&obj.path));
+        });
         let mut packs = Vec::new();
-        for obj in self.storage.list("index")? {
-            packs.extend(self.read_index_file(&obj.path)?);
+        for r in read {
+            packs.extend(r.into_inner().expect("index slot").expect("every index file was read")?);
         }
         *self.index.write().expect("index lock") = Index::from_packs(packs);
         Ok(())
@@ -155,8 +164,9 @@ impl Repository {
     }
 
     /// Reads `len` bytes of `pack` at `offset`, again if the transfer came back short.
-    pub fn read_pack_range(&self, pack: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
-        retry_damaged(|| self.storage.read_range(pack, offset, len))
+    /// `buf`'s content is replaced (its memory reused).
+    pub fn read_pack_range_into(&self, pack: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
+        retry_damaged(|| self.storage.read_range_into(pack, offset, len, buf))
     }
 
     /// Reads one blob from `pack` and decodes it, reading it again if the transfer came back

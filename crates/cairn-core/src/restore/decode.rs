@@ -1,27 +1,57 @@
 //! Decode stage (CPU pool): decrypt, decompress, and recompute the blob ID before any byte is
 //! written. A worker decodes the blobs of one read (in place, without copying them out) and
-//! hands them to the write stage together, always to the writer that writes their file.
+//! hands them to the write stage together, always to the writer that writes their file. A blob
+//! stored uncompressed is written straight from the read it came in.
 
+use std::ops::{Deref, Range};
 use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 
 use super::budget::Reservation;
+use super::buffers::{Buf, BufferPool};
 use super::fetch::Fetched;
 use super::profile::work;
 use super::Shared;
+use crate::compress::Codec;
 use crate::id::BlobId;
-use crate::pack::decode_blob_in_place;
+use crate::pack::decode_blob_into;
 
 /// A verified blob's plaintext.
 pub struct Decoded<'b> {
     /// The blob.
     pub id: BlobId,
-    /// Its plaintext, shared by all of its destinations.
-    pub data: Arc<Vec<u8>>,
-    /// Released when the blob has been written everywhere.
-    pub reservation: Reservation<'b>,
+    /// Its plaintext, written to all of its destinations.
+    pub data: Plain<'b>,
+    /// Released when the blob has been written everywhere (none for a blob inside its read,
+    /// whose bytes the read's reservation covers).
+    pub reservation: Option<Reservation<'b>>,
+}
+
+/// Where a decoded blob's plaintext lies.
+pub enum Plain<'b> {
+    /// Decompressed into a buffer of its own.
+    Own(Buf<'b>),
+    /// Stored uncompressed: decrypted in place inside its read, at this range.
+    InRead(Arc<DecodedRead<'b>>, Range<usize>),
+}
+
+/// A read whose uncompressed blobs are written straight from it: its memory and its share of
+/// the budget are released when the last of them has been written.
+pub struct DecodedRead<'b> {
+    buf: Buf<'b>,
+    _reservation: Reservation<'b>,
+}
+
+impl Deref for Plain<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Plain::Own(b) => b,
+            Plain::InRead(read, range) => &read.buf[range.clone()],
+        }
+    }
 }
 
 /// Runs until `input` is drained or a writer's queue is closed.
@@ -29,28 +59,12 @@ pub fn decode_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Fetched<'s>>, write
     let clock = &sh.clocks[1];
     loop {
         let t = Instant::now();
-        let Ok(mut f) = input.recv() else { return };
+        let Ok(f) = input.recv() else { return };
         clock.idle(t);
         if sh.cancelled() {
             continue; // drain so upstream never blocks
         }
-        let batch = work(clock, || {
-            let mut batch = Vec::with_capacity(f.read.blobs.len());
-            for (b, reservation) in f.read.blobs.iter().zip(f.blob_reservations.drain(..)) {
-                let start = (u64::from(b.offset) - f.read.offset) as usize;
-                let sealed = &mut f.range[start..start + b.length as usize];
-                // A copy that fails authentication may be a damaged transfer: read that blob again.
-                match decode_blob_in_place(sh.repo.key(), &f.key, b, sealed, &f.pack)
-                    .or_else(|_| sh.repo.reread_blob(&f.pack, &f.key, b))
-                {
-                    Ok(data) => batch.push(Decoded { id: b.id, data: Arc::new(data), reservation }),
-                    Err(e) => sh.failures.blob(&b.id, &e.to_string()),
-                }
-            }
-            batch
-        });
-        drop(f.range); // decoded: the range leaves memory and the budget
-        drop(f.range_reservation);
+        let batch = work(clock, || decode_read(sh, f));
         if batch.is_empty() {
             continue;
         }
@@ -65,4 +79,45 @@ pub fn decode_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Fetched<'s>>, write
         }
         clock.blocked(t);
     }
+}
+
+/// Decodes the blobs of one read; a blob that cannot be decoded is recorded as failed.
+fn decode_read<'s>(sh: &'s Shared<'_>, mut f: Fetched<'s>) -> Vec<Decoded<'s>> {
+    let mut decoded = Vec::with_capacity(f.read.blobs.len());
+    let mut in_read = Vec::new();
+    for (b, reservation) in f.read.blobs.iter().zip(f.blob_reservations.drain(..)) {
+        let start = (u64::from(b.offset) - f.read.offset) as usize;
+        let sealed = &mut f.range[start..start + b.length as usize];
+        let mut out = sh.buffers.take(if b.codec == Codec::None { 0 } else { b.raw_length as usize });
+        match decode_blob_into(sh.repo.key(), &f.key, b, sealed, &f.pack, &mut out) {
+            Ok(Some(plain)) => in_read.push((b.id, start + plain.start..start + plain.end, reservation)),
+            Ok(None) => decoded.push(Decoded { id: b.id, data: Plain::Own(out), reservation: Some(reservation) }),
+            // A copy that fails authentication may be a damaged transfer: read that blob again.
+            Err(_) => match sh.repo.reread_blob(&f.pack, &f.key, b) {
+                Ok(data) => decoded.push(Decoded {
+                    id: b.id,
+                    data: Plain::Own(BufferPool::adopt(data)),
+                    reservation: Some(reservation),
+                }),
+                Err(e) => sh.failures.blob(&b.id, &e.to_string()),
+            },
+        }
+    }
+    // Blobs stored uncompressed are written from the read when they are most of it: it stays
+    // in memory and in the budget until they are written. A few small ones among compressed
+    // blobs are copied out instead, so a whole read is not held for them.
+    let stored: usize = in_read.iter().map(|(_, r, _)| r.len()).sum();
+    if stored * 2 >= f.range.len() {
+        let read = Arc::new(DecodedRead { buf: f.range, _reservation: f.range_reservation });
+        for (id, range, _) in in_read {
+            decoded.push(Decoded { id, data: Plain::InRead(read.clone(), range), reservation: None });
+        }
+    } else {
+        for (id, range, reservation) in in_read {
+            let mut out = sh.buffers.take(range.len());
+            out.extend_from_slice(&f.range[range]);
+            decoded.push(Decoded { id, data: Plain::Own(out), reservation: Some(reservation) });
+        }
+    }
+    decoded
 }

@@ -6,6 +6,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::budget::Reservation;
+use super::buffers::Buf;
 use super::plan::PackRead;
 use super::profile::work;
 use super::Shared;
@@ -21,7 +22,7 @@ pub struct Fetched<'b> {
     /// The pack's path, for errors.
     pub pack: String,
     /// The bytes read (each blob is decrypted in place).
-    pub range: Vec<u8>,
+    pub range: Buf<'b>,
     /// Budget for the range, released once its blobs are decoded.
     pub range_reservation: Reservation<'b>,
     /// Budget for each blob's plaintext, in the order of `read.blobs`; released as each blob
@@ -43,15 +44,16 @@ pub fn fetch_worker<'s>(sh: &'s Shared<'_>, reads: Receiver<&'s PackRead>, out: 
             return;
         };
         let pack = pack_path(&read.pack);
-        let range = match work(clock, || sh.repo.read_pack_range(&pack, read.offset, read.length)) {
-            Ok(b) => b,
+        let mut range = sh.buffers.take(read.length as usize);
+        match work(clock, || sh.repo.read_pack_range_into(&pack, read.offset, read.length, &mut range)) {
+            Ok(()) => {}
             Err(e) => {
                 for b in &read.blobs {
                     sh.failures.blob(&b.id, &e.to_string());
                 }
                 continue;
             }
-        };
+        }
         sh.fetched.fetch_add(read.length, std::sync::atomic::Ordering::Relaxed);
         let blob_reservations = read.blobs.iter().map(|b| range_reservation.split(u64::from(b.raw_length))).collect();
         let key = sh.repo.key().object_key(&read.salt);

@@ -7,6 +7,7 @@
 //! metadata as its last chunk lands. Directories get their metadata last, deepest first.
 
 mod budget;
+mod buffers;
 mod check;
 mod create;
 mod decode;
@@ -22,7 +23,7 @@ mod write;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,7 @@ pub use profile::{StageTimes, STAGE_NAMES};
 
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap};
+use crate::parallel::in_parallel;
 use crate::repository::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::{Chunk, Node, NodeKind};
@@ -264,6 +266,8 @@ pub struct Shared<'a> {
     states: &'a [FileState],
     target: &'a Path,
     budget: Budget,
+    /// Buffers for reads and decoded blobs, reused within the budget's size.
+    buffers: buffers::BufferPool,
     failures: Failures<'a>,
     clocks: [StageClock; 3],
     remaining: Vec<AtomicU32>,
@@ -502,6 +506,7 @@ pub fn restore(
         states: &states,
         target,
         budget: Budget::new(opts.max_memory),
+        buffers: buffers::BufferPool::new(opts.max_memory),
         failures: Failures { dests: &fetches.dests, entries: Mutex::new(BTreeMap::new()) },
         clocks: Default::default(),
         remaining,
@@ -666,21 +671,6 @@ fn finish_dirs(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, threads: usize
             }
         });
     }
-}
-
-/// Calls `work(index, item)` for every item, on up to `threads` scoped threads taking the next
-/// item as they become free.
-pub(crate) fn in_parallel<T: Sync>(items: &[T], threads: usize, work: impl Fn(usize, &T) + Sync) {
-    let next = AtomicUsize::new(0);
-    std::thread::scope(|s| {
-        for _ in 0..threads.clamp(1, items.len().max(1)) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(item) = items.get(i) else { break };
-                work(i, item);
-            });
-        }
-    });
 }
 
 fn target_is_empty(target: &Path) -> bool {

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::check::{compare, FileState};
-use super::in_parallel;
 use super::plan::Plan;
 use crate::crypto::MasterKey;
+use crate::parallel::in_parallel;
 use crate::tree::NodeKind;
 
 /// Checks the restored files; returns how many were checked and the ones that differ.

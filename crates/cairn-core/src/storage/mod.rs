@@ -30,6 +30,12 @@ pub trait Storage: Send + Sync {
     fn read(&self, path: &str) -> Result<Vec<u8>>;
     /// Reads `len` bytes at `offset`; a short object is reported as damaged.
     fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Vec<u8>>;
+    /// [`Storage::read_range`] into `buf` (replacing its content), so a caller can reuse its
+    /// memory; backends that cannot read into it hand over a buffer of their own.
+    fn read_range_into(&self, path: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
+        *buf = self.read_range(path, offset, len)?;
+        Ok(())
+    }
     /// Writes a whole object atomically: readers see all of it or nothing.
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()>;
     /// Lists the objects below `dir` (recursively).

@@ -1,0 +1,18 @@
+//! Work spread over a few scoped threads.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Calls `work(index, item)` for every item, on up to `threads` scoped threads taking the next
+/// item as they become free.
+pub fn in_parallel<T: Sync>(items: &[T], threads: usize, work: impl Fn(usize, &T) + Sync) {
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..threads.clamp(1, items.len().max(1)) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                work(i, item);
+            });
+        }
+    });
+}
