@@ -10,11 +10,10 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::budget::Reservation;
-use super::buffers::{Buf, BufferPool};
+use super::buffers::Buf;
 use super::fetch::Fetched;
 use super::profile::work;
 use super::Shared;
-use crate::compress::Codec;
 use crate::id::BlobId;
 use crate::pack::decode_blob_into;
 
@@ -32,7 +31,7 @@ pub struct Decoded<'b> {
 /// Where a decoded blob's plaintext lies.
 pub enum Plain<'b> {
     /// Decompressed into a buffer of its own.
-    Own(Buf<'b>),
+    Own(Vec<u8>),
     /// Stored uncompressed: decrypted in place inside its read, at this range.
     InRead(Arc<DecodedRead<'b>>, Range<usize>),
 }
@@ -88,17 +87,13 @@ fn decode_read<'s>(sh: &'s Shared<'_>, mut f: Fetched<'s>) -> Vec<Decoded<'s>> {
     for (b, reservation) in f.read.blobs.iter().zip(f.blob_reservations.drain(..)) {
         let start = (u64::from(b.offset) - f.read.offset) as usize;
         let sealed = &mut f.range[start..start + b.length as usize];
-        let mut out = sh.buffers.take(if b.codec == Codec::None { 0 } else { b.raw_length as usize });
+        let mut out = Vec::new();
         match decode_blob_into(sh.repo.key(), &f.key, b, sealed, &f.pack, &mut out) {
             Ok(Some(plain)) => in_read.push((b.id, start + plain.start..start + plain.end, reservation)),
             Ok(None) => decoded.push(Decoded { id: b.id, data: Plain::Own(out), reservation: Some(reservation) }),
             // A copy that fails authentication may be a damaged transfer: read that blob again.
             Err(_) => match sh.repo.reread_blob(&f.pack, &f.key, b) {
-                Ok(data) => decoded.push(Decoded {
-                    id: b.id,
-                    data: Plain::Own(BufferPool::adopt(data)),
-                    reservation: Some(reservation),
-                }),
+                Ok(data) => decoded.push(Decoded { id: b.id, data: Plain::Own(data), reservation: Some(reservation) }),
                 Err(e) => sh.failures.blob(&b.id, &e.to_string()),
             },
         }
@@ -114,9 +109,8 @@ fn decode_read<'s>(sh: &'s Shared<'_>, mut f: Fetched<'s>) -> Vec<Decoded<'s>> {
         }
     } else {
         for (id, range, reservation) in in_read {
-            let mut out = sh.buffers.take(range.len());
-            out.extend_from_slice(&f.range[range]);
-            decoded.push(Decoded { id, data: Plain::Own(out), reservation: Some(reservation) });
+            let data = f.range[range].to_vec();
+            decoded.push(Decoded { id, data: Plain::Own(data), reservation: Some(reservation) });
         }
     }
     decoded

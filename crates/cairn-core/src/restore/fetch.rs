@@ -6,12 +6,15 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::budget::Reservation;
-use super::buffers::Buf;
+use super::buffers::{Buf, BufferPool};
 use super::plan::PackRead;
 use super::profile::work;
 use super::Shared;
 use crate::crypto::ObjectKey;
 use crate::pack::pack_path;
+
+/// Reads whose blobs average this size or more use the pipeline's reused buffers.
+const POOLED_BLOB: u64 = 256 * 1024;
 
 /// One ranged read of a pack, still encrypted.
 pub struct Fetched<'b> {
@@ -44,7 +47,13 @@ pub fn fetch_worker<'s>(sh: &'s Shared<'_>, reads: Receiver<&'s PackRead>, out: 
             return;
         };
         let pack = pack_path(&read.pack);
-        let mut range = sh.buffers.take(read.length as usize);
+        // A read of small blobs (source code: a few KiB each) is freed once decoded; pooling it
+        // only kept memory idle without saving page faults.
+        let mut range = if read.length / read.blobs.len().max(1) as u64 >= POOLED_BLOB {
+            sh.buffers.take(read.length as usize)
+        } else {
+            BufferPool::adopt(Vec::with_capacity(read.length as usize))
+        };
         match work(clock, || sh.repo.read_pack_range_into(&pack, read.offset, read.length, &mut range)) {
             Ok(()) => {}
             Err(e) => {
