@@ -91,7 +91,8 @@ impl Codec {
                     Some(x) => x,
                     None => d.insert(zstd::bulk::Decompressor::new().map_err(|e| e.to_string())?),
                 };
-                // Writes into `out`'s spare capacity: a frame larger than `raw_len` is an error.
+                // Writes into `out` from its start, at most its capacity (`raw_len`): a larger
+                // frame is an error.
                 dctx.decompress_to_buffer(data, out).map(drop).map_err(|e| e.to_string())
             })?,
         }

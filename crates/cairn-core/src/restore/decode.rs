@@ -25,7 +25,7 @@ pub struct Decoded<'b> {
     pub data: Plain<'b>,
     /// Released when the blob has been written everywhere (none for a blob inside its read,
     /// whose bytes the read's reservation covers).
-    pub reservation: Option<Reservation<'b>>,
+    pub _reservation: Option<Reservation<'b>>,
 }
 
 /// Where a decoded blob's plaintext lies.
@@ -80,38 +80,43 @@ pub fn decode_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Fetched<'s>>, write
     }
 }
 
-/// Decodes the blobs of one read; a blob that cannot be decoded is recorded as failed.
+/// Decodes the blobs of one read, in the read's order; a blob that cannot be decoded is
+/// recorded as failed.
 fn decode_read<'s>(sh: &'s Shared<'_>, mut f: Fetched<'s>) -> Vec<Decoded<'s>> {
-    let mut decoded = Vec::with_capacity(f.read.blobs.len());
-    let mut in_read = Vec::new();
+    /// Where a blob's verified plaintext is before it is handed on.
+    enum Done {
+        Own(Vec<u8>),
+        InRead(Range<usize>),
+    }
+    let mut done = Vec::with_capacity(f.read.blobs.len());
     for (b, reservation) in f.read.blobs.iter().zip(f.blob_reservations.drain(..)) {
         let start = (u64::from(b.offset) - f.read.offset) as usize;
         let sealed = &mut f.range[start..start + b.length as usize];
         let mut out = Vec::new();
         match decode_blob_into(sh.repo.key(), &f.key, b, sealed, &f.pack, &mut out) {
-            Ok(Some(plain)) => in_read.push((b.id, start + plain.start..start + plain.end, reservation)),
-            Ok(None) => decoded.push(Decoded { id: b.id, data: Plain::Own(out), reservation: Some(reservation) }),
+            Ok(Some(plain)) => done.push((b.id, Done::InRead(start + plain.start..start + plain.end), reservation)),
+            Ok(None) => done.push((b.id, Done::Own(out), reservation)),
             // A copy that fails authentication may be a damaged transfer: read that blob again.
             Err(_) => match sh.repo.reread_blob(&f.pack, &f.key, b) {
-                Ok(data) => decoded.push(Decoded { id: b.id, data: Plain::Own(data), reservation: Some(reservation) }),
+                Ok(data) => done.push((b.id, Done::Own(data), reservation)),
                 Err(e) => sh.failures.blob(&b.id, &e.to_string()),
             },
         }
     }
     // Blobs stored uncompressed are written from the read when they are most of it: it stays
-    // in memory and in the budget until they are written. A few small ones among compressed
-    // blobs are copied out instead, so a whole read is not held for them.
-    let stored: usize = in_read.iter().map(|(_, r, _)| r.len()).sum();
-    if stored * 2 >= f.range.len() {
-        let read = Arc::new(DecodedRead { buf: f.range, _reservation: f.range_reservation });
-        for (id, range, _) in in_read {
-            decoded.push(Decoded { id, data: Plain::InRead(read.clone(), range), reservation: None });
-        }
-    } else {
-        for (id, range, reservation) in in_read {
-            let data = f.range[range].to_vec();
-            decoded.push(Decoded { id, data: Plain::Own(data), reservation: Some(reservation) });
-        }
-    }
-    decoded
+    // in memory and in the budget (its reservation goes with it) until they are written. A
+    // few small ones among compressed blobs are copied out instead, so a whole read is not
+    // held for them; then the read leaves memory and the budget here.
+    let stored: usize = done.iter().map(|(_, d, _)| if let Done::InRead(r) = d { r.len() } else { 0 }).sum();
+    let read = Arc::new(DecodedRead { buf: f.range, _reservation: f.range_reservation });
+    let keep = stored > 0 && stored * 2 >= read.buf.len();
+    done.into_iter()
+        .map(|(id, d, reservation)| match d {
+            Done::Own(data) => Decoded { id, data: Plain::Own(data), _reservation: Some(reservation) },
+            Done::InRead(range) if keep => Decoded { id, data: Plain::InRead(read.clone(), range), _reservation: None },
+            Done::InRead(range) => {
+                Decoded { id, data: Plain::Own(read.buf[range].to_vec()), _reservation: Some(reservation) }
+            }
+        })
+        .collect()
 }

@@ -266,7 +266,7 @@ pub struct Shared<'a> {
     states: &'a [FileState],
     target: &'a Path,
     budget: Budget,
-    /// Buffers for reads and decoded blobs, reused within the budget's size.
+    /// Reused buffers for reads of large blobs.
     buffers: buffers::BufferPool,
     failures: Failures<'a>,
     clocks: [StageClock; 3],

@@ -52,7 +52,7 @@ pub fn write_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Vec<Decoded<'s>>>) {
                     }
                 }
             });
-            drop(blob.reservation); // written everywhere: its bytes leave the budget
+            drop(blob); // written everywhere: its bytes leave memory, then the budget
         }
     }
 }

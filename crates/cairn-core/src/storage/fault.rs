@@ -76,7 +76,7 @@ impl<S: Storage> FaultyStorage<S> {
         }
     }
 
-    fn mangle(&self, path: &str, mut data: Vec<u8>, ranged: bool) -> Result<Vec<u8>> {
+    fn mangle(&self, path: &str, data: &mut Vec<u8>, ranged: bool) -> Result<()> {
         let n = self.reads.fetch_add(1, Ordering::Relaxed) + 1;
         let every = |k: u64| k > 0 && n.is_multiple_of(k);
         if every(self.faults.fail_every) {
@@ -94,7 +94,7 @@ impl<S: Storage> FaultyStorage<S> {
             let i = data.len() / 2;
             data[i] ^= 0x01;
         }
-        Ok(data)
+        Ok(())
     }
 }
 
@@ -105,17 +105,25 @@ impl<S: Storage> Storage for FaultyStorage<S> {
 
     fn read(&self, path: &str) -> Result<Vec<u8>> {
         self.delay();
-        let data = self.inner.read(path)?;
-        self.mangle(path, data, false)
+        let mut data = self.inner.read(path)?;
+        self.mangle(path, &mut data, false)?;
+        Ok(data)
     }
 
     fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let mut data = Vec::new();
+        self.read_range_into(path, offset, len, &mut data)?;
+        Ok(data)
+    }
+
+    // Faults land in the caller's buffer, so the layer keeps the backend's own way of reading.
+    fn read_range_into(&self, path: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
         self.delay();
         if self.faults.stall_path.as_deref().is_some_and(|p| path.contains(p)) {
             std::thread::sleep(self.faults.stall_for);
         }
-        let data = self.inner.read_range(path, offset, len)?;
-        self.mangle(path, data, true)
+        self.inner.read_range_into(path, offset, len, buf)?;
+        self.mangle(path, buf, true)
     }
 
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {
