@@ -199,10 +199,10 @@ pub fn decode_blob(
     }
 }
 
-/// Decodes a blob inside a larger read (decrypting it in place) without copying it: a blob stored uncompressed is left where it was
-/// decrypted and its plaintext's place in `sealed` returned; a compressed one is decompressed
-/// into `out` (replacing its content, reusing its memory) and `None` returned. Either way the
-/// plaintext has been verified against the blob's ID.
+/// Decodes a blob inside a larger read (decrypting it in place) without copying it: a blob
+/// stored uncompressed is left where it was decrypted and its plaintext's place in `sealed`
+/// returned; a compressed one is decompressed into `out` (replacing its content, reusing its
+/// memory) and `None` returned. Either way the plaintext has been verified against the blob's ID.
 pub fn decode_blob_into(
     master: &MasterKey,
     key: &ObjectKey,

@@ -26,7 +26,8 @@ pub struct Fetched<'b> {
     pub pack: String,
     /// The bytes read (each blob is decrypted in place).
     pub range: Buf<'b>,
-    /// Budget for the range, released once its blobs are decoded.
+    /// Budget for the range, released once its blobs are decoded (or, when blobs stored
+    /// uncompressed are written straight from it, once they are written).
     pub range_reservation: Reservation<'b>,
     /// Budget for each blob's plaintext, in the order of `read.blobs`; released as each blob
     /// has been written everywhere.
@@ -54,14 +55,11 @@ pub fn fetch_worker<'s>(sh: &'s Shared<'_>, reads: Receiver<&'s PackRead>, out: 
         } else {
             BufferPool::adopt(Vec::with_capacity(read.length as usize))
         };
-        match work(clock, || sh.repo.read_pack_range_into(&pack, read.offset, read.length, &mut range)) {
-            Ok(()) => {}
-            Err(e) => {
-                for b in &read.blobs {
-                    sh.failures.blob(&b.id, &e.to_string());
-                }
-                continue;
+        if let Err(e) = work(clock, || sh.repo.read_pack_range_into(&pack, read.offset, read.length, &mut range)) {
+            for b in &read.blobs {
+                sh.failures.blob(&b.id, &e.to_string());
             }
+            continue;
         }
         sh.fetched.fetch_add(read.length, std::sync::atomic::Ordering::Relaxed);
         let blob_reservations = read.blobs.iter().map(|b| range_reservation.split(u64::from(b.raw_length))).collect();
