@@ -365,13 +365,13 @@ fn init(g: &Global, a: InitArgs) -> Result<ExitCode> {
     let pw = password::get(g.password_file.as_deref(), "CAIRN_PASSWORD", "new repository password", true)?;
     let repo = Repository::init(storage.clone(), &pw, &opts)?;
     if g.json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({"message_type": "initialized", "id": repo.config().id, "repository": storage.location()})
         );
     } else {
-        println!("created cairn repository {} at {}", &repo.config().id[..8], storage.location());
-        println!("Keep the password safe: without it the data cannot be read.");
+        outln!("created cairn repository {} at {}", &repo.config().id[..8], storage.location());
+        outln!("Keep the password safe: without it the data cannot be read.");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -449,12 +449,12 @@ fn snapshots(g: &Global) -> Result<ExitCode> {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(list));
+        outln!("{}", serde_json::Value::Array(list));
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{:<10} {:<19}  {:<16} {:<16} paths", "ID", "time", "host", "tags");
+    outln!("{:<10} {:<19}  {:<16} {:<16} paths", "ID", "time", "host", "tags");
     for (id, s) in &snaps {
-        println!(
+        outln!(
             "{:<10} {:<19}  {:<16} {:<16} {}",
             id.short(),
             cairn_core::platform::format_local(s.time),
@@ -463,7 +463,7 @@ fn snapshots(g: &Global) -> Result<ExitCode> {
             s.paths.join(" ")
         );
     }
-    println!("{} snapshots", snaps.len());
+    outln!("{} snapshots", snaps.len());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -499,7 +499,7 @@ fn ls(g: &Global, a: LsArgs) -> Result<ExitCode> {
 
 fn print_node(g: &Global, a: &LsArgs, path: &Path, n: &Node) {
     if g.json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "path": path.to_string_lossy(), "type": format!("{:?}", n.kind).to_lowercase(), "mode": n.mode,
@@ -528,9 +528,9 @@ fn print_node(g: &Global, a: &LsArgs, path: &Path, n: &Node) {
         if n.kind == NodeKind::Symlink {
             line.push_str(&format!(" -> {}", String::from_utf8_lossy(&n.target)));
         }
-        println!("{line}");
+        outln!("{line}");
     } else {
-        println!("{}", path.display());
+        outln!("{}", path.display());
     }
 }
 
@@ -640,9 +640,15 @@ fn run_dump(g: &Global, a: DumpArgs) -> Result<ExitCode> {
     }
     let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
     let concurrency = a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency());
-    restore::dump(&repo, &snap, &id.short(), path.unwrap_or("/"), &mut out, concurrency)?;
-    out.flush().context("cannot write to stdout")?;
-    Ok(ExitCode::SUCCESS)
+    let written = restore::dump(&repo, &snap, &id.short(), path.unwrap_or("/"), &mut out, concurrency)
+        .map_err(anyhow::Error::from)
+        .and_then(|_| out.flush().context("cannot write to stdout"));
+    match written {
+        // `cairn dump … | tar -t` whose reader stopped: end as a filter would.
+        Err(e) if crate::output::is_broken_pipe(&e) => crate::output::end_by_sigpipe(),
+        Err(e) => Err(e),
+        Ok(()) => Ok(ExitCode::SUCCESS),
+    }
 }
 
 fn key(g: &Global, k: KeyCommand) -> Result<ExitCode> {
@@ -651,14 +657,14 @@ fn key(g: &Global, k: KeyCommand) -> Result<ExitCode> {
         KeyCommand::Add { new_password_file } => {
             let pw = password::get(new_password_file.as_deref(), "CAIRN_NEW_PASSWORD", "new password", true)?;
             let id = repo.add_key(&pw, KdfParams::default())?;
-            println!("added key {}", id.short());
+            outln!("added key {}", id.short());
         }
         KeyCommand::List => {
             for obj in repo.storage().list("keys")? {
                 let raw = repo.storage().read(&obj.path)?;
                 let kf = cairn_core::keyfile::KeyFile::parse(&obj.path, &raw)?;
                 let name = obj.path.rsplit('/').next().unwrap_or_default();
-                println!("{}  {}  {}@{}", &name[..8.min(name.len())], kf.created, kf.username, kf.hostname);
+                outln!("{}  {}  {}@{}", &name[..8.min(name.len())], kf.created, kf.username, kf.hostname);
             }
         }
     }
@@ -669,8 +675,8 @@ fn unlock(g: &Global, a: UnlockArgs) -> Result<ExitCode> {
     let repo = open(g)?;
     let removed = lock::remove(&**repo.storage(), a.remove_all)?;
     for (path, why) in &removed {
-        println!("removed {path}: {why}");
+        outln!("removed {path}: {why}");
     }
-    println!("{} locks removed", removed.len());
+    outln!("{} locks removed", removed.len());
     Ok(ExitCode::SUCCESS)
 }

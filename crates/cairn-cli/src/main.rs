@@ -1,6 +1,14 @@
 //! `cairn`: a thin front end to cairn-core. It parses arguments, finds the password, prints
 //! results and maps errors to exit codes (0 success, 1 fatal error, 3 some files unreadable).
 
+/// `println!` for what cairn prints on stdout: a closed pipe ends the process as it would a
+/// Unix filter (see [`output::line`]).
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::output::line(format_args!($($arg)*))
+    };
+}
+
 mod cli;
 mod output;
 mod password;
@@ -11,12 +19,10 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    // Like every Unix filter: a closed pipe (`cairn ls … | head`) ends the process quietly
-    // instead of failing the next write with EPIPE.
-    // SAFETY: resetting a signal disposition before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
+    // SIGPIPE stays ignored (Rust's default): a write to a pipe whose reader is gone — an `ssh`
+    // process of an SFTP connection that exited — is then an error the storage layer reports
+    // or retries, not the silent end of the process. Only stdout's reader going away ends
+    // cairn by SIGPIPE, as it would a Unix filter (`output::line`).
     limit_malloc_arenas();
     let args = cli::Cli::parse();
     match cli::run(args) {

@@ -1,4 +1,33 @@
-//! Formatting for people: sizes, rates, one-line errors.
+//! Formatting for people: sizes, rates, one-line errors; and lines written to stdout.
+
+use std::io::Write;
+
+/// Writes one line to stdout (what [`outln!`] expands to). When stdout's reader has gone
+/// (`cairn ls | head`), ends the process by SIGPIPE, quietly, as `ls` or `cat` would.
+pub fn line(args: std::fmt::Arguments<'_>) {
+    if let Err(e) = writeln!(std::io::stdout().lock(), "{args}") {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            end_by_sigpipe();
+        }
+        panic!("failed printing to stdout: {e}");
+    }
+}
+
+/// Ends the process by SIGPIPE (the reader of stdout is gone).
+pub fn end_by_sigpipe() -> ! {
+    // SAFETY: restores the default disposition of one signal and raises it; the default action
+    // ends the process.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::raise(libc::SIGPIPE);
+    }
+    std::process::exit(128 + libc::SIGPIPE)
+}
+
+/// Whether an error comes from writing to a pipe whose reader is gone.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+}
 
 /// Formats a byte count with binary units.
 pub fn bytes(n: u64) -> String {

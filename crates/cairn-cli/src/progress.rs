@@ -55,7 +55,7 @@ pub fn restore(p: &Progress, done: &AtomicBool, json: bool) {
         } else if json && last_json.elapsed() >= Duration::from_secs(1) {
             last_json = Instant::now();
             let secs = started.elapsed().as_secs_f64();
-            println!(
+            outln!(
                 "{}",
                 serde_json::json!({
                     "message_type": "status", "seconds_elapsed": secs, "bytes_done": now, "total_bytes": total,
@@ -81,7 +81,7 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
                 serde_json::json!({"stage": n, "busy_s": t.busy.as_secs_f64(), "idle_s": t.idle.as_secs_f64(), "blocked_s": t.blocked.as_secs_f64()})
             })
             .collect();
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "message_type": "summary", "snapshot_id": snapshot, "files": out.files, "dirs": out.dirs,
@@ -93,7 +93,7 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
         );
         return;
     }
-    println!(
+    outln!(
         "restored {} files, {} in {secs:.1} s ({}): fetched {}, {} already in place, {} zero",
         count(out.files),
         bytes(out.bytes_total),
@@ -103,17 +103,17 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
         bytes(out.bytes_zero)
     );
     if out.deleted > 0 {
-        println!("deleted {} entries the snapshot lacks", count(out.deleted));
+        outln!("deleted {} entries the snapshot lacks", count(out.deleted));
     }
     if out.verified > 0 {
-        println!("verified {} files against the snapshot", count(out.verified));
+        outln!("verified {} files against the snapshot", count(out.verified));
     }
     if profile {
         let phases: Vec<String> = out.phases.iter().map(|(n, d)| format!("{n} {:.2} s", d.as_secs_f64())).collect();
-        println!("phases: {}", phases.join(", "));
-        println!("{:<8} {:>9} {:>9} {:>9}", "stage", "busy s", "idle s", "blocked s");
+        outln!("phases: {}", phases.join(", "));
+        outln!("{:<8} {:>9} {:>9} {:>9}", "stage", "busy s", "idle s", "blocked s");
         for (name, t) in STAGE_NAMES.iter().zip(&out.profile) {
-            println!(
+            outln!(
                 "{name:<8} {:>9.2} {:>9.2} {:>9.2}",
                 t.busy.as_secs_f64(),
                 t.idle.as_secs_f64(),
@@ -126,7 +126,7 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
 /// Prints what a dry run found.
 pub fn print_dry_run(dry: &DryRun, out: &RestoreOutcome, json: bool) {
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "message_type": "dry_run", "create": dry.create, "update": dry.update,
@@ -136,15 +136,15 @@ pub fn print_dry_run(dry: &DryRun, out: &RestoreOutcome, json: bool) {
         return;
     }
     for p in &dry.create {
-        println!("create {}", p.display());
+        outln!("create {}", p.display());
     }
     for p in &dry.update {
-        println!("update {}", p.display());
+        outln!("update {}", p.display());
     }
     for p in &dry.delete {
-        println!("delete {}", p.display());
+        outln!("delete {}", p.display());
     }
-    println!(
+    outln!(
         "would create {} files, update {}, leave {} unchanged, delete {}; fetch {}",
         count(dry.create.len() as u64),
         count(dry.update.len() as u64),
@@ -178,7 +178,7 @@ pub fn backup(p: &backup::Progress, done: &AtomicBool, json: bool) {
             last_json = Instant::now();
             let secs = started.elapsed().as_secs_f64();
             let left = (scanned && now.1 > 0).then(|| secs * (total.1.saturating_sub(now.1)) as f64 / now.1 as f64);
-            println!(
+            outln!(
                 "{}",
                 serde_json::json!({
                     "message_type": "status", "seconds_elapsed": secs, "seconds_remaining": left,
@@ -199,7 +199,7 @@ pub fn print_backup_summary(out: &BackupOutcome, json: bool) {
     let s = &out.snapshot.summary;
     let id = out.id.map(|id| id.to_hex());
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "message_type": "summary", "snapshot_id": id, "dry_run": out.id.is_none(),
@@ -214,22 +214,22 @@ pub fn print_backup_summary(out: &BackupOutcome, json: bool) {
     }
     let secs = s.duration_ms as f64 / 1000.0;
     match out.snapshot.parent {
-        Some(p) => println!("using parent snapshot {}", p.short()),
-        None => println!("no parent snapshot: every file was read"),
+        Some(p) => outln!("using parent snapshot {}", p.short()),
+        None => outln!("no parent snapshot: every file was read"),
     }
-    println!(
+    outln!(
         "files: {} new, {} changed, {} unmodified",
         count(s.files_new),
         count(s.files_changed),
         count(s.files_unmodified)
     );
-    println!(
+    outln!(
         "dirs:  {} new, {} changed, {} unmodified",
         count(out.dirs.new),
         count(out.dirs.changed),
         count(out.dirs.unmodified)
     );
-    println!(
+    outln!(
         "read {} in {secs:.1} s ({}); added {} ({} stored)",
         bytes(s.bytes_read),
         rate(s.bytes_read, secs),
@@ -237,7 +237,7 @@ pub fn print_backup_summary(out: &BackupOutcome, json: bool) {
         bytes(s.bytes_stored)
     );
     match out.id {
-        Some(id) => println!("snapshot {} saved", id.short()),
-        None => println!("dry run: nothing was stored"),
+        Some(id) => outln!("snapshot {} saved", id.short()),
+        None => outln!("dry run: nothing was stored"),
     }
 }
