@@ -122,10 +122,9 @@ impl Repository {
     /// decoded on its own, and a remote one waits a round trip).
     pub fn load_index(&self) -> Result<()> {
         let files = self.storage.list("index")?;
-        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
         let read: Vec<std::sync::Mutex<Option<Result<Vec<IndexedPack>>>>> =
             files.iter().map(|_| std::sync::Mutex::new(None)).collect();
-        in_parallel(&files, threads, |i, obj| {
+        in_parallel(&files, crate::parallel::cores(), |i, obj| {
             *read[i].lock().expect("index slot") = Some(self.read_index_file(&obj.path));
         });
         let mut packs = Vec::new();

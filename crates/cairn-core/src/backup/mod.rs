@@ -107,7 +107,7 @@ impl Default for BackupOptions {
             compression: None,
             fixed_chunk_size: None,
             read_concurrency: DEFAULT_READ_CONCURRENCY,
-            threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
+            threads: crate::parallel::cores(),
             upload_concurrency: DEFAULT_UPLOAD_CONCURRENCY,
             index_every: DEFAULT_INDEX_EVERY,
             hostname: None,

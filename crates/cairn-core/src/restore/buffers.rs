@@ -51,7 +51,7 @@ pub struct Buf<'p> {
     data: Vec<u8>,
     pool: Option<&'p BufferPool>,
     /// The capacity the pool counted when it handed the buffer out (whoever fills it may grow
-    /// or replace the vector: a remote backend hands over a buffer of its own).
+    /// or replace the vector: `Storage::read_range_into` only promises to fill it).
     counted: usize,
 }
 
@@ -211,7 +211,7 @@ mod tests {
 
     #[test]
     fn a_buffer_replaced_while_handed_out_is_counted_as_it_comes_back() {
-        // A remote read brings its own buffer.
+        // A backend may fill the buffer by replacing the vector.
         let pool = BufferPool::new(16 << 20);
         let mut r = pool.take(2 << 20);
         *r = Vec::with_capacity(3 << 20);

@@ -131,7 +131,7 @@ pub const DEFAULT_MAX_MEMORY: u64 = 256 * 1024 * 1024;
 
 impl Default for RestoreOptions {
     fn default() -> Self {
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+        let cores = crate::parallel::cores();
         RestoreOptions {
             fetch_concurrency: 4,
             decode_threads: cores,

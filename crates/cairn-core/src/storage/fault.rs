@@ -110,12 +110,6 @@ impl<S: Storage> Storage for FaultyStorage<S> {
         Ok(data)
     }
 
-    fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
-        let mut data = Vec::new();
-        self.read_range_into(path, offset, len, &mut data)?;
-        Ok(data)
-    }
-
     // Faults land in the caller's buffer, so the layer keeps the backend's own way of reading.
     fn read_range_into(&self, path: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
         self.delay();

@@ -28,13 +28,14 @@ pub trait Storage: Send + Sync {
     fn location(&self) -> &str;
     /// Reads a whole object.
     fn read(&self, path: &str) -> Result<Vec<u8>>;
-    /// Reads `len` bytes at `offset`; a short object is reported as damaged.
-    fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Vec<u8>>;
-    /// [`Storage::read_range`] into `buf` (replacing its content), so a caller can reuse its
-    /// memory; backends that cannot read into it hand over a buffer of their own.
-    fn read_range_into(&self, path: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
-        *buf = self.read_range(path, offset, len)?;
-        Ok(())
+    /// Reads `len` bytes at `offset` into `buf` (replacing its content, reusing its memory); a
+    /// short object is reported as damaged.
+    fn read_range_into(&self, path: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()>;
+    /// [`Storage::read_range_into`] a new buffer.
+    fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let mut buf = Vec::new();
+        self.read_range_into(path, offset, len, &mut buf)?;
+        Ok(buf)
     }
     /// Writes a whole object atomically: readers see all of it or nothing.
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()>;

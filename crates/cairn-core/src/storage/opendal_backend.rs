@@ -268,12 +268,6 @@ impl Storage for OpendalStorage {
         Ok(buf.to_vec())
     }
 
-    fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
-        let mut buf = Vec::new();
-        self.read_range_into(path, offset, len, &mut buf)?;
-        Ok(buf)
-    }
-
     fn read_range_into(&self, path: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
         if self.kind == Kind::Local {
             return self.read_local_range(path, offset, len, buf);
