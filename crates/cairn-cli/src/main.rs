@@ -10,6 +10,7 @@ macro_rules! outln {
 }
 
 mod cli;
+mod commands;
 mod output;
 mod password;
 mod progress;

@@ -17,7 +17,8 @@ use std::sync::Arc;
 
 use cairn_core::compress::Codec;
 use cairn_core::id::{BlobId, PackId, SnapshotId};
-use cairn_core::pack::{pack_path, BlobKind};
+use cairn_core::layout::pack_path;
+use cairn_core::pack::BlobKind;
 use cairn_core::repository::Repository;
 use cairn_core::snapshot::{Snapshot, Summary};
 use cairn_core::storage::OpendalStorage;

@@ -26,6 +26,7 @@ pub mod error;
 pub mod id;
 pub mod index;
 pub mod keyfile;
+pub mod layout;
 pub mod lock;
 pub mod pack;
 pub(crate) mod parallel;

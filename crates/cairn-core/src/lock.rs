@@ -93,7 +93,7 @@ impl FoundLock {
 /// Every lock in the repository.
 pub fn list(storage: &dyn Storage) -> Result<Vec<FoundLock>> {
     let mut out = Vec::new();
-    for obj in storage.list("locks")? {
+    for obj in storage.list(crate::layout::Dir::Locks.name())? {
         let info = match storage.read(&obj.path) {
             Ok(bytes) => serde_json::from_slice::<LockInfo>(&bytes).map_err(|e| format!("unreadable lock: {e}")),
             // Released between the list and the read.
@@ -228,7 +228,7 @@ fn refresh_until_stopped(
 fn write_new(storage: &dyn Storage, info: &LockInfo) -> Result<String> {
     let mut id = [0u8; 16];
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut id).expect("OS random numbers");
-    let path = format!("locks/{}", hex::encode(id));
+    let path = crate::layout::lock_path(&hex::encode(id));
     storage.write(&path, serde_json::to_vec(info).expect("lock serializes"))?;
     Ok(path)
 }

@@ -241,12 +241,6 @@ fn verify_blob(master: &MasterKey, entry: &BlobEntry, plain: &[u8], file: &str) 
     Ok(())
 }
 
-/// The storage path of a pack: `data/<first two hex digits>/<hex ID>`.
-pub fn pack_path(id: &PackId) -> String {
-    let hex = id.to_hex();
-    format!("data/{}/{}", &hex[..2], hex)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

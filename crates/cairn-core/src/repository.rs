@@ -11,7 +11,8 @@ use crate::error::{Error, Result};
 use crate::id::{BlobId, IndexId, KeyId, SnapshotId};
 use crate::index::{self, Index, IndexedPack};
 use crate::keyfile::{KdfParams, KeyFile};
-use crate::pack::{decode_blob, pack_path, BlobEntry, BlobKind, PackWriter};
+use crate::layout::{self, pack_path, Dir, CONFIG};
+use crate::pack::{decode_blob, BlobEntry, BlobKind, PackWriter};
 use crate::parallel::in_parallel;
 use crate::sealed::{self, SealedKind};
 use crate::snapshot::Snapshot;
@@ -53,21 +54,24 @@ pub struct Repository {
     config: Config,
     index: RwLock<Index>,
     cache: Option<Cache>,
+    /// The key file that opened the repository (or was made by `init`).
+    key_id: Option<KeyId>,
 }
 
 impl Repository {
     /// Creates a new repository with one key file for `password`.
     pub fn init(storage: Arc<dyn Storage>, password: &[u8], opts: &InitOptions) -> Result<Self> {
         storage.create()?;
-        if storage.exists("config")? {
+        if storage.exists(CONFIG)? {
             return Err(Error::AlreadyInitialized(storage.location().to_string()));
         }
         let config = Config::new(opts.chunk_sizes, opts.pack_size, opts.compression)?;
         let key = MasterKey::generate();
-        let repo = Repository { storage, key, config, index: RwLock::new(Index::default()), cache: None };
-        repo.add_key(password, opts.kdf)?;
+        let mut repo =
+            Repository { storage, key, config, index: RwLock::new(Index::default()), cache: None, key_id: None };
+        repo.key_id = Some(repo.add_key(password, opts.kdf)?);
         let body = serde_json::to_vec(&repo.config).expect("config serializes");
-        repo.storage.write("config", sealed::seal(&repo.key, SealedKind::Config, &body))?;
+        repo.storage.write(CONFIG, sealed::seal(&repo.key, SealedKind::Config, &body))?;
         Ok(repo)
     }
 
@@ -76,16 +80,16 @@ impl Repository {
         let kf = KeyFile::create(&self.key, password, kdf, crate::platform::now_rfc3339())?;
         let bytes = kf.to_bytes();
         let id = KeyId::hash_of(&bytes);
-        self.storage.write(&format!("keys/{}", id.to_hex()), bytes)?;
+        self.storage.write(&layout::key_path(&id), bytes)?;
         Ok(id)
     }
 
     /// Opens a repository: finds a key file that `password` unlocks, then reads the config.
     /// The index is not loaded; call [`Repository::load_index`].
     pub fn open(storage: Arc<dyn Storage>, password: &[u8]) -> Result<Self> {
-        let keys = storage.list("keys")?;
+        let keys = storage.list(Dir::Keys.name())?;
         // Only without keys is it worth a round trip to tell "no repository" from "no key".
-        if keys.is_empty() && !storage.exists("config")? {
+        if keys.is_empty() && !storage.exists(CONFIG)? {
             return Err(Error::NoRepository(storage.location().to_string()));
         }
         let mut damaged = None;
@@ -96,32 +100,32 @@ impl Repository {
                 .and_then(|kf| kf.unwrap_key(&obj.path, password));
             match found {
                 Ok(Some(k)) => {
-                    key = Some(k);
+                    key = Some((k, layout::parse_key_path(&obj.path)));
                     break;
                 }
                 Ok(None) => {}
                 Err(e) => damaged = Some(e),
             }
         }
-        let key = match (key, damaged) {
+        let (key, key_id) = match (key, damaged) {
             (Some(k), _) => k,
             (None, Some(e)) => return Err(e),
             (None, None) => return Err(Error::WrongPassword { repo: storage.location().to_string() }),
         };
-        let body = retry_damaged(|| sealed::open(&key, SealedKind::Config, "config", &storage.read("config")?))?;
+        let body = retry_damaged(|| sealed::open(&key, SealedKind::Config, CONFIG, &storage.read(CONFIG)?))?;
         let config: Config =
-            serde_json::from_slice(&body).map_err(|e| Error::corrupt("config", format!("not a config: {e}")))?;
+            serde_json::from_slice(&body).map_err(|e| Error::corrupt(CONFIG, format!("not a config: {e}")))?;
         if config.version > FORMAT_VERSION {
             return Err(Error::UnsupportedVersion { found: config.version, supported: FORMAT_VERSION });
         }
-        config.chunker.validate().map_err(|e| Error::invalid("config", e.to_string()))?;
-        Ok(Repository { storage, key, config, index: RwLock::new(Index::default()), cache: None })
+        config.chunker.validate().map_err(|e| Error::invalid(CONFIG, e.to_string()))?;
+        Ok(Repository { storage, key, config, index: RwLock::new(Index::default()), cache: None, key_id })
     }
 
     /// Reads every index file into memory, several at once (each is read, decrypted and
     /// decoded on its own, and a remote one waits a round trip).
     pub fn load_index(&self) -> Result<()> {
-        let files = self.storage.list("index")?;
+        let files = self.storage.list(Dir::Index.name())?;
         let read: Vec<std::sync::Mutex<Option<Result<Vec<IndexedPack>>>>> =
             files.iter().map(|_| std::sync::Mutex::new(None)).collect();
         in_parallel(&files, crate::parallel::cores(), |i, obj| {
@@ -178,18 +182,24 @@ impl Repository {
         })
     }
 
-    /// Writes a content-addressed sealed file under `dir/`; returns its hex ID.
-    fn write_sealed(&self, dir: &str, kind: SealedKind, body: &[u8]) -> Result<[u8; 32]> {
+    /// Writes a content-addressed sealed file at the path `path_of` gives its ID; returns the
+    /// ID.
+    fn write_sealed<T>(
+        &self,
+        kind: SealedKind,
+        body: &[u8],
+        id: fn([u8; 32]) -> T,
+        path_of: fn(&T) -> String,
+    ) -> Result<T> {
         let bytes = sealed::seal(&self.key, kind, body);
-        let id = *blake3::hash(&bytes).as_bytes();
-        self.storage.write(&format!("{dir}/{}", hex::encode(id)), bytes)?;
+        let id = id(*blake3::hash(&bytes).as_bytes());
+        self.storage.write(&path_of(&id), bytes)?;
         Ok(id)
     }
 
     /// Writes an index file listing `packs` and adds them to the in-memory index.
     pub fn save_index(&self, packs: &[IndexedPack]) -> Result<IndexId> {
-        let id = IndexId(self.write_sealed("index", SealedKind::Index, &index::encode(packs))?);
-        Ok(id)
+        self.write_sealed(SealedKind::Index, &index::encode(packs), IndexId, layout::index_path)
     }
 
     /// Writes `blobs` into one new pack and index file, without deduplication or pipelining;
@@ -278,22 +288,21 @@ impl Repository {
 
     /// Writes a snapshot file.
     pub fn save_snapshot(&self, snap: &Snapshot) -> Result<SnapshotId> {
-        Ok(SnapshotId(self.write_sealed("snapshots", SealedKind::Snapshot, &snap.to_bytes())?))
+        self.write_sealed(SealedKind::Snapshot, &snap.to_bytes(), SnapshotId, layout::snapshot_path)
     }
 
     /// Reads one snapshot.
     pub fn read_snapshot(&self, id: &SnapshotId) -> Result<Snapshot> {
-        let path = format!("snapshots/{}", id.to_hex());
+        let path = layout::snapshot_path(id);
         Snapshot::from_bytes(&path, &self.read_sealed(&path, SealedKind::Snapshot)?)
     }
 
     /// All snapshots, oldest first.
     pub fn snapshots(&self) -> Result<Vec<(SnapshotId, Snapshot)>> {
         let mut out = Vec::new();
-        for obj in self.storage.list("snapshots")? {
-            let name = obj.path.rsplit('/').next().unwrap_or_default();
-            let id =
-                SnapshotId::from_hex(name).map_err(|_| Error::corrupt(&obj.path, "file name is not a snapshot ID"))?;
+        for obj in self.storage.list(Dir::Snapshots.name())? {
+            let id = layout::parse_snapshot_path(&obj.path)
+                .ok_or_else(|| Error::corrupt(&obj.path, "file name is not a snapshot ID"))?;
             out.push((id, self.read_snapshot(&id)?));
         }
         out.sort_by(|a, b| a.1.time.cmp(&b.1.time).then(a.0.cmp(&b.0)));
@@ -311,20 +320,37 @@ impl Repository {
                 .next_back()
                 .ok_or_else(|| Error::SnapshotSelect("the repository has no snapshots".into()));
         }
-        let all = self.storage.list("snapshots")?;
-        let candidates: Vec<&str> =
-            all.iter().filter_map(|o| o.path.rsplit('/').next()).filter(|name| name.starts_with(&spec)).collect();
+        let all = self.storage.list(Dir::Snapshots.name())?;
+        let candidates: Vec<SnapshotId> = all
+            .iter()
+            .filter_map(|o| layout::parse_snapshot_path(&o.path))
+            .filter(|id| id.to_hex().starts_with(&spec))
+            .collect();
         match candidates.as_slice() {
             [] => Err(Error::SnapshotSelect(format!("no snapshot matches {spec:?}; see `cairn snapshots`"))),
-            [one] => {
-                let id =
-                    SnapshotId::from_hex(one).map_err(|_| Error::corrupt(format!("snapshots/{one}"), "bad name"))?;
-                Ok((id, self.read_snapshot(&id)?))
-            }
+            [id] => Ok((*id, self.read_snapshot(id)?)),
             many => {
                 Err(Error::SnapshotSelect(format!("{spec:?} matches {} snapshots; give more of the ID", many.len())))
             }
         }
+    }
+
+    /// Every key file, by name order; a damaged one is an error naming it.
+    pub fn keys(&self) -> Result<Vec<(KeyId, KeyFile)>> {
+        let mut out = Vec::new();
+        for obj in self.storage.list(Dir::Keys.name())? {
+            let id = layout::parse_key_path(&obj.path)
+                .ok_or_else(|| Error::corrupt(&obj.path, "file name is not a key file ID"))?;
+            let kf = KeyFile::parse(&obj.path, &read_checked(&*self.storage, &obj.path)?)?;
+            out.push((id, kf));
+        }
+        out.sort_by_key(|k| k.0);
+        Ok(out)
+    }
+
+    /// The key file this repository was opened with.
+    pub fn key_id(&self) -> Option<KeyId> {
+        self.key_id
     }
 
     /// The storage.

@@ -9,7 +9,8 @@ use super::stopped;
 use super::store::StoreStats;
 use crate::error::Result;
 use crate::index::IndexedPack;
-use crate::pack::{pack_path, FinishedPack};
+use crate::layout::pack_path;
+use crate::pack::FinishedPack;
 use crate::repository::Repository;
 
 /// Runs one uploader until the packers are done.

@@ -11,7 +11,7 @@ use super::plan::PackRead;
 use super::profile::work;
 use super::Shared;
 use crate::crypto::ObjectKey;
-use crate::pack::pack_path;
+use crate::layout::pack_path;
 
 /// Reads whose blobs average this size or more use the pipeline's reused buffers.
 const POOLED_BLOB: u64 = 256 * 1024;

@@ -19,7 +19,8 @@ use crate::crypto::SALT_LEN;
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap, PackId};
 use crate::index::BlobLocation;
-use crate::pack::{pack_path, BlobEntry};
+use crate::layout::pack_path;
+use crate::pack::BlobEntry;
 use crate::repository::Repository;
 use crate::tree::{Chunk, Node, NodeKind, Tree};
 

@@ -1,0 +1,62 @@
+//! `cairn init`: create a new repository.
+
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use cairn_core::keyfile::KdfParams;
+use cairn_core::repository::{InitOptions, Repository};
+use clap::Args as ClapArgs;
+
+use super::{parse_codec, storage, Global};
+use crate::password;
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Default compression for new data: auto, none, lz4, zstd or zstd:LEVEL
+    #[arg(long, default_value = "auto", value_name = "CODEC")]
+    pub compression: String,
+    /// Target pack size in MiB
+    #[arg(long, default_value_t = 16, value_name = "MIB")]
+    pub pack_size: u32,
+    /// Content-defined chunk sizes in bytes: MIN,AVG,MAX
+    #[arg(long, default_value = "524288,1048576,8388608", value_name = "MIN,AVG,MAX")]
+    pub chunk_sizes: String,
+    /// Argon2id memory cost of the key file, in KiB
+    #[arg(long, default_value_t = KdfParams::default().memory_kib, value_name = "KIB")]
+    pub kdf_memory: u32,
+    /// Argon2id passes of the key file
+    #[arg(long, default_value_t = KdfParams::default().iterations, value_name = "N")]
+    pub kdf_iterations: u32,
+    /// Argon2id lanes of the key file (computed on all cores at once)
+    #[arg(long, default_value_t = KdfParams::default().parallelism, value_name = "N")]
+    pub kdf_parallelism: u32,
+}
+
+pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
+    let sizes: Vec<u32> = a
+        .chunk_sizes
+        .split(',')
+        .map(|s| s.trim().parse::<u32>())
+        .collect::<Result<_, _>>()
+        .context("--chunk-sizes wants three byte counts MIN,AVG,MAX")?;
+    let [min, avg, max] = sizes[..] else { bail!("--chunk-sizes wants three byte counts MIN,AVG,MAX") };
+    let opts = InitOptions {
+        kdf: KdfParams { memory_kib: a.kdf_memory, iterations: a.kdf_iterations, parallelism: a.kdf_parallelism },
+        chunk_sizes: (min, avg, max),
+        pack_size: a.pack_size.checked_mul(1024 * 1024).context("--pack-size is too large")?,
+        compression: parse_codec(&a.compression)?,
+    };
+    let storage = storage(g)?;
+    let pw = password::get(g.password_file.as_deref(), "CAIRN_PASSWORD", "new repository password", true)?;
+    let repo = Repository::init(storage.clone(), &pw, &opts)?;
+    if g.json {
+        outln!(
+            "{}",
+            serde_json::json!({"message_type": "initialized", "id": repo.config().id, "repository": storage.location()})
+        );
+    } else {
+        outln!("created cairn repository {} at {}", &repo.config().id[..8], storage.location());
+        outln!("Keep the password safe: without it the data cannot be read.");
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,87 @@
+//! `cairn ls`: list the entries of a snapshot.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use cairn_core::tree::{Node, NodeKind};
+use clap::Args as ClapArgs;
+
+use super::{open, split_spec, Global};
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Snapshot (`latest` or an ID prefix), optionally with :PATH inside it
+    #[arg(value_name = "SNAPSHOT[:PATH]")]
+    pub snapshot: String,
+    /// Long listing: mode, owner, size, modification time
+    #[arg(short, long)]
+    pub long: bool,
+}
+
+pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
+    let repo = open(g)?;
+    repo.load_index()?;
+    let (spec, path) = split_spec(&a.snapshot);
+    let (id, snap) = repo.find_snapshot(spec)?;
+    let base = path.unwrap_or("/").trim_end_matches('/');
+    let start = match cairn_core::restore::resolve_path(&repo, &snap, base, &id.short())? {
+        None => snap.tree,
+        Some(node) if node.kind == NodeKind::Dir => node.subtree.context("directory without a subtree")?,
+        Some(node) => {
+            print_node(g, &a, &PathBuf::from(base), &node);
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    let mut stack = vec![(PathBuf::from(if base.is_empty() { "/" } else { base }), start)];
+    while let Some((dir, tree_id)) = stack.pop() {
+        let tree = repo.read_tree(&tree_id)?;
+        let mut subdirs = Vec::new();
+        for node in &tree.nodes {
+            let p = dir.join(std::ffi::OsStr::new(&*node.name_lossy()));
+            print_node(g, &a, &p, node);
+            if let Some(sub) = node.subtree {
+                subdirs.push((p, sub));
+            }
+        }
+        stack.extend(subdirs.into_iter().rev());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_node(g: &Global, a: &Args, path: &Path, n: &Node) {
+    if g.json {
+        outln!(
+            "{}",
+            serde_json::json!({
+                "path": path.to_string_lossy(), "type": format!("{:?}", n.kind).to_lowercase(), "mode": n.mode,
+                "uid": n.uid, "gid": n.gid, "user": n.user, "group": n.group, "size": n.size,
+                "mtime": n.mtime.secs, "mtime_nanos": n.mtime.nanos,
+            })
+        );
+    } else if a.long {
+        let t = match n.kind {
+            NodeKind::Dir => 'd',
+            NodeKind::Symlink => 'l',
+            NodeKind::CharDevice => 'c',
+            NodeKind::BlockDevice => 'b',
+            NodeKind::Fifo => 'p',
+            NodeKind::File => '-',
+        };
+        let owner = if n.user.is_empty() { n.uid.to_string() } else { n.user.clone() };
+        let group = if n.group.is_empty() { n.gid.to_string() } else { n.group.clone() };
+        let mut line = format!(
+            "{t}{:04o} {owner:>8} {group:>8} {:>12} {} {}",
+            n.mode,
+            n.size,
+            cairn_core::platform::format_local(n.mtime),
+            path.display()
+        );
+        if n.kind == NodeKind::Symlink {
+            line.push_str(&format!(" -> {}", String::from_utf8_lossy(&n.target)));
+        }
+        outln!("{line}");
+    } else {
+        outln!("{}", path.display());
+    }
+}

@@ -1,0 +1,91 @@
+//! One file per command: its arguments and a short `run` that turns them into a library call.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use cairn_core::cache::Cache;
+use cairn_core::compress::Codec;
+use cairn_core::lock::{Lock, LockKind};
+use cairn_core::repository::Repository;
+use cairn_core::storage::{Faults, FaultyStorage, Location, OpendalStorage, RemoteOptions, Storage};
+
+pub(crate) use crate::cli::Global;
+use crate::password;
+
+pub mod backup;
+pub mod dump;
+pub mod init;
+pub mod key;
+pub mod ls;
+pub mod restore;
+pub mod snapshots;
+pub mod unlock;
+
+pub(crate) fn storage(global: &Global) -> Result<Arc<dyn Storage>> {
+    let Some(repo) = &global.repo else {
+        bail!("no repository given: use -r/--repo or set CAIRN_REPOSITORY");
+    };
+    let remote = RemoteOptions {
+        sftp_key: global.sftp_key.as_ref().map(|p| p.to_string_lossy().into_owned()),
+        sftp_known_hosts: Some(global.sftp_known_hosts.clone()),
+    };
+    let real = OpendalStorage::open(&Location::parse(repo)?, &remote)?;
+    // Fault injection for tests and benchmarks (docs/DESIGN.md): wraps the real backend.
+    match std::env::var("CAIRN_INJECT_FAULTS") {
+        Ok(spec) if !spec.is_empty() => Ok(Arc::new(FaultyStorage::new(real, Faults::parse(&spec)?))),
+        _ => Ok(Arc::new(real)),
+    }
+}
+
+pub(crate) fn open(global: &Global) -> Result<Repository> {
+    let storage = storage(global)?;
+    let pw = password::get(global.password_file.as_deref(), "CAIRN_PASSWORD", "repository password", false)?;
+    let mut repo = Repository::open(storage, &pw)?;
+    let base = match (&global.cache_dir, global.no_cache) {
+        (_, true) => None,
+        (Some(dir), false) => Some(dir.clone()),
+        (None, false) if repo.storage().is_remote() => Cache::default_base(),
+        (None, false) => None,
+    };
+    if let Some(base) = base {
+        repo.set_cache(Cache::open(&base, &repo.config().id)?);
+    }
+    Ok(repo)
+}
+
+/// Takes a lock for the rest of the command, reporting stale locks it ignores.
+pub(crate) fn lock(repo: &Repository, kind: LockKind) -> Result<Lock> {
+    let held = Lock::acquire(repo.storage().clone(), kind)?;
+    for l in held.stale() {
+        let why = l.stale_reason().unwrap_or_default();
+        eprintln!("warning: ignoring stale lock {} ({why}); `cairn unlock` removes it", l.path);
+    }
+    Ok(held)
+}
+
+/// Splits `SNAPSHOT[:PATH]`.
+pub(crate) fn split_spec(spec: &str) -> (&str, Option<&str>) {
+    match spec.split_once(':') {
+        Some((s, p)) => (s, Some(p)),
+        None => (spec, None),
+    }
+}
+
+pub(crate) fn parse_codec(s: &str) -> Result<Codec> {
+    Ok(s.parse::<Codec>()?)
+}
+
+/// Parses a byte size: a number with an optional K, M, G or T suffix (binary units).
+pub(crate) fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim().to_ascii_uppercase();
+    let t = t.strip_suffix("IB").or_else(|| t.strip_suffix('B')).unwrap_or(&t);
+    let (num, mult) = match t.chars().last() {
+        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        Some('T') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let n: u64 = num.trim().parse().with_context(|| format!("invalid size {s:?}: use a number with K, M, G or T"))?;
+    n.checked_mul(mult).with_context(|| format!("size {s:?} is too large"))
+}

@@ -1,0 +1,135 @@
+//! `cairn restore`: restore a snapshot (or a path inside it) into a directory.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use cairn_core::lock::LockKind;
+use cairn_core::restore::{self, Progress, RestoreOptions};
+use clap::Args as ClapArgs;
+
+use super::{lock, open, parse_size, split_spec, Global};
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Snapshot (`latest` or an ID prefix), optionally with :PATH to restore only that path's contents
+    #[arg(value_name = "SNAPSHOT[:PATH]")]
+    pub snapshot: String,
+    /// Directory to restore into (created if missing)
+    #[arg(short, long, value_name = "DIR")]
+    pub target: PathBuf,
+    /// Restore only paths matching GLOB (absolute path in the snapshot, or file name); repeatable
+    #[arg(long = "include", value_name = "GLOB")]
+    pub include: Vec<String>,
+    /// Skip paths matching GLOB (and everything below them); repeatable
+    #[arg(long = "exclude", value_name = "GLOB")]
+    pub exclude: Vec<String>,
+    /// Existing files: always (check content chunk by chunk, rewrite what differs), if-changed
+    /// (trust matching size and mtime), if-newer (only if the snapshot's copy is newer), never
+    #[arg(long, default_value = "always", value_name = "MODE")]
+    pub overwrite: String,
+    /// Remove files and directories the snapshot lacks from restored directories
+    #[arg(long)]
+    pub delete: bool,
+    /// Show what would change without changing anything
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Re-read every restored file afterwards and check it against the snapshot
+    #[arg(long)]
+    pub verify: bool,
+    /// Zero ranges: auto (zero chunks and holes become holes), always (also 4 KiB zero blocks
+    /// inside data), never (allocate every byte)
+    #[arg(long, default_value = "auto", value_name = "MODE")]
+    pub sparse: String,
+    /// Reserve every file's data ranges on disk before writing (by default only files of 1 MiB
+    /// or more, on ext4 and XFS)
+    #[arg(long)]
+    pub preallocate: bool,
+    /// Ranged pack reads in flight [default: 4 for a local repository, 32 for S3, 8 for SFTP]
+    #[arg(long, value_name = "N")]
+    pub fetch_concurrency: Option<usize>,
+    /// Threads that decrypt, decompress and verify [default: number of cores]
+    #[arg(long, value_name = "N")]
+    pub decode_threads: Option<usize>,
+    /// Threads that write files [default: number of cores, at least 2]
+    #[arg(long, value_name = "N")]
+    pub write_threads: Option<usize>,
+    /// Cap on data in flight between fetch and write, e.g. 256M or 1G
+    #[arg(long, default_value = "256M", value_name = "SIZE")]
+    pub max_memory: String,
+    /// Print per-stage busy / idle / blocked time at the end
+    #[arg(long)]
+    pub profile: bool,
+    /// Report a stall after this many seconds without progress
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    pub stall_timeout: u64,
+}
+
+pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
+    let repo = open(g)?;
+    let _lock = lock(&repo, LockKind::Shared)?;
+    repo.load_index()?;
+    let (spec, path) = split_spec(&a.snapshot);
+    let (id, snap) = repo.find_snapshot(spec)?;
+    let defaults = RestoreOptions::default();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let on_signal = cancel.clone();
+    ctrlc::set_handler(move || on_signal.store(true, Ordering::Relaxed))
+        .context("cannot install the SIGINT handler")?;
+    let opts = RestoreOptions {
+        fetch_concurrency: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency()),
+        decode_threads: a.decode_threads.unwrap_or(defaults.decode_threads),
+        write_threads: a.write_threads.unwrap_or(defaults.write_threads),
+        max_memory: parse_size(&a.max_memory)?,
+        overwrite: a.overwrite.parse()?,
+        delete: a.delete,
+        dry_run: a.dry_run,
+        verify: a.verify,
+        sparse: a.sparse.parse()?,
+        preallocate: a.preallocate,
+        include: a.include,
+        exclude: a.exclude,
+        stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
+        cancel: Some(cancel),
+    };
+    let progress = Progress::default();
+    let done = AtomicBool::new(false);
+    let result = std::thread::scope(|s| {
+        let reporter = s.spawn(|| crate::progress::restore(&progress, &done, g.json));
+        let r = {
+            let _stop = crate::progress::StopOnDrop(&done);
+            restore::restore(&repo, &snap, &id.short(), path, &a.target, &opts, &progress)
+        };
+        reporter.join().expect("progress thread");
+        r
+    });
+    let out = match result {
+        Err(cairn_core::Error::Interrupted) => {
+            eprintln!("cairn: restore interrupted; run the same command again to finish it");
+            return Ok(ExitCode::from(130));
+        }
+        other => other?,
+    };
+    if let Some(dry) = &out.dry_run {
+        crate::progress::print_dry_run(dry, &out, g.json);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (p, why) in &out.failed {
+        eprintln!("error: {}: {why}", p.display());
+    }
+    for (p, why) in &out.warnings {
+        eprintln!("warning: {}: {why}", p.display());
+    }
+    for s in &out.stalls {
+        eprintln!("warning: restore stalled: {s}");
+    }
+    crate::progress::print_restore_summary(&id.to_hex(), &out, g.json, a.profile);
+    if !out.failed.is_empty() {
+        eprintln!("cairn: {} entries could not be restored (listed above)", out.failed.len());
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
