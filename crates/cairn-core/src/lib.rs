@@ -8,7 +8,8 @@
 //!
 //! ```text
 //! backup:  walk → read → chunk → store → packer → upload → commit   (backup/)
-//! restore: plan → create → fetch → decode → write → finish   (restore/)
+//! reading: plan reads → fetch → decode/verify → a caller's sink     (read/; trees.rs loads trees)
+//! restore: plan → compare → create → [read path] → write → finish   (restore/)
 //! ```
 //!
 //! Start with [`repository::Repository::open`], then [`backup::backup`] or
@@ -31,11 +32,14 @@ pub mod lock;
 pub mod pack;
 pub(crate) mod parallel;
 pub mod platform;
+pub mod profile;
+pub mod read;
 pub mod repository;
 pub mod restore;
 pub mod sealed;
 pub mod snapshot;
 pub mod storage;
 pub mod tree;
+pub mod trees;
 
 pub use error::{Error, Result};

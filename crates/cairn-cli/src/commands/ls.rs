@@ -25,7 +25,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let (spec, path) = split_spec(&a.snapshot);
     let (id, snap) = repo.find_snapshot(spec)?;
     let base = path.unwrap_or("/").trim_end_matches('/');
-    let start = match cairn_core::restore::resolve_path(&repo, &snap, base, &id.short())? {
+    let start = match cairn_core::trees::resolve(&repo, &snap.tree, base, &id.short())? {
         None => snap.tree,
         Some(node) if node.kind == NodeKind::Dir => node.subtree.context("directory without a subtree")?,
         Some(node) => {
@@ -33,19 +33,12 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
     };
-    let mut stack = vec![(PathBuf::from(if base.is_empty() { "/" } else { base }), start)];
-    while let Some((dir, tree_id)) = stack.pop() {
-        let tree = repo.read_tree(&tree_id)?;
-        let mut subdirs = Vec::new();
-        for node in &tree.nodes {
-            let p = dir.join(std::ffi::OsStr::new(&*node.name_lossy()));
-            print_node(g, &a, &p, node);
-            if let Some(sub) = node.subtree {
-                subdirs.push((p, sub));
-            }
-        }
-        stack.extend(subdirs.into_iter().rev());
-    }
+    let base = PathBuf::from(if base.is_empty() { "/" } else { base });
+    let threads = repo.storage().default_concurrency();
+    cairn_core::trees::walk(&repo, start, &base, threads, |path, node| {
+        print_node(g, &a, path, node);
+        Ok(())
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,20 +1,26 @@
 //! `cairn dump`: one file raw, or a directory as a tar stream, written in order to any writer.
 //!
-//! Blobs are fetched and decoded (the same ranged reads and [`decode_blob`] as a restore) by a
-//! pool of workers that runs ahead of the writer by a bounded window, across file boundaries;
-//! the writer takes them in order.
+//! The blobs are read through the read path ([`crate::read`]): the plan turns the stream's
+//! chunks, in order, into ranged reads (neighbours in one pack merged), the reader fetches and
+//! decodes them ahead of the writer by a bounded window of reads, and the writer takes each
+//! read's blobs in order.
 
-use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Write};
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crossbeam_channel::{unbounded, Receiver, Sender};
 
 use super::plan::{self, Entry, Filter, Top};
+use super::DEFAULT_MAX_MEMORY;
 use crate::error::{Error, Result};
 use crate::id::BlobId;
-use crate::layout::pack_path;
-use crate::pack::decode_blob;
+use crate::index::Index;
+use crate::pack::BlobEntry;
+use crate::read::{coalesce_gap, Decoded, PackRead, Reader, Sink, MAX_READ};
 use crate::repository::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::{Chunk, NodeKind};
@@ -28,62 +34,151 @@ pub struct DumpStats {
     pub bytes: u64,
 }
 
-type Fetched = (u64, Result<Vec<u8>>);
+/// The reads that deliver `wanted` in order: consecutive blobs that lie in ascending order in
+/// one pack, at most `gap` apart, share a read (within [`MAX_READ`]); a blob repeated right
+/// after itself is read once. Fails naming the first blob no index lists.
+fn stream_reads(index: &Index, wanted: &[BlobId], gap: u64) -> Result<Vec<PackRead>> {
+    let mut reads: Vec<PackRead> = Vec::new();
+    let mut last = None;
+    for id in wanted {
+        if last == Some(*id) {
+            continue;
+        }
+        last = Some(*id);
+        let loc = index.get(id).ok_or_else(|| Error::NotFound(format!("blob {} (not in any index)", id.short())))?;
+        let b = loc.entry;
+        let (start, end) = (u64::from(b.offset), u64::from(b.offset) + u64::from(b.length));
+        if let Some(r) = reads.last_mut().filter(|r| r.pack == loc.pack) {
+            let r_end = r.offset + r.length;
+            let fits = end - r.offset <= MAX_READ && r.raw_bytes() + u64::from(b.raw_length) <= MAX_READ;
+            if start >= r_end && start - r_end <= gap && fits {
+                r.length = end - r.offset;
+                r.blobs.push(b);
+                continue;
+            }
+        }
+        reads.push(PackRead { pack: loc.pack, salt: loc.salt, offset: start, length: end - start, blobs: vec![b] });
+    }
+    Ok(reads)
+}
 
-/// Delivers the data blobs of a dump in order, fetched ahead by a worker pool.
-struct Ordered<'a> {
-    wanted: &'a [BlobId],
-    next_request: usize,
-    next_take: usize,
+/// What arrived for one read: its blobs, or why one of them could not be read.
+enum Arrival<'s> {
+    Blobs(Vec<Decoded<'s>>),
+    Failed(Error),
+}
+
+/// The dump's end of the read path: every read's outcome goes to the writer, keyed by its
+/// place in the list of reads.
+#[derive(Clone)]
+struct ToStream<'s> {
+    first: usize,
+    arrived: Sender<(usize, Arrival<'s>)>,
+}
+
+impl<'s> ToStream<'s> {
+    fn seq(&self, read: &PackRead) -> usize {
+        (read as *const PackRead as usize - self.first) / std::mem::size_of::<PackRead>()
+    }
+}
+
+impl<'s> Sink<'s> for ToStream<'s> {
+    fn blobs(&self, read: &'s PackRead, blobs: Vec<Decoded<'s>>) -> bool {
+        self.arrived.send((self.seq(read), Arrival::Blobs(blobs))).is_ok()
+    }
+
+    fn failed(&self, read: &'s PackRead, blob: &BlobEntry, why: &Error) {
+        let why = Error::corrupt(crate::layout::pack_path(&read.pack), format!("blob {}: {why}", blob.id.short()));
+        let _ = self.arrived.send((self.seq(read), Arrival::Failed(why)));
+    }
+}
+
+/// How many reads the writer has taken, for the feeder's window.
+#[derive(Default)]
+struct Taken {
+    count: Mutex<usize>,
+    moved: Condvar,
+}
+
+/// Hands the reads out in order, at most `window` ahead of the writer.
+struct Window<'s> {
+    reads: std::slice::Iter<'s, PackRead>,
+    sent: usize,
     window: usize,
-    jobs: Option<Sender<(u64, BlobId)>>,
-    results: Receiver<Fetched>,
-    early: HashMap<u64, Result<Vec<u8>>>,
+    taken: &'s Taken,
+    reader: &'s Reader<'s>,
 }
 
-impl Ordered<'_> {
-    fn top_up(&mut self) {
-        while self.next_request < self.wanted.len() && self.next_request < self.next_take + self.window {
-            let job = (self.next_request as u64, self.wanted[self.next_request]);
-            if self.jobs.as_ref().is_none_or(|j| j.send(job).is_err()) {
-                return;
+impl<'s> Iterator for Window<'s> {
+    type Item = &'s PackRead;
+    fn next(&mut self) -> Option<&'s PackRead> {
+        let mut taken = self.taken.count.lock().expect("window lock");
+        while self.sent >= *taken + self.window {
+            if self.reader.cancelled() {
+                return None;
             }
-            self.next_request += 1;
+            taken = self.taken.moved.wait_timeout(taken, Duration::from_millis(100)).expect("window lock").0;
         }
+        self.sent += 1;
+        self.reads.next()
+    }
+}
+
+/// The blobs of a dump in order, as the writer takes them.
+struct Stream<'s> {
+    next_read: usize,
+    arrived: Receiver<(usize, Arrival<'s>)>,
+    early: HashMap<usize, Arrival<'s>>,
+    current: VecDeque<Decoded<'s>>,
+    last: Option<Decoded<'s>>,
+    taken: &'s Taken,
+    /// The library error behind the last failed read (reported instead of the I/O error the
+    /// tar writer wraps it in).
+    error: Option<Error>,
+}
+
+impl<'s> Stream<'s> {
+    /// Makes blob `id` the current one: the same as the last, or the next one delivered.
+    fn advance(&mut self, id: &BlobId) -> Result<&[u8]> {
+        if self.last.as_ref().is_none_or(|l| l.id != *id) {
+            if self.current.is_empty() {
+                self.current = self.next_read()?.into();
+            }
+            let blob = self.current.pop_front().filter(|b| b.id == *id);
+            self.last =
+                Some(blob.ok_or_else(|| Error::Usage("the dump stream is out of order; please report this".into()))?);
+        }
+        Ok(&self.last.as_ref().expect("just set").data)
     }
 
-    fn take(&mut self) -> Result<Vec<u8>> {
-        self.top_up();
-        let seq = self.next_take as u64;
-        self.next_take += 1;
+    fn next_read(&mut self) -> Result<Vec<Decoded<'s>>> {
+        let seq = self.next_read;
+        self.next_read += 1;
+        *self.taken.count.lock().expect("window lock") = self.next_read;
+        self.taken.moved.notify_all();
         loop {
-            if let Some(r) = self.early.remove(&seq) {
-                self.top_up();
-                return r;
+            match self.early.remove(&seq) {
+                Some(Arrival::Blobs(b)) => return Ok(b),
+                Some(Arrival::Failed(e)) => return Err(e),
+                None => {}
             }
-            let (s, r) = self.results.recv().map_err(|_| Error::Usage("dump workers stopped".into()))?;
-            self.early.insert(s, r);
+            let (s, a) = self.arrived.recv().map_err(|_| Error::Usage("the dump's readers stopped early".into()))?;
+            // The first outcome of a read counts: a failure is sent before the rest of its blobs.
+            self.early.entry(s).or_insert(a);
         }
     }
 }
 
-fn fetch_and_decode(repo: &Repository, id: &BlobId) -> Result<Vec<u8>> {
-    let loc = repo.index().get(id).ok_or_else(|| Error::NotFound(format!("blob {} (not in any index)", id.short())))?;
-    let path = pack_path(&loc.pack);
-    let sealed = repo.storage().read_range(&path, u64::from(loc.entry.offset), u64::from(loc.entry.length))?;
-    decode_blob(repo.key(), &repo.key().object_key(&loc.salt), &loc.entry, sealed, &path)
-}
-
-/// Reads one file's content from the ordered stream.
-struct ContentReader<'o, 'a> {
-    ordered: &'o mut Ordered<'a>,
+/// Reads one file's content from the stream.
+struct ContentReader<'o, 's> {
+    stream: &'o mut Stream<'s>,
     chunks: std::slice::Iter<'o, Chunk>,
-    current: Vec<u8>,
     pos: usize,
+    in_blob: usize,
     zeros_left: u64,
 }
 
-impl Read for ContentReader<'_, '_> {
+impl io::Read for ContentReader<'_, '_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             if self.zeros_left > 0 {
@@ -92,21 +187,35 @@ impl Read for ContentReader<'_, '_> {
                 self.zeros_left -= n as u64;
                 return Ok(n);
             }
-            if self.pos < self.current.len() {
-                let n = buf.len().min(self.current.len() - self.pos);
-                buf[..n].copy_from_slice(&self.current[self.pos..self.pos + n]);
+            if self.pos < self.in_blob {
+                let data = &self.stream.last.as_ref().expect("a current blob").data;
+                let n = buf.len().min(self.in_blob - self.pos);
+                buf[..n].copy_from_slice(&data[self.pos..self.pos + n]);
                 self.pos += n;
                 return Ok(n);
             }
             match self.chunks.next() {
                 None => return Ok(0),
                 Some(Chunk::Zero { len }) => self.zeros_left = *len,
-                Some(Chunk::Data { len, .. }) => {
-                    let data = self.ordered.take().map_err(io::Error::other)?;
-                    if data.len() != *len as usize {
-                        return Err(io::Error::other("a chunk's recorded length differs from its blob"));
+                Some(Chunk::Data { id, len }) => {
+                    let got = match self.stream.advance(id) {
+                        Ok(data) => data.len(),
+                        Err(e) => {
+                            let msg = e.to_string();
+                            self.stream.error = Some(e);
+                            return Err(io::Error::other(msg));
+                        }
+                    };
+                    if got != *len as usize {
+                        let e = Error::invalid(
+                            format!("blob {}", id.short()),
+                            "a chunk's recorded length differs from its blob",
+                        );
+                        let msg = e.to_string();
+                        self.stream.error = Some(e);
+                        return Err(io::Error::other(msg));
                     }
-                    self.current = data;
+                    self.in_blob = got;
                     self.pos = 0;
                 }
             }
@@ -114,26 +223,32 @@ impl Read for ContentReader<'_, '_> {
     }
 }
 
+impl<'o, 's> ContentReader<'o, 's> {
+    fn new(stream: &'o mut Stream<'s>, chunks: &'o [Chunk]) -> Self {
+        ContentReader { stream, chunks: chunks.iter(), pos: 0, in_blob: 0, zeros_left: 0 }
+    }
+}
+
 /// Writes `path` of `snapshot` to `out`: a regular file raw, a directory (or `/`) as a tar
-/// stream. `workers` blobs are fetched at once.
+/// stream. `fetchers` reads are in flight at once.
 pub fn dump(
     repo: &Repository,
     snapshot: &Snapshot,
     name: &str,
     path: &str,
     out: &mut dyn Write,
-    workers: usize,
+    fetchers: usize,
 ) -> Result<DumpStats> {
     let base = path.trim_end_matches('/');
-    let (top, single) = match plan::resolve(repo, &snapshot.tree, base, name)? {
+    let (top, single) = match crate::trees::resolve(repo, &snapshot.tree, base, name)? {
         None => (Top::Tree(snapshot.tree), false),
         Some(n) if n.kind == NodeKind::Dir => (Top::Tree(n.subtree.expect("validated dir")), false),
         Some(n) if n.kind == NodeKind::File => (Top::Node(Box::new(n)), true),
         Some(_) => return Err(Error::Usage(format!("{path:?} is neither a file nor a directory; nothing to dump"))),
     };
-    let workers = workers.max(1);
+    let fetchers = fetchers.max(1);
     let base_path = Path::new(if base.is_empty() { "/" } else { base });
-    let plan = plan::build(repo, top, base_path, &Filter::default(), workers, &plan::Loading::default())?;
+    let plan = plan::build(repo, top, base_path, &Filter::default(), fetchers, &crate::trees::Loading::default())?;
     let wanted: Vec<BlobId> = plan
         .entries
         .iter()
@@ -144,48 +259,51 @@ pub fn dump(
             Chunk::Zero { .. } => None,
         })
         .collect();
+    let reads = stream_reads(&repo.index(), &wanted, coalesce_gap(repo))?;
+    let reader = Reader::new(repo, DEFAULT_MAX_MEMORY, Arc::new(AtomicBool::new(false)));
+    // Reads in flight or waiting to be written: each reserves at most 2 × MAX_READ, so the
+    // window always fits the budget and a read never waits for budget the writer cannot free.
+    let window = (DEFAULT_MAX_MEMORY / (2 * MAX_READ)).max(1) as usize;
+    let taken = Taken::default();
     std::thread::scope(|s| {
-        let (jobs_tx, jobs_rx) = bounded::<(u64, BlobId)>(workers * 4);
-        let (res_tx, res_rx) = bounded::<Fetched>(workers * 4);
-        for _ in 0..workers {
-            let (rx, tx) = (jobs_rx.clone(), res_tx.clone());
-            s.spawn(move || {
-                for (seq, id) in rx {
-                    if tx.send((seq, fetch_and_decode(repo, &id))).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-        drop((jobs_rx, res_tx));
-        let mut ordered = Ordered {
-            wanted: &wanted,
-            next_request: 0,
-            next_take: 0,
-            window: workers * 4,
-            jobs: Some(jobs_tx),
-            results: res_rx,
+        let (tx, rx) = unbounded();
+        let sink = ToStream { first: reads.as_ptr() as usize, arrived: tx };
+        let feed = Window { reads: reads.iter(), sent: 0, window, taken: &taken, reader: &reader };
+        let workers = reader.start(s, feed, fetchers, crate::parallel::cores(), sink);
+        let mut stream = Stream {
+            next_read: 0,
+            arrived: rx,
             early: HashMap::new(),
+            current: VecDeque::new(),
+            last: None,
+            taken: &taken,
+            error: None,
         };
         let result = if single {
-            write_raw(&plan.entries[0], &mut ordered, out)
+            write_raw(&plan.entries[0], &mut stream, out)
         } else {
-            write_tar(&plan.entries, &mut ordered, out)
+            write_tar(&plan.entries, &mut stream, out)
         };
-        ordered.jobs = None; // let the workers finish
-        while ordered.results.recv().is_ok() {}
+        reader.cancel(); // done or failed: the feeder and fetchers stop
+        let result = match (result, stream.error.take()) {
+            (Err(_), Some(damage)) => Err(damage),
+            (r, _) => r,
+        };
+        drop(stream);
+        for w in workers {
+            w.join().expect("a dump worker panicked");
+        }
         result
     })
 }
 
-fn write_raw(entry: &Entry, ordered: &mut Ordered<'_>, out: &mut dyn Write) -> Result<DumpStats> {
-    let mut reader =
-        ContentReader { ordered, chunks: entry.node.content.iter(), current: Vec::new(), pos: 0, zeros_left: 0 };
+fn write_raw(entry: &Entry, stream: &mut Stream<'_>, out: &mut dyn Write) -> Result<DumpStats> {
+    let mut reader = ContentReader::new(stream, &entry.node.content);
     let bytes = io::copy(&mut reader, out).map_err(|e| Error::io("<stdout>", "cannot write", e))?;
     Ok(DumpStats { entries: 1, bytes })
 }
 
-fn write_tar(entries: &[Entry], ordered: &mut Ordered<'_>, out: &mut dyn Write) -> Result<DumpStats> {
+fn write_tar(entries: &[Entry], stream: &mut Stream<'_>, out: &mut dyn Write) -> Result<DumpStats> {
     let mut tar = tar::Builder::new(out);
     let mut stats = DumpStats::default();
     let io_err = |e| Error::io("<stdout>", "cannot write the tar stream", e);
@@ -210,8 +328,7 @@ fn write_tar(entries: &[Entry], ordered: &mut Ordered<'_>, out: &mut dyn Write) 
             NodeKind::File => {
                 h.set_entry_type(tar::EntryType::Regular);
                 h.set_size(n.size);
-                let reader =
-                    ContentReader { ordered, chunks: n.content.iter(), current: Vec::new(), pos: 0, zeros_left: 0 };
+                let reader = ContentReader::new(stream, &n.content);
                 tar.append_data(&mut h, path, reader).map_err(io_err)?;
                 stats.bytes += n.size;
             }

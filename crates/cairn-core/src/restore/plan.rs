@@ -9,20 +9,16 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
 use super::check::NeededChunk;
-use crate::crypto::SALT_LEN;
 use crate::error::{Error, Result};
-use crate::id::{BlobId, IdMap, PackId};
-use crate::index::BlobLocation;
-use crate::layout::pack_path;
-use crate::pack::BlobEntry;
+use crate::id::{BlobId, IdMap};
+use crate::read::{coalesce, coalesce_gap, PackRead};
 use crate::repository::Repository;
-use crate::tree::{Chunk, Node, NodeKind, Tree};
+use crate::tree::{Chunk, Node, NodeKind};
+use crate::trees::{load_all, LoadedTree, Loading, MAX_DEPTH};
 
 /// One file system entry to restore.
 #[derive(Debug)]
@@ -42,28 +38,6 @@ pub struct Dest {
     pub entry: u32,
     /// Byte offset in that file.
     pub offset: u64,
-}
-
-/// One ranged read of a pack, covering one or more blobs.
-#[derive(Debug)]
-pub struct PackRead {
-    /// The pack.
-    pub pack: PackId,
-    /// The pack's salt.
-    pub salt: [u8; SALT_LEN],
-    /// Where the read starts.
-    pub offset: u64,
-    /// How much it reads.
-    pub length: u64,
-    /// The blobs it covers, by offset.
-    pub blobs: Vec<BlobEntry>,
-}
-
-impl PackRead {
-    /// Plaintext bytes the blobs of this read decode to.
-    pub fn raw_bytes(&self) -> u64 {
-        self.blobs.iter().map(|b| u64::from(b.raw_length)).sum()
-    }
 }
 
 /// The entries of a restore, parents before children.
@@ -87,27 +61,6 @@ pub struct Fetches {
     /// Stored bytes the reads will fetch.
     pub fetch_bytes: u64,
 }
-
-/// Reads with at most this gap between them are merged (the gap is read and dropped). On a
-/// local disk another read costs little, so little is read in vain (a partial restore of the
-/// Linux tree fetched 1.85x the changed chunks' bytes with 64 KiB); a remote request waits a
-/// round trip, worth 64 KiB of unneeded bytes.
-const LOCAL_GAP: u64 = 4 * 1024;
-/// See [`LOCAL_GAP`].
-const REMOTE_GAP: u64 = 64 * 1024;
-
-/// The coalescing gap for `repo`'s storage.
-fn coalesce_gap(repo: &Repository) -> u64 {
-    if repo.storage().is_remote() {
-        REMOTE_GAP
-    } else {
-        LOCAL_GAP
-    }
-}
-
-/// Largest single read, and most plaintext one read decodes to (a read is decoded and written
-/// as one batch).
-pub const MAX_READ: u64 = 8 * 1024 * 1024;
 
 /// Which snapshot paths a restore takes.
 #[derive(Default)]
@@ -160,24 +113,6 @@ impl Filter {
     }
 }
 
-/// Finds the node at `path` (absolute, inside the snapshot) without following symlinks.
-/// Returns `None` for `/` (the root tree itself).
-pub fn resolve(repo: &Repository, root: &BlobId, path: &str, snapshot: &str) -> Result<Option<Node>> {
-    let mut tree_id = *root;
-    let mut found = None;
-    let not_found = || Error::PathNotFound { path: path.to_string(), snapshot: snapshot.to_string() };
-    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty() && *p != ".").collect();
-    for (i, part) in parts.iter().enumerate() {
-        let tree = repo.read_tree(&tree_id)?;
-        let node = tree.nodes.into_iter().find(|n| n.name == part.as_bytes()).ok_or_else(not_found)?;
-        if i + 1 < parts.len() {
-            tree_id = node.subtree.ok_or_else(not_found)?;
-        }
-        found = Some(node);
-    }
-    Ok(found)
-}
-
 /// What a restore starts from.
 pub enum Top {
     /// Restore the entries of this tree into the target.
@@ -197,27 +132,6 @@ struct Builder<'a> {
     again: usize,
 }
 
-/// A loaded tree and how many directory nodes of other trees still refer to it (identical
-/// directories share one tree): the last one takes it without a copy. Below a tree that will be
-/// listed again every tree is copied, as it will be listed again too.
-pub struct LoadedTree {
-    tree: Tree,
-    uses: u32,
-}
-
-/// Deepest directory nesting a restore accepts (a path that deep is already longer than
-/// Linux's PATH_MAX); deeper trees are rejected instead of exhausting the stack.
-pub const MAX_DEPTH: usize = 2048;
-
-/// Lets the caller stop tree loading early and watch it progress.
-#[derive(Default)]
-pub struct Loading {
-    /// Once set, loading stops after the reads in flight and fails with [`Error::Interrupted`].
-    pub cancel: Arc<AtomicBool>,
-    /// Tree reads completed so far.
-    pub reads_done: AtomicU64,
-}
-
 /// Lists the entries for restoring `top`, whose snapshot path is `base`; trees are loaded on
 /// `threads` threads first.
 pub fn build(
@@ -229,7 +143,7 @@ pub fn build(
     loading: &Loading,
 ) -> Result<Plan> {
     let trees = match &top {
-        Top::Tree(id) => load_trees(repo, *id, threads, loading)?,
+        Top::Tree(id) => load_all(repo, *id, threads, loading)?,
         Top::Node(_) => IdMap::default(),
     };
     let mut b = Builder { repo, filter, plan: Plan::default(), links: HashMap::new(), depth: 0, trees, again: 0 };
@@ -360,215 +274,4 @@ pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>], budg
     f.reads = coalesce(located, budget, coalesce_gap(repo));
     f.fetch_bytes = f.reads.iter().map(|r| r.length).sum();
     f
-}
-
-/// Groups blob locations by pack, sorts them by offset and merges neighbours at most `gap` bytes
-/// apart into one read, up to [`MAX_READ`] stored bytes and [`MAX_READ`] of plaintext. A read's
-/// reservation (the range plus its plaintext) stays within `budget`, so a small `--max-memory`
-/// really bounds the bytes in flight. A blob that alone exceeds the budget is read on its own.
-pub fn coalesce(mut located: Vec<BlobLocation>, budget: u64, gap: u64) -> Vec<PackRead> {
-    located.sort_unstable_by_key(|l| (l.pack_no, l.entry.offset));
-    let mut reads: Vec<PackRead> = Vec::new();
-    let mut raw = 0; // plaintext bytes of the last read's blobs
-    let mut last_pack = None;
-    for loc in located {
-        let b = loc.entry;
-        let (start, end) = (u64::from(b.offset), u64::from(b.offset) + u64::from(b.length));
-        if let Some(r) = reads.last_mut().filter(|_| last_pack == Some(loc.pack_no)) {
-            let r_end = r.offset + r.length;
-            let reserved = end - r.offset + raw + u64::from(b.raw_length);
-            let fits = end - r.offset <= MAX_READ && raw + u64::from(b.raw_length) <= MAX_READ;
-            if start >= r_end && start - r_end <= gap && fits && reserved <= budget {
-                r.length = end - r.offset;
-                r.blobs.push(b);
-                raw += u64::from(b.raw_length);
-                continue;
-            }
-        }
-        last_pack = Some(loc.pack_no);
-        reads.push(PackRead { pack: loc.pack, salt: loc.salt, offset: start, length: end - start, blobs: vec![b] });
-        raw = u64::from(b.raw_length);
-    }
-    reads
-}
-
-/// Loads every tree below `root` ahead of planning: level by level, each level's tree blobs
-/// fetched with coalesced ranged reads on `threads` threads. A level's reads are cut small
-/// enough that every thread has some to decode (trees lie side by side in a few packs, and one
-/// read per level left one core decoding while the other waited).
-pub fn load_trees(
-    repo: &Repository,
-    root: BlobId,
-    threads: usize,
-    loading: &Loading,
-) -> Result<IdMap<BlobId, LoadedTree>> {
-    let mut trees: IdMap<BlobId, LoadedTree> = IdMap::default();
-    let mut uses: IdMap<BlobId, u32> = IdMap::default();
-    uses.insert(root, 1);
-    let mut level = vec![root];
-    for depth in 0.. {
-        if level.is_empty() {
-            break;
-        }
-        if depth > MAX_DEPTH {
-            return Err(Error::invalid(
-                format!("tree {}", level[0].short()),
-                format!("directories nested deeper than {MAX_DEPTH} levels"),
-            ));
-        }
-        // Trees the metadata cache holds are not fetched again (crate::cache).
-        let mut cached = Vec::new();
-        level.retain(|id| repo.cached_tree(id).map(|t| cached.push((*id, t))).is_none());
-        let index = repo.index();
-        let mut located = Vec::with_capacity(level.len());
-        for id in &level {
-            located
-                .push(index.get(id).ok_or_else(|| Error::NotFound(format!("tree {} (not in any index)", id.short())))?);
-        }
-        drop(index);
-        let level_bytes: u64 = located.iter().map(|l| u64::from(l.entry.length) + u64::from(l.entry.raw_length)).sum();
-        let share = (level_bytes / (threads.max(1) as u64 * 4)).max(TREE_READ_MIN);
-        let reads = coalesce(located, share, coalesce_gap(repo));
-        let next = AtomicUsize::new(0);
-        let loaded: Mutex<Vec<(BlobId, Tree)>> = Mutex::new(cached);
-        let failed: Mutex<Option<Error>> = Mutex::new(None);
-        std::thread::scope(|s| {
-            for _ in 0..threads.clamp(1, reads.len().max(1)) {
-                s.spawn(|| {
-                    while let Some(read) = reads.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        if failed.lock().expect("lock").is_some() || loading.cancel.load(Ordering::Relaxed) {
-                            return;
-                        }
-                        let result = read_trees(repo, read);
-                        loading.reads_done.fetch_add(1, Ordering::Relaxed);
-                        match result {
-                            Ok(mut t) => loaded.lock().expect("lock").append(&mut t),
-                            Err(e) => {
-                                failed.lock().expect("lock").get_or_insert(e);
-                                return;
-                            }
-                        }
-                    }
-                });
-            }
-        });
-        if let Some(e) = failed.into_inner().expect("lock") {
-            return Err(e);
-        }
-        if loading.cancel.load(Ordering::Relaxed) {
-            return Err(Error::Interrupted);
-        }
-        level.clear();
-        for (id, tree) in loaded.into_inner().expect("lock") {
-            for n in &tree.nodes {
-                if let Some(sub) = n.subtree {
-                    *uses.entry(sub).or_default() += 1;
-                    if !trees.contains_key(&sub) {
-                        level.push(sub);
-                    }
-                }
-            }
-            trees.insert(id, LoadedTree { tree, uses: 0 });
-        }
-        level.sort_unstable();
-        level.dedup();
-        level.retain(|id| !trees.contains_key(id));
-    }
-    for (id, t) in trees.iter_mut() {
-        t.uses = uses.get(id).copied().unwrap_or(1);
-    }
-    Ok(trees)
-}
-
-/// Smallest share of a tree level one read takes (below this, another read costs more than
-/// decoding in parallel saves).
-const TREE_READ_MIN: u64 = 256 * 1024;
-
-/// Reads one coalesced range of tree blobs (again, if the transfer came back damaged) and
-/// keeps each verified tree in the metadata cache.
-fn read_trees(repo: &Repository, read: &PackRead) -> Result<Vec<(BlobId, Tree)>> {
-    let path = pack_path(&read.pack);
-    let key = repo.key().object_key(&read.salt);
-    crate::repository::retry_damaged(|| {
-        let bytes = repo.storage().read_range(&path, read.offset, read.length)?;
-        read.blobs
-            .iter()
-            .map(|b| {
-                let start = (u64::from(b.offset) - read.offset) as usize;
-                Ok((b.id, repo.decode_tree(&key, b, &bytes[start..start + b.length as usize], &path)?))
-            })
-            .collect()
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::compress::Codec;
-    use crate::pack::BlobKind;
-
-    /// Blob `n` of pack 0 at `offset`, stored in `length` bytes, decoding to `raw` bytes.
-    fn at(n: u8, offset: u32, length: u32, raw: u32) -> BlobLocation {
-        let entry = BlobEntry {
-            id: BlobId([n; 32]),
-            kind: BlobKind::Data,
-            codec: Codec::Zstd(1),
-            offset,
-            length,
-            raw_length: raw,
-        };
-        BlobLocation { pack: PackId([0; 32]), pack_no: 0, salt: [0; SALT_LEN], entry }
-    }
-
-    fn shape(reads: &[PackRead]) -> Vec<(u64, u64, usize)> {
-        reads.iter().map(|r| (r.offset, r.length, r.blobs.len())).collect()
-    }
-
-    #[test]
-    fn neighbours_merge_across_small_gaps_only() {
-        let locs = vec![at(3, 20_000, 100, 100), at(1, 0, 1000, 1000), at(2, 1000 + 4096, 100, 100)];
-        let reads = coalesce(locs, u64::MAX, 4096);
-        // Sorted by offset; the 4 KiB gap is read, the larger one is not.
-        assert_eq!(shape(&reads), [(0, 5196, 2), (20_000, 100, 1)]);
-    }
-
-    #[test]
-    fn reads_never_span_two_packs() {
-        let in_pack = |mut l: BlobLocation, no: u32| {
-            l.pack_no = no;
-            l.pack = PackId([no as u8; 32]);
-            l
-        };
-        // Two packs' blobs interleaved and out of order; pack 7's lie just after pack 3's.
-        let locs = vec![
-            in_pack(at(1, 400, 100, 100), 7),
-            in_pack(at(2, 0, 100, 100), 3),
-            in_pack(at(3, 300, 100, 100), 7),
-            in_pack(at(4, 100, 100, 100), 3),
-        ];
-        let reads = coalesce(locs, u64::MAX, 4096);
-        assert_eq!(shape(&reads), [(0, 200, 2), (300, 200, 2)]);
-        assert_eq!(reads[0].pack, PackId([3; 32]));
-        assert_eq!(reads[1].pack, PackId([7; 32]));
-        assert_eq!(reads[1].blobs.iter().map(|b| b.id.0[0]).collect::<Vec<_>>(), [3, 1]);
-    }
-
-    #[test]
-    fn a_read_decodes_to_at_most_max_read_bytes() {
-        // Highly compressible blobs: 1 MiB stored each, 3 MiB of plaintext each.
-        let mib = 1 << 20;
-        let locs: Vec<_> = (0..6).map(|i| at(i, u32::from(i) * mib, mib, 3 * mib)).collect();
-        let reads = coalesce(locs, u64::MAX, 0);
-        assert_eq!(reads.iter().map(|r| r.blobs.len()).collect::<Vec<_>>(), [2, 2, 2]);
-        assert!(reads.iter().all(|r| r.raw_bytes() <= MAX_READ));
-    }
-
-    #[test]
-    fn a_small_budget_splits_reads_but_never_drops_a_blob() {
-        let locs: Vec<_> = (0..4).map(|i| at(i, u32::from(i) * 1000, 1000, 1000)).collect();
-        // Range plus plaintext of two blobs is 4000 bytes.
-        assert_eq!(shape(&coalesce(locs.clone(), 4000, 0)), [(0, 2000, 2), (2000, 2000, 2)]);
-        // A budget smaller than one blob: each is read alone.
-        assert_eq!(coalesce(locs, 1, 0).len(), 4);
-    }
 }

@@ -15,17 +15,17 @@ use crossbeam_channel::Receiver;
 
 use super::check::FileState;
 use super::create::{fix_in_place, remove_any, size_new_file};
-use super::decode::Decoded;
 use super::dirs::ParentDirs;
 use super::finish::apply_to_file;
 use super::plan::Dest;
-use super::profile::work;
 use super::{is_fatal, Shared, Sparse};
 use crate::chunker::is_zero;
+use crate::profile::work;
+use crate::read::Decoded;
 
 /// Runs until `input` is drained.
 pub fn write_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Vec<Decoded<'s>>>) {
-    let clock = &sh.clocks[2];
+    let clock = &sh.write_clock;
     let t = Instant::now();
     sh.dirs_ready.wait(); // the directories are made alongside the first fetches
     clock.idle(t);

@@ -1,4 +1,4 @@
-//! Reused buffers for the pipeline's pack reads.
+//! Reused buffers for the read path's pack reads.
 //!
 //! A pack read of large blobs needs a buffer of up to 8 MiB. Fresh ones come from `mmap` and
 //! cost a page fault and a page of zeroing for every 4 KiB touched, and freeing them hands the
@@ -8,7 +8,7 @@
 //! tree, pooling them raised the peak RSS from about 255 to 300–345 MB for no gain.)
 //!
 //! The pool counts every buffer it hands out, large or small, in use or idle, and keeps idle
-//! ones only while that total is within `limit` (the restore's memory budget) and the idle ones
+//! ones only while that total is within `limit` (the memory budget) and the idle ones
 //! within [`IDLE_MAX`] (or a quarter of the budget); past either they are freed. Buffers in use
 //! are covered by the budget, except for their rounding up to whole MiB and a reused buffer
 //! being up to twice the size asked for; idle ones are not: the pipeline's buffers stay within
@@ -31,7 +31,7 @@ const IDLE_MAX: usize = 64 * 1024 * 1024;
 /// small blob never holds a large buffer that the budget counts as small.
 const FIT_DIVISOR: usize = 2;
 
-/// Read buffers shared by the fetch, decode and write stages of one restore.
+/// Read buffers shared by the fetch and decode stages of one read and whoever takes its blobs.
 pub struct BufferPool {
     limit: usize,
     /// Capacity of every buffer handed out and not freed: in use, or idle in `free`.

@@ -1,30 +1,30 @@
 //! Decode stage (CPU pool): decrypt, decompress, and recompute the blob ID before any byte is
-//! written. A worker decodes the blobs of one read (in place, without copying them out) and
-//! hands them to the write stage together, always to the writer that writes their file. A blob
-//! stored uncompressed is written straight from the read it came in.
+//! handed on. A worker decodes the blobs of one read (in place, without copying them out) and
+//! hands them to the sink together. A blob stored uncompressed is handed on inside the read it
+//! came in (a restore writes it straight from there).
 
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 
 use super::budget::Reservation;
 use super::buffers::Buf;
 use super::fetch::Fetched;
-use super::profile::work;
-use super::Shared;
+use super::{Reader, Sink};
 use crate::id::BlobId;
 use crate::pack::decode_blob_into;
+use crate::profile::work;
 
 /// A verified blob's plaintext.
 pub struct Decoded<'b> {
     /// The blob.
     pub id: BlobId,
-    /// Its plaintext, written to all of its destinations.
+    /// Its plaintext.
     pub data: Plain<'b>,
-    /// Released when the blob has been written everywhere (none for a blob inside its read,
-    /// whose bytes the read's reservation covers).
+    /// Released when the blob is dropped (none for a blob inside its read, whose bytes the
+    /// read's reservation covers).
     pub _reservation: Option<Reservation<'b>>,
 }
 
@@ -53,27 +53,23 @@ impl Deref for Plain<'_> {
     }
 }
 
-/// Runs until `input` is drained or a writer's queue is closed.
-pub fn decode_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Fetched<'s>>, writers: Vec<Sender<Vec<Decoded<'s>>>>) {
-    let clock = &sh.clocks[1];
+/// Runs until `input` is drained or the sink refuses a batch.
+pub fn decode_worker<'s, S: Sink<'s>>(r: &'s Reader<'_>, input: Receiver<Fetched<'s>>, sink: S) {
+    let clock = &r.clocks[1];
     loop {
         let t = Instant::now();
         let Ok(f) = input.recv() else { return };
         clock.idle(t);
-        if sh.cancelled() {
+        if r.cancelled() {
             continue; // drain so upstream never blocks
         }
-        let batch = work(clock, || decode_read(sh, f));
+        let read = f.read;
+        let batch = work(clock, || decode_read(r, f, &sink));
         if batch.is_empty() {
             continue;
         }
-        // Writes to one file from two threads serialize on the file's inode lock, and spinning
-        // on it cost more than it gained (a 4 GiB image: write busy 1.9 s with one writer,
-        // 5.2 s with two). So a file's chunks always go to one writer, chosen by the batch's
-        // first file; neighbouring entries (mostly one directory) share a writer as well.
-        let first = sh.fetches.dests.get(&batch[0].id).and_then(|d| d.first()).map_or(0, |d| d.entry as usize);
         let t = Instant::now();
-        if writers[(first / 16) % writers.len()].send(batch).is_err() {
+        if !sink.blobs(read, batch) {
             return;
         }
         clock.blocked(t);
@@ -82,29 +78,30 @@ pub fn decode_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Fetched<'s>>, write
 
 /// Decodes the blobs of one read, in the read's order; a blob that cannot be decoded is
 /// recorded as failed.
-fn decode_read<'s>(sh: &'s Shared<'_>, mut f: Fetched<'s>) -> Vec<Decoded<'s>> {
+fn decode_read<'s, S: Sink<'s>>(r: &'s Reader<'_>, mut f: Fetched<'s>, sink: &S) -> Vec<Decoded<'s>> {
     /// Where a blob's verified plaintext is before it is handed on.
     enum Done {
         Own(Vec<u8>),
         InRead(Range<usize>),
     }
+    sink.fetched(f.read, &f.range);
     let mut done = Vec::with_capacity(f.read.blobs.len());
     for (b, reservation) in f.read.blobs.iter().zip(f.blob_reservations.drain(..)) {
         let start = (u64::from(b.offset) - f.read.offset) as usize;
         let sealed = &mut f.range[start..start + b.length as usize];
         let mut out = Vec::new();
-        match decode_blob_into(sh.repo.key(), &f.key, b, sealed, &f.pack, &mut out) {
+        match decode_blob_into(r.repo.key(), &f.key, b, sealed, &f.pack, &mut out) {
             Ok(Some(plain)) => done.push((b.id, Done::InRead(start + plain.start..start + plain.end), reservation)),
             Ok(None) => done.push((b.id, Done::Own(out), reservation)),
             // A copy that fails authentication may be a damaged transfer: read that blob again.
-            Err(_) => match sh.repo.reread_blob(&f.pack, &f.key, b) {
+            Err(_) => match r.repo.reread_blob(&f.pack, &f.key, b) {
                 Ok(data) => done.push((b.id, Done::Own(data), reservation)),
-                Err(e) => sh.failures.blob(&b.id, &e.to_string()),
+                Err(e) => sink.failed(f.read, b, &e),
             },
         }
     }
-    // Blobs stored uncompressed are written from the read when they are most of it: it stays
-    // in memory and in the budget (its reservation goes with it) until they are written. A
+    // Blobs stored uncompressed are handed on inside the read when they are most of it: it
+    // stays in memory and in the budget (its reservation goes with it) until they are dropped. A
     // few small ones among compressed blobs are copied out instead, so a whole read is not
     // held for them; then the read leaves memory and the budget here.
     let stored: usize = done.iter().map(|(_, d, _)| if let Done::InRead(r) = d { r.len() } else { 0 }).sum();

@@ -1,12 +1,10 @@
 //! Per-stage clocks: how long each stage's workers were busy, idle (waiting for input) and
 //! blocked (waiting for the next stage), for `--profile`; and the watchdog that names the
-//! stage a stalled restore is waiting in.
+//! stage a stalled pipeline is waiting in. Shared by the read path and the
+//! restore's write stage.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-
-/// Stage names, for reports, in pipeline order.
-pub const STAGE_NAMES: [&str; 3] = ["fetch", "decode", "write"];
 
 /// Time accounting of one stage (all workers summed).
 #[derive(Default, Debug)]
@@ -68,6 +66,7 @@ pub fn work<T>(clock: &StageClock, f: impl FnOnce() -> T) -> T {
 
 /// Names the stage a stalled pipeline is waiting in: the earliest stage with a worker stuck
 /// inside a unit of work, else "fetch" (nothing is arriving).
-pub fn stalled_stage(clocks: &[StageClock; 3]) -> &'static str {
-    clocks.iter().position(|c| c.working.load(Ordering::Relaxed) > 0).map(|i| STAGE_NAMES[i]).unwrap_or(STAGE_NAMES[0])
+pub fn stalled_stage(stages: &[(&'static str, &StageClock)]) -> &'static str {
+    let working = stages.iter().find(|(_, c)| c.working.load(Ordering::Relaxed) > 0);
+    working.or(stages.first()).map_or("fetch", |(name, _)| name)
 }

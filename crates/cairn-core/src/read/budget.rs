@@ -1,4 +1,5 @@
-//! The memory budget: bytes in flight between fetch and write never exceed `--max-memory`.
+//! The memory budget: bytes in flight between fetch and the caller never exceed the budget
+//! (a restore's or check's `--max-memory`).
 //!
 //! Only the fetch stage reserves (the fetched range plus the plaintext its blobs will decode
 //! to); every later stage only releases, by dropping its [`Reservation`]. So the pipeline
@@ -7,7 +8,7 @@
 
 use std::sync::{Condvar, Mutex};
 
-/// A byte budget shared by the stages of one restore.
+/// A byte budget shared by the stages of one read (and, in a restore, its write stage).
 pub struct Budget {
     limit: u64,
     state: Mutex<State>,

@@ -1,0 +1,218 @@
+//! The one tree loader and walker: restore planning, `ls`, `dump` and `check` find and load
+//! trees here.
+//!
+//! [`for_each_tree`] loads every distinct tree below a set of roots level by level, each
+//! level's tree blobs fetched with coalesced ranged reads on several threads, so a remote
+//! repository waits one round trip per level, not per directory. [`load_all`] keeps the trees
+//! for a walk in tree order ([`walk`]); [`resolve`] follows one path.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+use crate::id::{BlobId, IdMap, IdSet};
+use crate::layout::pack_path;
+use crate::read::{coalesce, coalesce_gap, PackRead};
+use crate::repository::Repository;
+use crate::tree::{Node, Tree};
+
+/// Deepest directory nesting accepted (a path that deep is already longer than Linux's
+/// PATH_MAX); deeper trees are rejected instead of exhausting the stack.
+pub const MAX_DEPTH: usize = 2048;
+
+/// Smallest share of a tree level one read takes (below this, another read costs more than
+/// decoding in parallel saves).
+const TREE_READ_MIN: u64 = 256 * 1024;
+
+/// Lets the caller stop tree loading early and watch it progress.
+#[derive(Default)]
+pub struct Loading {
+    /// Once set, loading stops after the reads in flight and fails with [`Error::Interrupted`].
+    pub cancel: Arc<AtomicBool>,
+    /// Tree reads completed so far.
+    pub reads_done: AtomicU64,
+}
+
+/// Finds the node at `path` (absolute, inside the snapshot) without following symlinks.
+/// Returns `None` for `/` (the root tree itself).
+pub fn resolve(repo: &Repository, root: &BlobId, path: &str, snapshot: &str) -> Result<Option<Node>> {
+    let mut tree_id = *root;
+    let mut found = None;
+    let not_found = || Error::PathNotFound { path: path.to_string(), snapshot: snapshot.to_string() };
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty() && *p != ".").collect();
+    for (i, part) in parts.iter().enumerate() {
+        let tree = repo.read_tree(&tree_id)?;
+        let node = tree.nodes.into_iter().find(|n| n.name == part.as_bytes()).ok_or_else(not_found)?;
+        if i + 1 < parts.len() {
+            tree_id = node.subtree.ok_or_else(not_found)?;
+        }
+        found = Some(node);
+    }
+    Ok(found)
+}
+
+/// Loads every distinct tree below `roots` (the roots included), level by level on `threads`
+/// threads, and calls `visit` once per tree with the tree or why it could not be loaded (not
+/// in any index, damaged). The subtrees of a tree that loaded are visited next; `visit`
+/// returning an error stops the walk with it.
+pub fn for_each_tree(
+    repo: &Repository,
+    roots: impl IntoIterator<Item = BlobId>,
+    threads: usize,
+    loading: &Loading,
+    mut visit: impl FnMut(BlobId, Result<Tree>) -> Result<()>,
+) -> Result<()> {
+    let mut seen: IdSet<BlobId> = IdSet::default();
+    let mut level: Vec<BlobId> = roots.into_iter().filter(|id| seen.insert(*id)).collect();
+    for depth in 0.. {
+        if level.is_empty() {
+            break;
+        }
+        if depth > MAX_DEPTH {
+            return Err(Error::invalid(
+                format!("tree {}", level[0].short()),
+                format!("directories nested deeper than {MAX_DEPTH} levels"),
+            ));
+        }
+        let mut next = Vec::new();
+        for (id, tree) in load_level(repo, &level, threads, loading)? {
+            if let Ok(tree) = &tree {
+                next.extend(tree.nodes.iter().filter_map(|n| n.subtree).filter(|sub| seen.insert(*sub)));
+            }
+            visit(id, tree)?;
+        }
+        next.sort_unstable();
+        level = next;
+    }
+    Ok(())
+}
+
+/// Loads one level's trees: from the metadata cache where it holds them, the rest with
+/// coalesced reads cut small enough that every thread has some to decode (trees lie side by
+/// side in a few packs, and one read per level left one core decoding while the other waited).
+/// A read that fails is retried tree by tree, so each tree gets its own error.
+fn load_level(
+    repo: &Repository,
+    level: &[BlobId],
+    threads: usize,
+    loading: &Loading,
+) -> Result<Vec<(BlobId, Result<Tree>)>> {
+    let mut out: Vec<(BlobId, Result<Tree>)> = Vec::with_capacity(level.len());
+    let index = repo.index();
+    let mut located = Vec::with_capacity(level.len());
+    for id in level {
+        if let Some(t) = repo.cached_tree(id) {
+            out.push((*id, Ok(t)));
+            continue;
+        }
+        match index.get(id) {
+            Some(loc) => located.push(loc),
+            None => out.push((*id, Err(Error::NotFound(format!("tree {} (not in any index)", id.short()))))),
+        }
+    }
+    drop(index);
+    let level_bytes: u64 = located.iter().map(|l| u64::from(l.entry.length) + u64::from(l.entry.raw_length)).sum();
+    let share = (level_bytes / (threads.max(1) as u64 * 4)).max(TREE_READ_MIN);
+    let reads = coalesce(located, share, coalesce_gap(repo));
+    let next = AtomicUsize::new(0);
+    let loaded = Mutex::new(out);
+    std::thread::scope(|s| {
+        for _ in 0..threads.clamp(1, reads.len().max(1)) {
+            s.spawn(|| {
+                while let Some(read) = reads.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    if loading.cancel.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let trees: Vec<(BlobId, Result<Tree>)> = match read_trees(repo, read) {
+                        Ok(t) => t.into_iter().map(|(id, t)| (id, Ok(t))).collect(),
+                        Err(_) => read.blobs.iter().map(|b| (b.id, repo.read_tree(&b.id))).collect(),
+                    };
+                    loading.reads_done.fetch_add(1, Ordering::Relaxed);
+                    loaded.lock().expect("lock").extend(trees);
+                }
+            });
+        }
+    });
+    if loading.cancel.load(Ordering::Relaxed) {
+        return Err(Error::Interrupted);
+    }
+    Ok(loaded.into_inner().expect("lock"))
+}
+
+/// Reads one coalesced range of tree blobs (again, if the transfer came back damaged) and
+/// keeps each verified tree in the metadata cache.
+fn read_trees(repo: &Repository, read: &PackRead) -> Result<Vec<(BlobId, Tree)>> {
+    let path = pack_path(&read.pack);
+    let key = repo.key().object_key(&read.salt);
+    crate::repository::retry_damaged(|| {
+        let bytes = repo.storage().read_range(&path, read.offset, read.length)?;
+        read.blobs
+            .iter()
+            .map(|b| {
+                let start = (u64::from(b.offset) - read.offset) as usize;
+                Ok((b.id, repo.decode_tree(&key, b, &bytes[start..start + b.length as usize], &path)?))
+            })
+            .collect()
+    })
+}
+
+/// A loaded tree and how many directory nodes of other trees refer to it (identical
+/// directories share one tree): a walker that consumes trees lets the last use take it without
+/// a copy.
+pub struct LoadedTree {
+    /// The tree.
+    pub tree: Tree,
+    /// Directory nodes (and roots) that refer to it.
+    pub uses: u32,
+}
+
+/// Loads every tree below `root`; the first tree that cannot be loaded is the error.
+pub fn load_all(
+    repo: &Repository,
+    root: BlobId,
+    threads: usize,
+    loading: &Loading,
+) -> Result<IdMap<BlobId, LoadedTree>> {
+    let mut trees: IdMap<BlobId, LoadedTree> = IdMap::default();
+    let mut uses: IdMap<BlobId, u32> = IdMap::default();
+    uses.insert(root, 1);
+    for_each_tree(repo, [root], threads, loading, |id, tree| {
+        let tree = tree?;
+        for sub in tree.nodes.iter().filter_map(|n| n.subtree) {
+            *uses.entry(sub).or_default() += 1;
+        }
+        trees.insert(id, LoadedTree { tree, uses: 0 });
+        Ok(())
+    })?;
+    for (id, t) in trees.iter_mut() {
+        t.uses = uses.get(id).copied().unwrap_or(1);
+    }
+    Ok(trees)
+}
+
+/// Visits every node below tree `root` depth first, in tree order, with its absolute path
+/// (`base` joined with the names on the way); trees are loaded first ([`load_all`]).
+pub fn walk(
+    repo: &Repository,
+    root: BlobId,
+    base: &Path,
+    threads: usize,
+    mut visit: impl FnMut(&Path, &Node) -> Result<()>,
+) -> Result<()> {
+    let trees = load_all(repo, root, threads, &Loading::default())?;
+    let mut stack: Vec<(PathBuf, BlobId, usize)> = vec![(base.to_path_buf(), root, 0)];
+    while let Some((dir, id, at)) = stack.pop() {
+        let tree = &trees.get(&id).expect("every tree below the root was loaded").tree;
+        let Some(node) = tree.nodes.get(at) else { continue };
+        stack.push((dir.clone(), id, at + 1));
+        let path = dir.join(OsStr::from_bytes(&node.name));
+        visit(&path, node)?;
+        if let Some(sub) = node.subtree {
+            stack.push((path, sub, 0));
+        }
+    }
+    Ok(())
+}
