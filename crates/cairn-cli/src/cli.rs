@@ -78,6 +78,11 @@ enum Command {
     /// Manage the key files that unlock the repository
     #[command(subcommand)]
     Key(commands::key::Args),
+    /// Check the repository: structure, and with --read-data(-subset) the pack data
+    Check(commands::check::Args),
+    /// Repair the index, snapshots or damaged packs
+    #[command(subcommand)]
+    Repair(commands::repair::Args),
     /// Remove stale locks (of processes that are gone), or with --remove-all every lock
     Unlock(commands::unlock::Args),
 }
@@ -94,5 +99,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Dump(a) => commands::dump::run(g, a),
         Command::Key(a) => commands::key::run(g, a),
         Command::Unlock(a) => commands::unlock::run(g, a),
+        Command::Check(a) => commands::check::run(g, a),
+        Command::Repair(a) => commands::repair::run(g, a),
     }
 }

@@ -241,3 +241,35 @@ pub fn print_backup_summary(out: &BackupOutcome, json: bool) {
         None => outln!("dry run: nothing was stored"),
     }
 }
+
+/// Shows check progress until `done`: the phase and its count on a terminal, JSON lines with
+/// `--json`.
+pub fn check(p: &cairn_core::check::Progress, done: &AtomicBool, json: bool) {
+    let bar = terminal_bar(json);
+    let started = Instant::now();
+    let mut last_json = Instant::now();
+    while !done.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+        let phase = *p.phase.lock().expect("progress lock");
+        let (n, total) = (p.done.load(Ordering::Relaxed), p.total.load(Ordering::Relaxed));
+        let (read, to_read) = (p.bytes_read.load(Ordering::Relaxed), p.bytes_to_read.load(Ordering::Relaxed));
+        if let Some(bar) = &bar {
+            bar.set_length(to_read);
+            bar.set_position(read);
+            let of = if total > 0 { format!("/{}", count(total)) } else { String::new() };
+            bar.set_message(format!("{phase} {}{of}", count(n)));
+        } else if json && last_json.elapsed() >= Duration::from_secs(1) {
+            last_json = Instant::now();
+            outln!(
+                "{}",
+                serde_json::json!({
+                    "message_type": "status", "seconds_elapsed": started.elapsed().as_secs_f64(), "phase": phase,
+                    "done": n, "total": total, "bytes_read": read, "bytes_to_read": to_read,
+                })
+            );
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+}

@@ -19,6 +19,7 @@
 
 pub mod backup;
 pub mod cache;
+pub mod check;
 pub mod chunker;
 pub mod compress;
 pub mod config;
@@ -34,9 +35,11 @@ pub(crate) mod parallel;
 pub mod platform;
 pub mod profile;
 pub mod read;
+pub mod repair;
 pub mod repository;
 pub mod restore;
 pub mod sealed;
+pub mod select;
 pub mod snapshot;
 pub mod storage;
 pub mod tree;

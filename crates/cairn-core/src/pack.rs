@@ -144,6 +144,24 @@ impl PackWriter {
 
 /// Reads the header of a whole pack file (used to rebuild the index and by `check`).
 pub fn read_header(master: &MasterKey, name: &str, pack: &[u8]) -> Result<([u8; SALT_LEN], Vec<BlobEntry>)> {
+    read_header_tail(master, name, pack, pack.len() as u64)
+}
+
+/// Stored length of the header and trailer of a pack of `blobs` blobs: how much of its end a
+/// reader fetches to read the header alone.
+pub fn header_tail_len(blobs: usize) -> u64 {
+    (blobs * ENTRY_LEN + SEAL_OVERHEAD + TRAILER_LEN) as u64
+}
+
+/// Reads the header from the last `tail.len()` bytes of a pack of `pack_len` bytes (the whole
+/// pack, or just its end: see [`header_tail_len`]).
+pub fn read_header_tail(
+    master: &MasterKey,
+    name: &str,
+    tail: &[u8],
+    pack_len: u64,
+) -> Result<([u8; SALT_LEN], Vec<BlobEntry>)> {
+    let pack = tail;
     if pack.len() < TRAILER_LEN + SEAL_OVERHEAD {
         return Err(Error::corrupt(name, "truncated: shorter than a pack trailer"));
     }
@@ -161,6 +179,8 @@ pub fn read_header(master: &MasterKey, name: &str, pack: &[u8]) -> Result<([u8; 
         .object_key(&salt)
         .open(HEADER_AAD, &pack[body_end - hlen..body_end])
         .ok_or_else(|| Error::corrupt(name, "pack header authentication failed"))?;
+    // Where the blobs end in the whole pack (the tail may start anywhere before the header).
+    let blobs_end = pack_len.saturating_sub((TRAILER_LEN + hlen) as u64);
     if header.len() % ENTRY_LEN != 0 {
         return Err(Error::corrupt(name, "pack header has a partial entry"));
     }
@@ -168,7 +188,7 @@ pub fn read_header(master: &MasterKey, name: &str, pack: &[u8]) -> Result<([u8; 
         .chunks_exact(ENTRY_LEN)
         .map(|c| {
             let e = BlobEntry::decode(c).map_err(|why| Error::corrupt(name, why))?;
-            if e.offset as usize + e.length as usize > body_end - hlen {
+            if u64::from(e.offset) + u64::from(e.length) > blobs_end {
                 return Err(Error::corrupt(name, format!("blob {} lies outside the pack", e.id.short())));
             }
             Ok(e)

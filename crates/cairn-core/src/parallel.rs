@@ -21,3 +21,10 @@ pub fn in_parallel<T: Sync>(items: &[T], threads: usize, work: impl Fn(usize, &T
         }
     });
 }
+
+/// `work` on every item of `items` on `threads` threads; the results in the items' order.
+pub fn map_parallel<T: Sync, R: Send>(items: &[T], threads: usize, work: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let slots: Vec<std::sync::Mutex<Option<R>>> = items.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    in_parallel(items, threads, |i, item| *slots[i].lock().expect("result slot") = Some(work(item)));
+    slots.into_iter().map(|s| s.into_inner().expect("result slot").expect("every item was worked on")).collect()
+}

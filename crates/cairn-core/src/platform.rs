@@ -28,6 +28,47 @@ pub fn now() -> Timestamp {
     Timestamp { secs: d.as_secs() as i64, nanos: d.subsec_nanos() }
 }
 
+/// The current time in whole seconds since the Unix epoch.
+pub fn now_secs() -> u64 {
+    now().secs.max(0) as u64
+}
+
+/// Parses a byte size: a number with an optional K, M, G or T suffix (binary units).
+pub fn parse_size(s: &str) -> crate::Result<u64> {
+    let t = s.trim().to_ascii_uppercase();
+    let t = t.strip_suffix("IB").or_else(|| t.strip_suffix('B')).unwrap_or(&t);
+    let (num, mult) = match t.chars().last() {
+        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        Some('T') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let bad = || crate::Error::Usage(format!("invalid size {s:?}: use a number with K, M, G or T"));
+    let n: u64 = num.trim().parse().map_err(|_| bad())?;
+    n.checked_mul(mult).ok_or_else(|| crate::Error::Usage(format!("size {s:?} is too large")))
+}
+
+/// Parses a duration: a number with an s, m, h or d suffix (`90s`, `10m`, `2h`; seconds without).
+pub fn parse_duration(s: &str) -> crate::Result<std::time::Duration> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, mult) = match t.chars().last() {
+        Some('s') => (&t[..t.len() - 1], 1.0),
+        Some('m') => (&t[..t.len() - 1], 60.0),
+        Some('h') => (&t[..t.len() - 1], 3600.0),
+        Some('d') => (&t[..t.len() - 1], 86400.0),
+        _ => (&t[..], 1.0),
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| crate::Error::Usage(format!("invalid duration {s:?}: use e.g. 90s, 10m or 2h")))?;
+    if !(n.is_finite() && n >= 0.0) {
+        return Err(crate::Error::Usage(format!("invalid duration {s:?}: use e.g. 90s, 10m or 2h")));
+    }
+    Ok(std::time::Duration::from_secs_f64(n * mult))
+}
+
 /// The current time as RFC 3339 (UTC).
 pub fn now_rfc3339() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)

@@ -13,11 +13,14 @@ use crate::index::{self, Index, IndexedPack};
 use crate::keyfile::{KdfParams, KeyFile};
 use crate::layout::{self, pack_path, Dir, CONFIG};
 use crate::pack::{decode_blob, BlobEntry, BlobKind, PackWriter};
-use crate::parallel::in_parallel;
+use crate::parallel::map_parallel;
 use crate::sealed::{self, SealedKind};
 use crate::snapshot::Snapshot;
 use crate::storage::Storage;
 use crate::tree::Tree;
+
+/// Repository files that could not be read, with why.
+pub type DamagedFiles = Vec<(String, Error)>;
 
 /// Choices made once, when a repository is created.
 #[derive(Clone, Debug)]
@@ -125,18 +128,26 @@ impl Repository {
     /// Reads every index file into memory, several at once (each is read, decrypted and
     /// decoded on its own, and a remote one waits a round trip).
     pub fn load_index(&self) -> Result<()> {
-        let files = self.storage.list(Dir::Index.name())?;
-        let read: Vec<std::sync::Mutex<Option<Result<Vec<IndexedPack>>>>> =
-            files.iter().map(|_| std::sync::Mutex::new(None)).collect();
-        in_parallel(&files, crate::parallel::cores(), |i, obj| {
-            *read[i].lock().expect("index slot") = Some(self.read_index_file(&obj.path));
-        });
         let mut packs = Vec::new();
-        for r in read {
-            packs.extend(r.into_inner().expect("index slot").expect("every index file was read")?);
+        for (_, file) in self.index_files()? {
+            packs.extend(file?);
         }
-        *self.index.write().expect("index lock") = Index::from_packs(packs);
+        self.set_index(packs);
         Ok(())
+    }
+
+    /// Reads and decodes every index file, each on its own (on as many threads as the storage
+    /// keeps requests in flight, at least one per core): a damaged one is its own error.
+    pub fn index_files(&self) -> Result<Vec<(String, Result<Vec<IndexedPack>>)>> {
+        let files = self.storage.list(Dir::Index.name())?;
+        let threads = crate::parallel::cores().max(self.storage.default_concurrency());
+        let read = map_parallel(&files, threads, |obj| self.read_index_file(&obj.path));
+        Ok(files.into_iter().map(|obj| obj.path).zip(read).collect())
+    }
+
+    /// Replaces the in-memory index with one of `packs`.
+    pub fn set_index(&self, packs: Vec<IndexedPack>) {
+        *self.index.write().expect("index lock") = Index::from_packs(packs);
     }
 
     fn read_index_file(&self, path: &str) -> Result<Vec<IndexedPack>> {
@@ -170,6 +181,14 @@ impl Repository {
     /// `buf`'s content is replaced (its memory reused).
     pub fn read_pack_range_into(&self, pack: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
         retry_damaged(|| self.storage.read_range_into(pack, offset, len, buf))
+    }
+
+    /// Reads `len` bytes of `pack` at `offset` into a new buffer (again if the transfer came
+    /// back short).
+    pub fn read_pack_range(&self, pack: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let mut buf = Vec::new();
+        self.read_pack_range_into(pack, offset, len, &mut buf)?;
+        Ok(buf)
     }
 
     /// Reads one blob from `pack` and decodes it, reading it again if the transfer came back
@@ -297,16 +316,33 @@ impl Repository {
         Snapshot::from_bytes(&path, &self.read_sealed(&path, SealedKind::Snapshot)?)
     }
 
-    /// All snapshots, oldest first.
+    /// All snapshots, oldest first; the first that cannot be read is the error.
     pub fn snapshots(&self) -> Result<Vec<(SnapshotId, Snapshot)>> {
-        let mut out = Vec::new();
-        for obj in self.storage.list(Dir::Snapshots.name())? {
-            let id = layout::parse_snapshot_path(&obj.path)
-                .ok_or_else(|| Error::corrupt(&obj.path, "file name is not a snapshot ID"))?;
-            out.push((id, self.read_snapshot(&id)?));
+        let (snaps, damaged) = self.read_snapshots()?;
+        match damaged.into_iter().next() {
+            Some((_, e)) => Err(e),
+            None => Ok(snaps),
         }
-        out.sort_by(|a, b| a.1.time.cmp(&b.1.time).then(a.0.cmp(&b.0)));
-        Ok(out)
+    }
+
+    /// Every snapshot that can be read, oldest first, and the files that cannot (with why);
+    /// read several at once (a remote one waits a round trip).
+    pub fn read_snapshots(&self) -> Result<(Vec<(SnapshotId, Snapshot)>, DamagedFiles)> {
+        let listed = self.storage.list(Dir::Snapshots.name())?;
+        let threads = crate::parallel::cores().max(self.storage.default_concurrency());
+        let read = map_parallel(&listed, threads, |obj| match layout::parse_snapshot_path(&obj.path) {
+            Some(id) => self.read_snapshot(&id).map(|s| (id, s)),
+            None => Err(Error::corrupt(&obj.path, "file name is not a snapshot ID")),
+        });
+        let (mut good, mut bad) = (Vec::new(), Vec::new());
+        for (obj, r) in listed.into_iter().zip(read) {
+            match r {
+                Ok(s) => good.push(s),
+                Err(e) => bad.push((obj.path, e)),
+            }
+        }
+        good.sort_by(|a, b| a.1.time.cmp(&b.1.time).then(a.0.cmp(&b.0)));
+        Ok((good, bad))
     }
 
     /// Finds a snapshot by `latest` or a unique prefix of its hex ID.

@@ -4,7 +4,9 @@
 //! [`for_each_tree`] loads every distinct tree below a set of roots level by level, each
 //! level's tree blobs fetched with coalesced ranged reads on several threads, so a remote
 //! repository waits one round trip per level, not per directory. [`load_all`] keeps the trees
-//! for a walk in tree order ([`walk`]); [`resolve`] follows one path.
+//! for a walk in tree order ([`walk`]); [`resolve`] follows one path. When the trees wanted are
+//! known up front (every tree the index lists, for `check`), [`load_listed`] reads them all at
+//! once through the read path: one round of many requests instead of one per level.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -15,7 +17,8 @@ use std::sync::{Arc, Mutex};
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap, IdSet};
 use crate::layout::pack_path;
-use crate::read::{coalesce, coalesce_gap, PackRead};
+use crate::pack::BlobEntry;
+use crate::read::{coalesce, coalesce_gap, Decoded, PackRead, Reader, Sink};
 use crate::repository::Repository;
 use crate::tree::{Node, Tree};
 
@@ -215,4 +218,51 @@ pub fn walk(
         }
     }
     Ok(())
+}
+
+/// Every tree of `ids` (those the index lists), read at once through the read path with
+/// `concurrency` reads in flight within `max_memory`: each tree, or why it could not be read or
+/// parsed. IDs no index lists are left out.
+pub fn load_listed(
+    repo: &Repository,
+    ids: impl IntoIterator<Item = BlobId>,
+    concurrency: usize,
+    max_memory: u64,
+    cancel: Arc<AtomicBool>,
+) -> IdMap<BlobId, Result<Tree>> {
+    let index = repo.index();
+    let located: Vec<_> = ids.into_iter().filter_map(|id| index.get(&id)).collect();
+    drop(index);
+    let reads = coalesce(located, max_memory.min(crate::read::MAX_READ * 2), coalesce_gap(repo));
+    let loaded = Mutex::new(IdMap::default());
+    let reader = Reader::new(repo, max_memory, cancel);
+    std::thread::scope(|s| {
+        let sink = ToTrees { loaded: &loaded };
+        for w in reader.start(s, &reads, concurrency, crate::parallel::cores(), sink) {
+            w.join().expect("a tree reader panicked");
+        }
+    });
+    loaded.into_inner().expect("lock")
+}
+
+/// [`load_listed`]'s end of the read path: each verified tree blob parsed.
+#[derive(Clone)]
+struct ToTrees<'s> {
+    loaded: &'s Mutex<IdMap<BlobId, Result<Tree>>>,
+}
+
+impl<'s> Sink<'s> for ToTrees<'s> {
+    fn blobs(&self, _read: &'s PackRead, blobs: Vec<Decoded<'s>>) -> bool {
+        let parsed: Vec<_> =
+            blobs.iter().map(|b| (b.id, Tree::from_bytes(&format!("tree {}", b.id.short()), &b.data))).collect();
+        self.loaded.lock().expect("lock").extend(parsed);
+        true
+    }
+
+    fn failed(&self, _read: &'s PackRead, blob: &BlobEntry, why: &Error) {
+        self.loaded
+            .lock()
+            .expect("lock")
+            .insert(blob.id, Err(Error::corrupt(format!("tree {}", blob.id.short()), why.to_string())));
+    }
 }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use cairn_core::cache::Cache;
 use cairn_core::compress::Codec;
 use cairn_core::lock::{Lock, LockKind};
@@ -13,10 +13,12 @@ pub(crate) use crate::cli::Global;
 use crate::password;
 
 pub mod backup;
+pub mod check;
 pub mod dump;
 pub mod init;
 pub mod key;
 pub mod ls;
+pub mod repair;
 pub mod restore;
 pub mod snapshots;
 pub mod unlock;
@@ -77,15 +79,34 @@ pub(crate) fn parse_codec(s: &str) -> Result<Codec> {
 
 /// Parses a byte size: a number with an optional K, M, G or T suffix (binary units).
 pub(crate) fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim().to_ascii_uppercase();
-    let t = t.strip_suffix("IB").or_else(|| t.strip_suffix('B')).unwrap_or(&t);
-    let (num, mult) = match t.chars().last() {
-        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M') => (&t[..t.len() - 1], 1 << 20),
-        Some('G') => (&t[..t.len() - 1], 1 << 30),
-        Some('T') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    let n: u64 = num.trim().parse().with_context(|| format!("invalid size {s:?}: use a number with K, M, G or T"))?;
-    n.checked_mul(mult).with_context(|| format!("size {s:?} is too large"))
+    Ok(cairn_core::platform::parse_size(s)?)
+}
+
+/// The snapshot filters of commands that work on several snapshots.
+#[derive(clap::Args, Debug, Default)]
+pub struct SnapshotArgs {
+    /// Only this snapshot (an ID prefix or `latest`; repeatable)
+    #[arg(long = "snapshot", value_name = "ID")]
+    pub ids: Vec<String>,
+    /// Only snapshots of this host (repeatable)
+    #[arg(long = "host", value_name = "HOST")]
+    pub hosts: Vec<String>,
+    /// Only snapshots with this tag (repeatable; `a,b` needs both)
+    #[arg(long = "tag", value_name = "TAG")]
+    pub tags: Vec<String>,
+    /// Only snapshots of exactly these paths (repeatable)
+    #[arg(long = "path", value_name = "PATH")]
+    pub paths: Vec<String>,
+}
+
+impl SnapshotArgs {
+    /// The library's filter.
+    pub fn filter(&self) -> cairn_core::select::SnapshotFilter {
+        cairn_core::select::SnapshotFilter {
+            ids: self.ids.clone(),
+            hosts: self.hosts.clone(),
+            tags: self.tags.clone(),
+            paths: self.paths.clone(),
+        }
+    }
 }

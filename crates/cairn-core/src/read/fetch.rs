@@ -55,9 +55,7 @@ pub fn fetch_worker<'s, S: Sink<'s>>(
             BufferPool::adopt(Vec::with_capacity(read.length as usize))
         };
         if let Err(e) = work(clock, || r.repo.read_pack_range_into(&pack, read.offset, read.length, &mut range)) {
-            for b in &read.blobs {
-                sink.failed(read, b, &e);
-            }
+            sink.read_failed(read, &e);
             continue;
         }
         r.fetched.fetch_add(read.length, std::sync::atomic::Ordering::Relaxed);

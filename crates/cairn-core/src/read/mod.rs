@@ -115,8 +115,15 @@ pub trait Sink<'r>: Clone + Send + 'r {
     /// was given to [`Sink::failed`]). Returns false to stop this worker (the caller is gone).
     fn blobs(&self, read: &'r PackRead, blobs: Vec<Decoded<'r>>) -> bool;
 
-    /// A blob that could not be fetched or decoded, after reading it again.
+    /// A blob that could not be decoded, even after reading it again.
     fn failed(&self, read: &'r PackRead, blob: &BlobEntry, why: &Error);
+
+    /// A read that could not be fetched: by default each of its blobs failed.
+    fn read_failed(&self, read: &'r PackRead, why: &Error) {
+        for b in &read.blobs {
+            self.failed(read, b, why);
+        }
+    }
 
     /// A read's bytes as fetched, before anything is decrypted (a data check hashes whole packs
     /// here).

@@ -1,0 +1,163 @@
+//! `cairn check`: is the repository whole? Structure always; pack data in full, a subset, or
+//! a slice per run with `--resume`.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use cairn_core::cache::Cache;
+use cairn_core::check::{self, CheckOptions, CheckReport, Progress, ReadData};
+use cairn_core::lock::LockKind;
+use clap::Args as ClapArgs;
+
+use super::{lock, open, parse_size, Global, SnapshotArgs};
+use crate::output::{bytes, count};
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Read every pack in full: decrypt, decompress and verify every blob
+    #[arg(long, conflicts_with = "read_data_subset")]
+    read_data: bool,
+    /// Read some packs in full: N/M (packs by ID, deterministic), P% (at random) or SIZE (e.g. 50G)
+    #[arg(long, value_name = "SUBSET")]
+    read_data_subset: Option<String>,
+    /// Pick the packs read longest ago (never read first) instead of random ones, from this
+    /// machine's record of earlier checks (kept in the cache directory)
+    #[arg(long)]
+    resume: bool,
+    /// Stop reading pack data after this long (e.g. 10m); the next --resume run carries on
+    #[arg(long, value_name = "DURATION")]
+    max_duration: Option<String>,
+    #[command(flatten)]
+    snapshots: SnapshotArgs,
+    /// Requests in flight [default: 8 for a local repository, 32 for S3, 8 for SFTP]
+    #[arg(long, value_name = "N")]
+    fetch_concurrency: Option<usize>,
+    /// Cap on pack data in flight, e.g. 256M
+    #[arg(long, default_value = "256M", value_name = "SIZE")]
+    max_memory: String,
+}
+
+pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
+    let repo = open(g)?;
+    let _lock = lock(&repo, LockKind::Shared)?;
+    let read_data = match (&a.read_data_subset, a.read_data) {
+        (Some(s), _) => ReadData::Subset(s.parse()?),
+        (None, true) => ReadData::All,
+        (None, false) => ReadData::None,
+    };
+    // The record of packs read lives in the cache directory (also for local repositories).
+    let record_base = match (&g.cache_dir, g.no_cache) {
+        (_, true) => None,
+        (Some(dir), false) => Some(dir.clone()),
+        (None, false) => Cache::default_base(),
+    };
+    if a.resume && record_base.is_none() {
+        bail!("--resume keeps its record in the cache directory: give --cache-dir (or drop --no-cache)");
+    }
+    let cancel = Arc::new(AtomicBool::new(false));
+    let on_signal = cancel.clone();
+    ctrlc::set_handler(move || on_signal.store(true, Ordering::Relaxed))
+        .context("cannot install the SIGINT handler")?;
+    let defaults = CheckOptions::default();
+    let opts = CheckOptions {
+        read_data,
+        record: record_base.map(|b| b.join(&repo.config().id).join("check-verified")),
+        resume: a.resume,
+        max_duration: a.max_duration.as_deref().map(cairn_core::platform::parse_duration).transpose()?,
+        filter: a.snapshots.filter(),
+        concurrency: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency().max(8)).max(1),
+        max_memory: parse_size(&a.max_memory)?,
+        cancel,
+        ..defaults
+    };
+    let progress = Progress::default();
+    let done = AtomicBool::new(false);
+    let report = std::thread::scope(|s| {
+        let reporter = s.spawn(|| crate::progress::check(&progress, &done, g.json));
+        let r = {
+            let _stop = crate::progress::StopOnDrop(&done);
+            check::check(&repo, &opts, &progress)
+        };
+        reporter.join().expect("progress thread");
+        r
+    });
+    let report = match report {
+        Err(cairn_core::Error::Interrupted) => {
+            eprintln!("cairn: check interrupted");
+            return Ok(ExitCode::from(130));
+        }
+        other => other?,
+    };
+    print(&report, g.json);
+    Ok(if report.errors() > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+fn print(r: &CheckReport, json: bool) {
+    if json {
+        let mut v = serde_json::to_value(r).expect("a report serializes");
+        v["message_type"] = "summary".into();
+        v["seconds"] = r.duration.as_secs_f64().into();
+        v["errors"] = r.errors().into();
+        v["notices"] = r.notices().into();
+        outln!("{v}");
+        return;
+    }
+    for f in &r.findings {
+        let level = match f.severity {
+            check::Severity::Error => "error",
+            check::Severity::Notice => "notice",
+        };
+        outln!("{level}: {}", f.message);
+        for a in &f.affected {
+            outln!("    needed by snapshot {} at {}", a.snapshot, a.path);
+        }
+    }
+    if r.packs_read > 0 || r.stopped_early {
+        outln!(
+            "read {} packs ({}) in full, {} blobs verified",
+            count(r.packs_read),
+            bytes(r.bytes_read),
+            count(r.blobs_read)
+        );
+    }
+    if r.stopped_early {
+        outln!("stopped at the time limit: {} packs left for the next run (--resume)", count(r.packs_left));
+    }
+    match (r.never_read, r.oldest_read_secs) {
+        (Some(0), Some(age)) => outln!("every pack was read in full within the last {}", age_text(age)),
+        (Some(n), _) if n > 0 => outln!("{} packs have never been read in full by a check on this machine", count(n)),
+        _ => {}
+    }
+    let verdict = match (r.errors(), r.notices()) {
+        (0, 0) => "no errors".to_string(),
+        (0, n) => format!("no errors, {n} notices"),
+        (e, 0) => format!("{e} errors"),
+        (e, n) => format!("{e} errors, {n} notices"),
+    };
+    outln!(
+        "checked {} packs, {}, {} blobs, {} snapshots in {:.1} s: {verdict}",
+        count(r.packs),
+        bytes(r.bytes),
+        count(r.blobs),
+        count(r.snapshots),
+        r.duration.as_secs_f64()
+    );
+}
+
+fn age_text(secs: u64) -> String {
+    match secs {
+        s if s < 3600 => plural(s.div_ceil(60).max(1), "minute"),
+        s if s < 2 * 86400 => plural(s.div_ceil(3600), "hour"),
+        s => plural(s.div_ceil(86400), "day"),
+    }
+}
+
+fn plural(n: u64, unit: &str) -> String {
+    if n == 1 {
+        format!("1 {unit}")
+    } else {
+        format!("{n} {unit}s")
+    }
+}

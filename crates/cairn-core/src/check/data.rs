@@ -1,0 +1,234 @@
+//! `--read-data` and `--read-data-subset`: packs read in full through the read path. Each
+//! pack's bytes are hashed against its name (FORMAT.md §1) as they arrive, and every blob is
+//! decrypted, decompressed and its ID recomputed by the read path's decode stage.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use super::record::Record;
+use super::structure::IndexedPackInfo;
+use super::{CheckOptions, CheckReport, Finding, FindingKind, Progress, ReadData};
+use crate::error::{Error, Result};
+use crate::id::PackId;
+use crate::layout::pack_path;
+use crate::pack::BlobEntry;
+use crate::read::{coalesce, Decoded, PackRead, Reader, Sink, MAX_READ};
+use crate::repository::Repository;
+
+/// Which packs `--read-data-subset` reads.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Subset {
+    /// `N/M`: the packs whose ID (first 4 bytes, big-endian) modulo M is N − 1.
+    Part {
+        /// 1-based part.
+        n: u32,
+        /// Number of parts.
+        m: u32,
+    },
+    /// `P%`: this fraction of the packs (0 < f ≤ 1), at random (or least recently read).
+    Fraction(f64),
+    /// `SIZE`: packs until this many bytes, at random (or least recently read).
+    Bytes(u64),
+}
+
+impl std::str::FromStr for Subset {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || {
+            Error::Usage(format!("invalid data subset {s:?}: give N/M (e.g. 1/7), a percentage (10%) or a size (50G)"))
+        };
+        if let Some((n, m)) = s.split_once('/') {
+            let (n, m): (u32, u32) = (n.trim().parse().map_err(|_| bad())?, m.trim().parse().map_err(|_| bad())?);
+            if m == 0 || n == 0 || n > m {
+                return Err(bad());
+            }
+            return Ok(Subset::Part { n, m });
+        }
+        if let Some(p) = s.strip_suffix('%') {
+            let p: f64 = p.trim().parse().map_err(|_| bad())?;
+            if !(p > 0.0 && p <= 100.0) {
+                return Err(bad());
+            }
+            return Ok(Subset::Fraction(p / 100.0));
+        }
+        crate::platform::parse_size(s).map(Subset::Bytes).map_err(|_| bad())
+    }
+}
+
+/// Packs larger than this are read in [`MAX_READ`] pieces (their blobs are all verified, but
+/// the whole file is not hashed).
+const WHOLE_MAX: u64 = 64 * 1024 * 1024;
+
+/// Picks the packs to read, reads them and records what was read.
+pub fn read(
+    repo: &Repository,
+    chosen: &[&IndexedPackInfo],
+    opts: &CheckOptions,
+    record: Option<&mut Record>,
+    deadline: Option<Instant>,
+    report: &mut CheckReport,
+    progress: &Progress,
+) -> Result<()> {
+    let picked = pick(chosen, &opts.read_data, opts.resume.then_some(()).and(record.as_deref()));
+    let reads = plan(&picked, opts.max_memory);
+    progress.phase("data", picked.len() as u64);
+    progress.bytes_to_read.store(picked.iter().map(|p| p.size).sum(), Ordering::Relaxed);
+    let state = State {
+        findings: Mutex::new(Vec::new()),
+        read: Mutex::new(Vec::new()),
+        unreadable: Mutex::new(Vec::new()),
+        blobs: AtomicU64::new(0),
+        handed_out: AtomicUsize::new(0),
+        progress,
+    };
+    let reader = Reader::new(repo, opts.max_memory, opts.cancel.clone());
+    std::thread::scope(|s| {
+        let feed = reads.iter().take_while(|_| {
+            let go = deadline.is_none_or(|d| Instant::now() < d);
+            if go {
+                state.handed_out.fetch_add(1, Ordering::Relaxed);
+            }
+            go
+        });
+        let workers = reader.start(s, feed, opts.concurrency, opts.decode_threads, ToCheck { state: &state });
+        for w in workers {
+            w.join().expect("a check worker panicked");
+        }
+    });
+    let handed_out = state.handed_out.load(Ordering::Relaxed);
+    let read_packs = state.read.into_inner().expect("lock");
+    report.stopped_early = handed_out < reads.len();
+    report.packs_left = picked.len().saturating_sub(read_packs.len()) as u64;
+    report.packs_read = read_packs.len() as u64;
+    report.bytes_read = reader.fetched_bytes();
+    report.blobs_read = state.blobs.load(Ordering::Relaxed);
+    if let Some(rec) = record {
+        let now = crate::platform::now_secs();
+        for id in &read_packs {
+            rec.mark(id, now);
+        }
+    }
+    let mut findings = state.findings.into_inner().expect("lock");
+    for (id, why) in state.unreadable.into_inner().expect("lock") {
+        let p = chosen.iter().find(|p| p.id == id).expect("a chosen pack");
+        let mut f = Finding::new(FindingKind::UnreadablePack, Some(pack_path(&id)), why);
+        f.blobs = p.blobs.iter().map(|b| b.id).collect();
+        findings.push(f);
+    }
+    findings.sort_by(|a, b| (a.file.as_deref(), a.kind as u8).cmp(&(b.file.as_deref(), b.kind as u8)));
+    report.findings.extend(findings);
+    Ok(())
+}
+
+/// The packs a data check reads, in the order it reads them.
+fn pick<'p>(chosen: &[&'p IndexedPackInfo], what: &ReadData, record: Option<&Record>) -> Vec<&'p IndexedPackInfo> {
+    let subset = match what {
+        ReadData::None => return Vec::new(),
+        ReadData::All => return chosen.to_vec(),
+        ReadData::Subset(s) => s,
+    };
+    if let Subset::Part { n, m } = subset {
+        let part = |id: &PackId| u32::from_be_bytes(id.0[..4].try_into().expect("4 bytes")) % m == n - 1;
+        return chosen.iter().copied().filter(|p| part(&p.id)).collect();
+    }
+    // A random order (keyed by a fresh key), or least recently read first.
+    let mut key = [0u8; 32];
+    crate::crypto::random_bytes(&mut key);
+    let mut order: Vec<(u64, [u8; 32], &IndexedPackInfo)> = chosen
+        .iter()
+        .map(|p| (record.and_then(|r| r.last(&p.id)).unwrap_or(0), *blake3::keyed_hash(&key, &p.id.0).as_bytes(), *p))
+        .collect();
+    order.sort_unstable_by_key(|a| (a.0, a.1));
+    match subset {
+        Subset::Fraction(f) => {
+            let count = ((chosen.len() as f64) * f).ceil() as usize;
+            order.into_iter().take(count).map(|(_, _, p)| p).collect()
+        }
+        Subset::Bytes(limit) => {
+            let mut sum = 0;
+            order
+                .into_iter()
+                .take_while(|(_, _, p)| {
+                    let take = sum < *limit;
+                    sum += p.size;
+                    take
+                })
+                .map(|(_, _, p)| p)
+                .collect()
+        }
+        Subset::Part { .. } => unreachable!("handled above"),
+    }
+}
+
+/// One read per pack (the whole file, so its hash can be checked), or for a pack larger than
+/// [`WHOLE_MAX`] coalesced reads of its blobs.
+fn plan(packs: &[&IndexedPackInfo], budget: u64) -> Vec<PackRead> {
+    let mut reads = Vec::with_capacity(packs.len());
+    for p in packs {
+        if p.size <= WHOLE_MAX {
+            reads.push(PackRead { pack: p.id, salt: p.salt, offset: 0, length: p.size, blobs: p.blobs.clone() });
+        } else {
+            let located = p
+                .blobs
+                .iter()
+                .map(|&entry| crate::index::BlobLocation { pack: p.id, pack_no: 0, salt: p.salt, entry })
+                .collect();
+            reads.extend(coalesce(located, budget.min(2 * MAX_READ), u64::MAX));
+        }
+    }
+    reads
+}
+
+/// What the data check's workers collect.
+struct State<'p> {
+    findings: Mutex<Vec<Finding>>,
+    /// Packs whose first read arrived.
+    read: Mutex<Vec<PackId>>,
+    /// Packs that could not be read at all, with why.
+    unreadable: Mutex<Vec<(PackId, String)>>,
+    blobs: AtomicU64,
+    handed_out: AtomicUsize,
+    progress: &'p Progress,
+}
+
+/// The check's end of the read path.
+#[derive(Clone)]
+struct ToCheck<'s> {
+    state: &'s State<'s>,
+}
+
+impl<'s> Sink<'s> for ToCheck<'s> {
+    fn fetched(&self, read: &'s PackRead, bytes: &[u8]) {
+        let st = self.state;
+        if read.offset == 0 {
+            st.read.lock().expect("lock").push(read.pack);
+            st.progress.step();
+            // A read from 0 of a pack up to WHOLE_MAX is the whole file.
+            if read.length <= WHOLE_MAX && *blake3::hash(bytes).as_bytes() != read.pack.0 {
+                let file = pack_path(&read.pack);
+                let msg = format!("{file} does not hash to its name: its bytes changed since it was written");
+                st.findings.lock().expect("lock").push(Finding::new(FindingKind::DamagedPack, Some(file), msg));
+            }
+        }
+        st.progress.bytes_read.fetch_add(read.length, Ordering::Relaxed);
+    }
+
+    fn blobs(&self, _read: &'s PackRead, blobs: Vec<Decoded<'s>>) -> bool {
+        self.state.blobs.fetch_add(blobs.len() as u64, Ordering::Relaxed);
+        true
+    }
+
+    fn failed(&self, read: &'s PackRead, blob: &BlobEntry, why: &Error) {
+        let file = pack_path(&read.pack);
+        let f = Finding::new(FindingKind::DamagedBlob, Some(file), why.to_string()).with_blob(blob.id);
+        self.state.findings.lock().expect("lock").push(f);
+    }
+
+    fn read_failed(&self, read: &'s PackRead, why: &Error) {
+        let mut u = self.state.unreadable.lock().expect("lock");
+        if !u.iter().any(|(id, _)| *id == read.pack) {
+            u.push((read.pack, format!("{}: cannot be read: {why}", pack_path(&read.pack))));
+        }
+    }
+}

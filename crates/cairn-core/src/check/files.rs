@@ -1,0 +1,84 @@
+//! Every key, index and snapshot file decrypts and parses; each one that does not is a finding.
+
+use super::structure::IndexedPackInfo;
+use super::{CheckReport, Finding, FindingKind, Progress};
+use crate::error::Result;
+use crate::id::{IdMap, PackId, SnapshotId};
+use crate::index::IndexedPack;
+use crate::keyfile::KeyFile;
+use crate::layout::Dir;
+use crate::pack::header_tail_len;
+use crate::repository::{check_name, Repository};
+use crate::select::SnapshotFilter;
+use crate::snapshot::Snapshot;
+
+/// Every key file parses (a check never tries the others' passwords).
+pub fn keys(repo: &Repository, report: &mut CheckReport) -> Result<()> {
+    for obj in repo.storage().list(Dir::Keys.name())? {
+        let parsed = repo
+            .storage()
+            .read(&obj.path)
+            .and_then(|bytes| check_name(&obj.path, &bytes).map(|()| bytes))
+            .and_then(|bytes| KeyFile::parse(&obj.path, &bytes));
+        if let Err(e) = parsed {
+            report.findings.push(Finding::new(FindingKind::DamagedKey, Some(obj.path.clone()), e.to_string()));
+        }
+    }
+    Ok(())
+}
+
+/// Reads every index file; the good ones become the repository's in-memory index and the packs
+/// they list are returned (the first listing of a pack counts).
+pub fn index(
+    repo: &Repository,
+    report: &mut CheckReport,
+    progress: &Progress,
+) -> Result<IdMap<PackId, IndexedPackInfo>> {
+    progress.phase("index", 0);
+    let mut good: Vec<IndexedPack> = Vec::new();
+    let mut packs: IdMap<PackId, IndexedPackInfo> = IdMap::default();
+    for (path, file) in repo.index_files()? {
+        progress.step();
+        match file {
+            Ok(list) => {
+                for p in &list {
+                    packs.entry(p.id).or_insert_with(|| IndexedPackInfo::new(p, &path));
+                }
+                good.extend(list);
+            }
+            Err(e) => report.findings.push(Finding::new(FindingKind::DamagedIndex, Some(path), e.to_string())),
+        }
+    }
+    repo.set_index(good);
+    Ok(packs)
+}
+
+impl IndexedPackInfo {
+    fn new(p: &IndexedPack, index_file: &str) -> Self {
+        let mut blobs = p.blobs.clone();
+        blobs.sort_unstable_by_key(|b| b.offset);
+        let end = blobs.iter().map(|b| u64::from(b.offset) + u64::from(b.length)).max().unwrap_or(0);
+        IndexedPackInfo {
+            id: p.id,
+            salt: p.salt,
+            size: end + header_tail_len(blobs.len()),
+            blobs,
+            index_file: index_file.to_string(),
+        }
+    }
+}
+
+/// Reads every snapshot file; returns the readable ones `filter` selects, oldest first.
+pub fn snapshots(
+    repo: &Repository,
+    filter: &SnapshotFilter,
+    report: &mut CheckReport,
+    progress: &Progress,
+) -> Result<Vec<(SnapshotId, Snapshot)>> {
+    progress.phase("snapshots", 0);
+    let (readable, damaged) = repo.read_snapshots()?;
+    for (path, e) in damaged {
+        report.findings.push(Finding::new(FindingKind::DamagedSnapshot, Some(path), e.to_string()));
+    }
+    filter.choose(readable)
+}
