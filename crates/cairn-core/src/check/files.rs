@@ -1,40 +1,41 @@
 //! Every key, index and snapshot file decrypts and parses; each one that does not is a finding.
 
 use super::structure::IndexedPackInfo;
-use super::{CheckReport, Finding, FindingKind, Progress};
+use super::{Finding, FindingKind, Progress};
 use crate::error::Result;
 use crate::id::{IdMap, PackId, SnapshotId};
 use crate::index::IndexedPack;
 use crate::keyfile::KeyFile;
 use crate::layout::Dir;
 use crate::pack::header_tail_len;
+use crate::parallel::map_parallel;
 use crate::repository::{check_name, Repository};
 use crate::select::SnapshotFilter;
 use crate::snapshot::Snapshot;
 
 /// Every key file parses (a check never tries the others' passwords).
-pub fn keys(repo: &Repository, report: &mut CheckReport) -> Result<()> {
-    for obj in repo.storage().list(Dir::Keys.name())? {
-        let parsed = repo
-            .storage()
+pub fn keys(repo: &Repository, threads: usize) -> Result<Vec<Finding>> {
+    let listed = repo.storage().list(Dir::Keys.name())?;
+    let parsed = map_parallel(&listed, threads, |obj| {
+        repo.storage()
             .read(&obj.path)
             .and_then(|bytes| check_name(&obj.path, &bytes).map(|()| bytes))
-            .and_then(|bytes| KeyFile::parse(&obj.path, &bytes));
-        if let Err(e) = parsed {
-            report.findings.push(Finding::new(FindingKind::DamagedKey, Some(obj.path.clone()), e.to_string()));
-        }
-    }
-    Ok(())
+            .and_then(|bytes| KeyFile::parse(&obj.path, &bytes))
+    });
+    Ok(listed
+        .into_iter()
+        .zip(parsed)
+        .filter_map(|(obj, p)| p.err().map(|e| Finding::new(FindingKind::DamagedKey, Some(obj.path), e.to_string())))
+        .collect())
 }
 
 /// Reads every index file; the good ones become the repository's in-memory index and the packs
 /// they list are returned (the first listing of a pack counts).
 pub fn index(
     repo: &Repository,
-    report: &mut CheckReport,
+    findings: &mut Vec<Finding>,
     progress: &Progress,
 ) -> Result<IdMap<PackId, IndexedPackInfo>> {
-    progress.phase("index", 0);
     let mut good: Vec<IndexedPack> = Vec::new();
     let mut packs: IdMap<PackId, IndexedPackInfo> = IdMap::default();
     for (path, file) in repo.index_files()? {
@@ -46,7 +47,7 @@ pub fn index(
                 }
                 good.extend(list);
             }
-            Err(e) => report.findings.push(Finding::new(FindingKind::DamagedIndex, Some(path), e.to_string())),
+            Err(e) => findings.push(Finding::new(FindingKind::DamagedIndex, Some(path), e.to_string())),
         }
     }
     repo.set_index(good);
@@ -72,13 +73,11 @@ impl IndexedPackInfo {
 pub fn snapshots(
     repo: &Repository,
     filter: &SnapshotFilter,
-    report: &mut CheckReport,
-    progress: &Progress,
+    findings: &mut Vec<Finding>,
 ) -> Result<Vec<(SnapshotId, Snapshot)>> {
-    progress.phase("snapshots", 0);
     let (readable, damaged) = repo.read_snapshots()?;
     for (path, e) in damaged {
-        report.findings.push(Finding::new(FindingKind::DamagedSnapshot, Some(path), e.to_string()));
+        findings.push(Finding::new(FindingKind::DamagedSnapshot, Some(path), e.to_string()));
     }
     filter.choose(readable)
 }

@@ -262,11 +262,28 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
     let started = Instant::now();
     let mut report = CheckReport::default();
     let threads = opts.concurrency.max(crate::parallel::cores());
-    files::keys(repo, &mut report)?;
-    let packs = files::index(repo, &mut report, progress)?;
-    let snapshots = files::snapshots(repo, &opts.filter, &mut report, progress)?;
+    // Keys, index files, snapshots and the pack listing do not depend on each other: they are
+    // read at once, so a remote repository waits for the slowest, not for the sum.
+    progress.phase("index", 0);
+    let (keys, index, snapshots, listed) = std::thread::scope(|s| {
+        let keys = s.spawn(|| files::keys(repo, threads));
+        let snapshots = s.spawn(|| {
+            let mut found = Vec::new();
+            files::snapshots(repo, &opts.filter, &mut found).map(|s| (s, found))
+        });
+        let listed = s.spawn(|| structure::list_packs(repo));
+        let mut found = Vec::new();
+        let index = files::index(repo, &mut found, progress).map(|p| (p, found));
+        let panicked = "a check thread panicked";
+        (keys.join().expect(panicked), index, snapshots.join().expect(panicked), listed.join().expect(panicked))
+    });
+    report.findings.extend(keys?);
+    let (packs, found) = index?;
+    report.findings.extend(found);
+    let (snapshots, found) = snapshots?;
+    report.findings.extend(found);
+    let listed = listed?;
     report.snapshots = snapshots.len() as u64;
-    let listed = structure::list_packs(repo)?;
     structure::duplicates(&packs, &mut report);
     let present = structure::packs(repo, &packs, &listed, threads, &mut report, progress);
     let needed = structure::trees(repo, &packs, &present, &snapshots, opts, &mut report, progress)?;
