@@ -6,6 +6,8 @@
 //! names the damaged object, nothing panics, a restore never leaves a file with wrong content
 //! behind, and nothing is ever written outside the restore target.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::fs;
@@ -22,6 +24,7 @@ use cairn_core::repository::Repository;
 use cairn_core::snapshot::{Snapshot, Summary};
 use cairn_core::storage::OpendalStorage;
 use cairn_core::tree::{Chunk, Node, NodeKind, Timestamp, Tree};
+use common::Cairn;
 use tempfile::TempDir;
 
 const PASSWORD: &str = "bad-input test password";
@@ -77,21 +80,17 @@ impl Run {
     }
 }
 
+/// `cairn -r REPO` with the test password and a clean environment (the common harness's).
 fn cairn_cmd(repo: &Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cairn"));
-    cmd.env("CAIRN_PASSWORD", PASSWORD)
-        .env_remove("CAIRN_REPOSITORY")
-        .env_remove("CAIRN_PASSWORD_FILE")
-        .env_remove("CAIRN_NEW_PASSWORD")
-        .env_remove("CAIRN_NEW_PASSWORD_FILE")
-        .env_remove("RUST_BACKTRACE")
-        .arg("-r")
-        .arg(repo);
+    let mut cmd = Cairn::new(repo, PASSWORD).command();
+    cmd.env_remove("RUST_BACKTRACE");
     cmd
 }
 
+/// Runs `cmd` through the common harness, which fails the test if it runs longer than
+/// [`common::COMMAND_TIMEOUT`].
 fn run_cmd(mut cmd: Command) -> Run {
-    let out = cmd.output().expect("running cairn");
+    let out = common::output_within_timeout(&mut cmd);
     Run {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -1343,9 +1342,10 @@ fn output_into_a_closed_pipe_ends_quietly() {
     // message, by SIGPIPE, as `ls` or `cat` would.
     let mut cmd = cairn_cmd(&f.repo);
     cmd.args(["ls", "latest"]).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let shown = format!("{cmd:?}");
     let mut child = cmd.spawn().expect("spawn cairn ls");
     drop(child.stdout.take());
-    let out = child.wait_with_output().expect("wait for cairn ls");
+    let out = common::wait_within_timeout(child, &shown);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{stderr}");
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "ls into a closed pipe: {:?}, {stderr}", out.status);
