@@ -247,6 +247,12 @@ fn run(
 ) -> Result<BackupOutcome> {
     let started = Instant::now();
     let time = platform::now();
+    if !opts.dry_run {
+        // Temporary objects of killed processes; a failed write removed its own.
+        if let Err(e) = repo.storage().remove_stale_temporaries(crate::storage::STALE_TEMPORARY_AGE) {
+            tracing::warn!("cannot remove stale temporary objects: {e}");
+        }
+    }
     let chunker = match opts.fixed_chunk_size {
         Some(n) => ChunkerKind::Fixed(n),
         None => ChunkerKind::Cdc(repo.config().chunker),

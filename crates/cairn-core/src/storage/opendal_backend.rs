@@ -145,8 +145,7 @@ impl OpendalStorage {
     /// temporary file under `root/.tmp` first and are renamed into place, so a crash never
     /// leaves a partial object behind.
     pub fn local(root: &str) -> Result<Self> {
-        let tmp = format!("{}/.tmp", root.trim_end_matches('/'));
-        let builder = opendal::services::Fs::default().root(root).atomic_write_dir(&tmp);
+        let builder = opendal::services::Fs::default().root(root);
         let op = Operator::new(builder).map_err(|e| storage_err("open", root, e))?;
         Self::layered(op, root.to_string(), Kind::Local)
     }
@@ -171,14 +170,20 @@ impl OpendalStorage {
         Ok(Self { op, location: location.into(), kind, _runtime: rt.clone() })
     }
 
-    /// Writes to `.tmp/NAME.RANDOM`, then renames into place. SFTP's rename refuses to replace
+    /// Writes to `.tmp/NAME.RANDOM`, then renames into place. A write that fails (a full
+    /// disk, a dropped connection) removes its temporary object, so it does not hold the space
+    /// the next write needs; one a killed process left is removed by a later backup once it
+    /// is old ([`Storage::remove_stale_temporaries`]). SFTP's rename refuses to replace
     /// an existing file. Cairn never rewrites an object under its name (locks are refreshed
     /// under new names), and content-addressed objects with the same name hold the same bytes,
     /// so an existing target means the object is already stored.
     fn staged_write(&self, path: &str, data: Vec<u8>) -> Result<()> {
         let name = path.rsplit('/').next().unwrap_or(path);
-        let tmp = format!(".tmp/{name}.{}", hex::encode(rand_bytes()));
-        self.op.write(&tmp, data).map_err(|e| storage_err("write", path, e))?;
+        let tmp = format!("{TEMPORARIES}{name}.{}", hex::encode(rand_bytes()));
+        if let Err(e) = self.op.write(&tmp, data) {
+            let _ = self.op.delete(&tmp);
+            return Err(storage_err("write", path, e));
+        }
         if let Err(e) = self.op.rename(&tmp, path) {
             let exists = self.op.exists(path).unwrap_or(false);
             let _ = self.op.delete(&tmp);
@@ -189,6 +194,9 @@ impl OpendalStorage {
         Ok(())
     }
 }
+
+/// Where objects are written before they are renamed into place (local and SFTP).
+const TEMPORARIES: &str = ".tmp/";
 
 fn rand_bytes() -> [u8; 8] {
     let mut b = [0u8; 8];
@@ -292,11 +300,37 @@ impl Storage for OpendalStorage {
     }
 
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {
-        if self.kind == Kind::Sftp {
-            return self.staged_write(path, data);
+        if self.kind == Kind::S3 {
+            // A PUT is atomic: nothing partial is ever visible, nothing is left to clean up.
+            self.op.write(path, data).map_err(|e| storage_err("write", path, e))?;
+            return Ok(());
         }
-        self.op.write(path, data).map_err(|e| storage_err("write", path, e))?;
-        Ok(())
+        self.staged_write(path, data)
+    }
+
+    fn remove_stale_temporaries(&self, age: Duration) -> Result<usize> {
+        if self.kind == Kind::S3 {
+            return Ok(0);
+        }
+        let entries = match self.op.list(TEMPORARIES) {
+            Ok(e) => e,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(storage_err("list", TEMPORARIES, e)),
+        };
+        let now = std::time::SystemTime::now();
+        let mut removed = 0;
+        for entry in entries {
+            let old = entry
+                .metadata()
+                .last_modified()
+                .and_then(|t| now.duration_since(std::time::SystemTime::from(t)).ok())
+                .is_some_and(|a| a > age);
+            if entry.metadata().is_file() && old {
+                self.delete(entry.path())?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 
     fn list(&self, dir: &str) -> Result<Vec<ObjectInfo>> {
@@ -337,7 +371,7 @@ impl Storage for OpendalStorage {
             // checks that the bucket exists and the credentials work.
             Kind::S3 => self.op.list("/").map(drop).map_err(err),
             Kind::Local => self.op.create_dir("/").map_err(err),
-            Kind::Sftp => self.op.create_dir("/").and_then(|()| self.op.create_dir(".tmp/")).map_err(err),
+            Kind::Sftp => self.op.create_dir("/").and_then(|()| self.op.create_dir(TEMPORARIES)).map_err(err),
         }
     }
 }
