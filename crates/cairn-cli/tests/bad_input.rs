@@ -1350,3 +1350,41 @@ fn output_into_a_closed_pipe_ends_quietly() {
     assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{stderr}");
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "ls into a closed pipe: {:?}, {stderr}", out.status);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Locations that hold no repository, or only part of one
+// ---------------------------------------------------------------------------------------------
+
+/// A command pointed at a location with no repository says so in one line and leaves no trace
+/// there: no directories made, no `.tmp/` (issue 16, 3).
+#[test]
+fn a_location_without_a_repository_is_left_untouched() {
+    let tmp = TempDir::new().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("f"), b"f\n").unwrap();
+    let typo = tmp.path().join("typo/nested/repo");
+    let empty = tmp.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    let target = tmp.path().join("target");
+    let src_arg = src.to_str().unwrap();
+    let target_arg = target.to_str().unwrap();
+    for repo in [&typo, &empty] {
+        for args in [
+            &["snapshots"][..],
+            &["backup", src_arg][..],
+            &["ls", "latest"][..],
+            &["restore", "latest", "--target", target_arg][..],
+            &["dump", "latest:/f"][..],
+            &["key", "list"][..],
+        ] {
+            let run = cairn(repo, args);
+            let line = run.one_line_failure(1);
+            assert!(line.contains("no repository at"), "{args:?}: {line}");
+            assert!(!tmp.path().join("typo").exists(), "{args:?} on {} made directories", repo.display());
+            let left: Vec<_> = fs::read_dir(&empty).unwrap().map(|e| e.unwrap().file_name()).collect();
+            assert!(left.is_empty(), "{args:?} on an empty directory left {left:?}");
+            assert!(!target.exists(), "{args:?} made the restore target");
+        }
+    }
+}

@@ -351,3 +351,20 @@ fn sftp_key_from_the_agent() {
     agent.kill().unwrap();
     agent.wait().unwrap();
 }
+
+/// A command pointed at an SFTP directory that does not exist says there is no repository
+/// and makes nothing on the server (issue 16, 3).
+#[test]
+fn sftp_location_without_a_repository_is_left_untouched() {
+    let location = servers::sftp_repo("typo");
+    let dir = PathBuf::from(location.rsplit_once(':').unwrap().1);
+    let base = tempfile::tempdir().unwrap();
+    let cairn = servers::cairn(&location, &base.path().join("cache"));
+    for args in [&["snapshots"][..], &["ls", "latest"][..]] {
+        let out = cairn.run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("no repository at"), "{stderr}");
+        assert!(!dir.exists(), "{args:?} made {} on the server", dir.display());
+    }
+}
