@@ -1388,3 +1388,32 @@ fn a_location_without_a_repository_is_left_untouched() {
         }
     }
 }
+
+/// When no key file opens and one is damaged, the message says both: the password may be
+/// what is wrong, and a key file is damaged (issue 16, 7).
+#[test]
+fn wrong_password_and_a_damaged_key_file_are_both_reported() {
+    let f = Fixture::new();
+    let first = only_file(&f.repo, "keys");
+    open_repo(&f.repo)
+        .add_key(
+            b"another password",
+            cairn_core::keyfile::KdfParams { memory_kib: 1024, iterations: 1, parallelism: 1 },
+        )
+        .unwrap();
+    flip(&first, 100);
+    let name = repo_rel(&f.repo, &first);
+    for password in [PASSWORD, "not the password"] {
+        let mut cmd = cairn_cmd(&f.repo);
+        cmd.env("CAIRN_PASSWORD", password).arg("snapshots");
+        let run = run_cmd(cmd);
+        let line = run.one_line_failure(1);
+        assert!(line.contains(&format!("wrong password for {}", f.repo.display())), "{password}: {line}");
+        assert!(line.contains(&format!("key file {name} is damaged")), "{password}: {line}");
+        assert!(line.contains("content does not match its name"), "{password}: {line}");
+    }
+    // The intact key still opens the repository with its own password.
+    let mut cmd = cairn_cmd(&f.repo);
+    cmd.env("CAIRN_PASSWORD", "another password").arg("snapshots");
+    run_cmd(cmd).success();
+}

@@ -15,6 +15,15 @@ pub enum Error {
         /// The repository location.
         repo: String,
     },
+    /// No key file opened: those intact refused the password, and at least one is damaged
+    /// (it may be the one the password was for).
+    #[error("wrong password for {repo} (no intact key file opens with it), and {detail}")]
+    WrongPasswordOrDamagedKey {
+        /// The repository location.
+        repo: String,
+        /// Which key file is damaged, and how.
+        detail: String,
+    },
     /// A stored file failed its integrity or authentication check.
     #[error("{file} is damaged: {why}")]
     Corrupt {

@@ -88,7 +88,8 @@ impl Repository {
         if keys.is_empty() && !storage.exists("config")? {
             return Err(Error::NoRepository(storage.location().to_string()));
         }
-        let mut damaged = None;
+        let mut damaged = Vec::new();
+        let mut intact = 0;
         let mut key = None;
         for obj in keys {
             let found = read_checked(&*storage, &obj.path)
@@ -99,14 +100,13 @@ impl Repository {
                     key = Some(k);
                     break;
                 }
-                Ok(None) => {}
-                Err(e) => damaged = Some(e),
+                Ok(None) => intact += 1,
+                Err(e) => damaged.push((obj.path, e)),
             }
         }
-        let key = match (key, damaged) {
-            (Some(k), _) => k,
-            (None, Some(e)) => return Err(e),
-            (None, None) => return Err(Error::WrongPassword { repo: storage.location().to_string() }),
+        let key = match key {
+            Some(k) => k,
+            None => return Err(no_key_opens(storage.location(), intact, damaged)),
         };
         let body = retry_damaged(|| sealed::open(&key, SealedKind::Config, "config", &storage.read("config")?))?;
         let config: Config =
@@ -341,6 +341,28 @@ impl Repository {
     pub fn config(&self) -> &Config {
         &self.config
     }
+}
+
+/// Why no key file opened: the password is wrong (`intact` key files refused it), key files
+/// are `damaged`, or both — then both are said, since either may be the cause.
+fn no_key_opens(repo: &str, intact: usize, damaged: Vec<(String, Error)>) -> Error {
+    let mut damaged = damaged.into_iter();
+    let Some((path, first)) = damaged.next() else {
+        return Error::WrongPassword { repo: repo.to_string() };
+    };
+    if intact == 0 {
+        // Every key file is damaged: the damage is the cause, whatever the password.
+        return first;
+    }
+    let mut detail = match first {
+        Error::Corrupt { file, why } => format!("key file {file} is damaged: {why}"),
+        other => format!("key file {path} cannot be used: {other}"),
+    };
+    let more = damaged.count();
+    if more > 0 {
+        detail.push_str(&format!(", as are {more} more"));
+    }
+    Error::WrongPasswordOrDamagedKey { repo: repo.to_string(), detail }
 }
 
 /// Reads a content-addressed object whose bytes must hash to its name, reading it again if a
