@@ -1389,6 +1389,57 @@ fn a_location_without_a_repository_is_left_untouched() {
     }
 }
 
+/// `init` refuses a location that holds repository objects but lost its config, says which,
+/// writes nothing, and points to recovery rather than to another `init` (issue 16, 4).
+#[test]
+fn init_refuses_a_location_holding_repository_objects() {
+    let f = Fixture::new();
+    fs::remove_file(f.repo.join("config")).unwrap();
+    let before: Vec<PathBuf> = entries(&f.repo).into_keys().collect();
+    let count =
+        |dir: &str, one: &str, many: &str| match entries(&f.repo.join(dir)).values().filter(|m| m.is_file()).count() {
+            1 => format!("1 {one}"),
+            n => format!("{n} {many}"),
+        };
+    let (indexes, packs) = (count("index", "index file", "index files"), count("data", "pack", "packs"));
+    let mut args = vec!["init", "--kdf-memory", "1024", "--kdf-iterations", "1"];
+    let run = cairn(&f.repo, &args);
+    let line = run.one_line_failure(1);
+    let shown = f.repo.display().to_string();
+    for want in [
+        &format!("{shown} already holds repository objects") as &str,
+        "1 key file",
+        &indexes,
+        "1 snapshot",
+        &packs,
+        "not initializing over them",
+        "config",
+    ] {
+        assert!(line.contains(want), "the error does not say {want:?}: {line}");
+    }
+    assert!(!line.contains("cairn init"), "the error suggests another init: {line}");
+    assert_eq!(entries(&f.repo).into_keys().collect::<Vec<_>>(), before, "init wrote something");
+
+    // Any one kind of object is enough.
+    for dir in ["keys", "index", "snapshots", "data", "locks"] {
+        let other = f.tmp.path().join(format!("only-{dir}"));
+        fs::create_dir_all(other.join(dir).join("ab")).unwrap();
+        fs::write(other.join(dir).join("ab/abcdef"), b"an object").unwrap();
+        let before: Vec<PathBuf> = entries(&other).into_keys().collect();
+        let run = cairn(&other, &args);
+        let line = run.one_line_failure(1);
+        assert!(line.contains("already holds repository objects"), "{dir}: {line}");
+        assert_eq!(entries(&other).into_keys().collect::<Vec<_>>(), before, "{dir}: init wrote something");
+    }
+    // An empty directory, or one with other files only, is fine.
+    let other = f.tmp.path().join("unrelated");
+    fs::create_dir(&other).unwrap();
+    fs::write(other.join("README"), b"not a repository object").unwrap();
+    args.push("--pack-size");
+    args.push("1");
+    cairn(&other, &args).success();
+}
+
 /// When no key file opens and one is damaged, the message says both: the password may be
 /// what is wrong, and a key file is damaged (issue 16, 7).
 #[test]

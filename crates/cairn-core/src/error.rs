@@ -60,6 +60,18 @@ pub enum Error {
     /// `init` was asked to create a repository where one already exists.
     #[error("a repository already exists at {0}")]
     AlreadyInitialized(String),
+    /// `init` was asked to create a repository where the objects of one remain (its config
+    /// was lost): a new config and key beside them would leave a repository nothing opens.
+    #[error(
+        "{repo} already holds repository objects ({found}) but no config; not initializing over them: \
+         restore its config from a copy of the repository (nothing was written)"
+    )]
+    HoldsObjects {
+        /// The repository location.
+        repo: String,
+        /// What was found, e.g. "1 key file, 3 snapshots".
+        found: String,
+    },
     /// The repository was written by a newer format version.
     #[error("repository format version {found} is newer than this cairn supports ({supported}); upgrade cairn")]
     UnsupportedVersion {

@@ -62,6 +62,10 @@ impl Repository {
         if storage.exists("config")? {
             return Err(Error::AlreadyInitialized(storage.location().to_string()));
         }
+        let found = repository_objects(&*storage)?;
+        if !found.is_empty() {
+            return Err(Error::HoldsObjects { repo: storage.location().to_string(), found });
+        }
         let config = Config::new(opts.chunk_sizes, opts.pack_size, opts.compression)?;
         let key = MasterKey::generate();
         let repo = Repository { storage, key, config, index: RwLock::new(Index::default()), cache: None };
@@ -341,6 +345,25 @@ impl Repository {
     pub fn config(&self) -> &Config {
         &self.config
     }
+}
+
+/// What repository objects `storage` holds, e.g. "2 key files, 1 snapshot" ("" for none).
+fn repository_objects(storage: &dyn Storage) -> Result<String> {
+    let mut found = Vec::new();
+    for (dir, one, many) in [
+        ("keys", "key file", "key files"),
+        ("index", "index file", "index files"),
+        ("snapshots", "snapshot", "snapshots"),
+        ("data", "pack", "packs"),
+        ("locks", "lock", "locks"),
+    ] {
+        match storage.list(dir)?.len() {
+            0 => {}
+            1 => found.push(format!("1 {one}")),
+            n => found.push(format!("{n} {many}")),
+        }
+    }
+    Ok(found.join(", "))
 }
 
 /// Why no key file opened: the password is wrong (`intact` key files refused it), key files
