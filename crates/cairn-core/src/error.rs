@@ -55,7 +55,7 @@ pub enum Error {
     #[error("{0} does not exist in the repository")]
     NotFound(String),
     /// No repository exists at the location.
-    #[error("no repository at {0}: run `cairn init` first (or check -r / CAIRN_REPOSITORY)")]
+    #[error("no repository at {0}: check the location, or create a repository there with `cairn init`")]
     NoRepository(String),
     /// `init` was asked to create a repository where one already exists.
     #[error("a repository already exists at {0}")]
@@ -108,6 +108,10 @@ pub enum Error {
     /// Bad user input (options, patterns, arguments).
     #[error("{0}")]
     Usage(String),
+    /// Cairn itself went wrong (a stage stopped without saying why, a worker disappeared): a
+    /// bug, never the user's input or the repository's state.
+    #[error("internal error: {0}; please report this")]
+    Internal(String),
     /// The operation was cancelled (for example by SIGINT).
     #[error("interrupted")]
     Interrupted,
@@ -135,5 +139,30 @@ impl Error {
     /// Builds an [`Error::Invalid`].
     pub fn invalid(file: impl Into<String>, why: impl Into<String>) -> Self {
         Error::Invalid { file: file.into(), why: why.into() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn library_messages_name_no_cli_flags() {
+        let messages = [
+            "x".parse::<crate::restore::Overwrite>().unwrap_err().to_string(),
+            "x".parse::<crate::restore::SparseMode>().unwrap_err().to_string(),
+            Error::NoRepository("/r".into()).to_string(),
+            Error::HoldsObjects { repo: "/r".into(), found: "1 key file".into() }.to_string(),
+        ];
+        for m in messages {
+            assert!(!m.contains("--") && !m.contains("-r ") && !m.contains("CAIRN_"), "{m}");
+        }
+    }
+
+    #[test]
+    fn internal_failures_are_their_own_kind() {
+        let e = Error::Internal("the backup's upload stage stopped early".into());
+        assert_eq!(e.to_string(), "internal error: the backup's upload stage stopped early; please report this");
+        assert!(!matches!(e, Error::Usage(_)));
     }
 }

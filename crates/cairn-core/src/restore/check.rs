@@ -39,7 +39,7 @@ impl FromStr for Overwrite {
             "if-changed" => Ok(Overwrite::IfChanged),
             "if-newer" => Ok(Overwrite::IfNewer),
             "never" => Ok(Overwrite::Never),
-            _ => Err(Error::Usage(format!("unknown --overwrite {s:?}: use always, if-changed, if-newer or never"))),
+            _ => Err(Error::Usage(format!("unknown overwrite mode {s:?}: use always, if-changed, if-newer or never"))),
         }
     }
 }

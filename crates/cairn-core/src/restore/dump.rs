@@ -60,7 +60,7 @@ impl Ordered<'_> {
                 self.top_up();
                 return r;
             }
-            let (s, r) = self.results.recv().map_err(|_| Error::Usage("dump workers stopped".into()))?;
+            let (s, r) = self.results.recv().map_err(|_| Error::Internal("dump workers stopped".into()))?;
             self.early.insert(s, r);
         }
     }
