@@ -142,7 +142,10 @@ impl OpendalStorage {
                 if let Some(k) = &remote.sftp_known_hosts {
                     b = b.known_hosts_strategy(k);
                 }
-                let prefix = format!("{}/", path.trim_matches('/'));
+                let prefix = match path.trim_matches('/') {
+                    "" => String::new(),
+                    dir => format!("{dir}/"),
+                };
                 Self::layered(Operator::new(b).map_err(err)?, shown, Kind::Sftp, prefix)
             }
         }
@@ -363,8 +366,8 @@ impl Storage for OpendalStorage {
                 .last_modified()
                 .and_then(|t| now.duration_since(std::time::SystemTime::from(t)).ok())
                 .is_some_and(|a| a > age);
-            if entry.metadata().is_file() && old {
-                self.op.delete(entry.path()).map_err(|e| storage_err("delete", entry.path(), e))?;
+            // Best effort: another process may be removing the same file.
+            if entry.metadata().is_file() && old && self.op.delete(entry.path()).is_ok() {
                 removed += 1;
             }
         }
