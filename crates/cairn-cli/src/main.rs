@@ -29,7 +29,12 @@ fn main() -> ExitCode {
     match cli::run(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("cairn: {}", output::one_line(&e));
+            let mut line = output::one_line(&e);
+            // The library names no flags; where the location came from is the CLI's to say.
+            if let Some(cairn_core::Error::NoRepository(_)) = e.downcast_ref::<cairn_core::Error>() {
+                line.push_str(" (the location comes from -r/--repo or CAIRN_REPOSITORY)");
+            }
+            eprintln!("cairn: {line}");
             ExitCode::from(1)
         }
     }

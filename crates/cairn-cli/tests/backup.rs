@@ -543,3 +543,89 @@ fn a_deep_tree_backs_up_with_few_file_descriptors() {
     assert_eq!(summary["errors"], 0, "{summary}");
     restore_exact(&cairn, "latest", &src, &want, &base.path().join("t"));
 }
+
+/// Mounts a tmpfs for the life of the guard (the tests run as root).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, options: &str) -> Self {
+        fs::create_dir_all(at).expect("mkdir mount point");
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+            .arg(at)
+            .status()
+            .expect("mount");
+        assert!(st.success(), "mount -t tmpfs -o {options} failed (the tests run as root)");
+        Tmpfs(at.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The names in the repository's `.tmp/` (none if it does not exist).
+fn temporaries(repo: &Path) -> Vec<String> {
+    match fs::read_dir(repo.join(".tmp")) {
+        Ok(d) => d.map(|e| e.expect("entry").file_name().to_string_lossy().into_owned()).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// A backup that fails on a full disk removes the temporary objects it was writing, so the
+/// next small backup succeeds without anyone cleaning up by hand (issue 16, 5).
+#[test]
+fn a_backup_failing_on_a_full_disk_leaves_no_temporary_objects() {
+    let base = tempfile::tempdir().expect("tempdir");
+    let disk = base.path().join("disk");
+    let _mount = Tmpfs::mount(&disk, "size=4m");
+    let repo = disk.join("repo");
+    let cairn = Cairn::new(&repo, PASSWORD);
+    cairn.init(&["--pack-size", "1", "--compression", "none"]);
+    let big = base.path().join("big");
+    fs::create_dir(&big).unwrap();
+    fs::write(big.join("noise"), Rng(16).bytes(12 * MIB)).unwrap();
+    let out = cairn.run([std::ffi::OsStr::new("backup"), big.as_os_str()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "a backup of 12 MiB into 4 MiB: {stderr}");
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+    assert_eq!(temporaries(&repo), Vec::<String>::new(), "the failed backup left temporary objects");
+
+    let small = base.path().join("small");
+    fs::create_dir(&small).unwrap();
+    fs::write(small.join("note"), b"a small file after a full disk\n").unwrap();
+    let want = scan_source(&small);
+    cairn.backup(&[&small], &[]);
+    restore_exact(&cairn, "latest", &small, &want, &base.path().join("t"));
+    assert_eq!(temporaries(&repo), Vec::<String>::new());
+}
+
+/// Temporary objects a killed process left behind are removed by a later backup once they are
+/// more than an hour old; younger ones may belong to a process still writing and are kept.
+#[test]
+fn stale_temporary_objects_are_removed_by_a_later_backup() {
+    let base = tempfile::tempdir().expect("tempdir");
+    let cairn = new_repo(base.path());
+    let repo = base.path().join("repo");
+    fs::create_dir_all(repo.join(".tmp")).unwrap();
+    let old = repo.join(".tmp/0123abcd.killed");
+    let young = repo.join(".tmp/4567cdef.writing");
+    fs::write(&old, vec![7u8; 100_000]).unwrap();
+    fs::write(&young, vec![7u8; 100]).unwrap();
+    let two_hours_ago = filetime::FileTime::from_system_time(std::time::SystemTime::now() - Duration::from_secs(7200));
+    let fifty_minutes_ago =
+        filetime::FileTime::from_system_time(std::time::SystemTime::now() - Duration::from_secs(3000));
+    filetime::set_file_mtime(&old, two_hours_ago).unwrap();
+    filetime::set_file_mtime(&young, fifty_minutes_ago).unwrap();
+    // Reading commands leave them alone.
+    cairn.snapshots();
+    assert!(old.exists());
+    let src = base.path().join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("f"), b"f").unwrap();
+    cairn.backup(&[&src], &[]);
+    assert!(!old.exists(), "a temporary object two hours old was not removed");
+    assert!(young.exists(), "a temporary object 50 minutes old was removed");
+}

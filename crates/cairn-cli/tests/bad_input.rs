@@ -6,6 +6,8 @@
 //! names the damaged object, nothing panics, a restore never leaves a file with wrong content
 //! behind, and nothing is ever written outside the restore target.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::fs;
@@ -23,6 +25,7 @@ use cairn_core::repository::Repository;
 use cairn_core::snapshot::{Snapshot, Summary};
 use cairn_core::storage::OpendalStorage;
 use cairn_core::tree::{Chunk, Node, NodeKind, Timestamp, Tree};
+use common::Cairn;
 use tempfile::TempDir;
 
 const PASSWORD: &str = "bad-input test password";
@@ -78,21 +81,17 @@ impl Run {
     }
 }
 
+/// `cairn -r REPO` with the test password and a clean environment (the common harness's).
 fn cairn_cmd(repo: &Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cairn"));
-    cmd.env("CAIRN_PASSWORD", PASSWORD)
-        .env_remove("CAIRN_REPOSITORY")
-        .env_remove("CAIRN_PASSWORD_FILE")
-        .env_remove("CAIRN_NEW_PASSWORD")
-        .env_remove("CAIRN_NEW_PASSWORD_FILE")
-        .env_remove("RUST_BACKTRACE")
-        .arg("-r")
-        .arg(repo);
+    let mut cmd = Cairn::new(repo, PASSWORD).command();
+    cmd.env_remove("RUST_BACKTRACE");
     cmd
 }
 
+/// Runs `cmd` through the common harness, which fails the test if it runs longer than
+/// [`common::COMMAND_TIMEOUT`].
 fn run_cmd(mut cmd: Command) -> Run {
-    let out = cmd.output().expect("running cairn");
+    let out = common::output_within_timeout(&mut cmd);
     Run {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -1344,10 +1343,129 @@ fn output_into_a_closed_pipe_ends_quietly() {
     // message, by SIGPIPE, as `ls` or `cat` would.
     let mut cmd = cairn_cmd(&f.repo);
     cmd.args(["ls", "latest"]).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let shown = format!("{cmd:?}");
     let mut child = cmd.spawn().expect("spawn cairn ls");
     drop(child.stdout.take());
-    let out = child.wait_with_output().expect("wait for cairn ls");
+    let out = common::wait_within_timeout(child, &shown);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{stderr}");
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "ls into a closed pipe: {:?}, {stderr}", out.status);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Locations that hold no repository, or only part of one
+// ---------------------------------------------------------------------------------------------
+
+/// A command pointed at a location with no repository says so in one line and leaves no trace
+/// there: no directories made, no `.tmp/` (issue 16, 3).
+#[test]
+fn a_location_without_a_repository_is_left_untouched() {
+    let tmp = TempDir::new().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("f"), b"f\n").unwrap();
+    let typo = tmp.path().join("typo/nested/repo");
+    let empty = tmp.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    let target = tmp.path().join("target");
+    let src_arg = src.to_str().unwrap();
+    let target_arg = target.to_str().unwrap();
+    for repo in [&typo, &empty] {
+        for args in [
+            &["snapshots"][..],
+            &["backup", src_arg][..],
+            &["ls", "latest"][..],
+            &["restore", "latest", "--target", target_arg][..],
+            &["dump", "latest:/f"][..],
+            &["key", "list"][..],
+        ] {
+            let run = cairn(repo, args);
+            let line = run.one_line_failure(1);
+            assert!(line.contains("no repository at"), "{args:?}: {line}");
+            assert!(!tmp.path().join("typo").exists(), "{args:?} on {} made directories", repo.display());
+            let left: Vec<_> = fs::read_dir(&empty).unwrap().map(|e| e.unwrap().file_name()).collect();
+            assert!(left.is_empty(), "{args:?} on an empty directory left {left:?}");
+            assert!(!target.exists(), "{args:?} made the restore target");
+        }
+    }
+}
+
+/// `init` refuses a location that holds repository objects but lost its config, says which,
+/// writes nothing, and points to recovery rather than to another `init` (issue 16, 4).
+#[test]
+fn init_refuses_a_location_holding_repository_objects() {
+    let f = Fixture::new();
+    fs::remove_file(f.repo.join("config")).unwrap();
+    let before: Vec<PathBuf> = entries(&f.repo).into_keys().collect();
+    let count =
+        |dir: &str, one: &str, many: &str| match entries(&f.repo.join(dir)).values().filter(|m| m.is_file()).count() {
+            1 => format!("1 {one}"),
+            n => format!("{n} {many}"),
+        };
+    let (indexes, packs) = (count("index", "index file", "index files"), count("data", "pack", "packs"));
+    let mut args = vec!["init", "--kdf-memory", "1024", "--kdf-iterations", "1"];
+    let run = cairn(&f.repo, &args);
+    let line = run.one_line_failure(1);
+    let shown = f.repo.display().to_string();
+    for want in [
+        &format!("{shown} already holds repository objects") as &str,
+        "1 key file",
+        &indexes,
+        "1 snapshot",
+        &packs,
+        "not initializing over them",
+        "config",
+    ] {
+        assert!(line.contains(want), "the error does not say {want:?}: {line}");
+    }
+    assert!(!line.contains("cairn init"), "the error suggests another init: {line}");
+    assert_eq!(entries(&f.repo).into_keys().collect::<Vec<_>>(), before, "init wrote something");
+
+    // Any one kind of object is enough.
+    for dir in ["keys", "index", "snapshots", "data", "locks"] {
+        let other = f.tmp.path().join(format!("only-{dir}"));
+        fs::create_dir_all(other.join(dir).join("ab")).unwrap();
+        fs::write(other.join(dir).join("ab/abcdef"), b"an object").unwrap();
+        let before: Vec<PathBuf> = entries(&other).into_keys().collect();
+        let run = cairn(&other, &args);
+        let line = run.one_line_failure(1);
+        assert!(line.contains("already holds repository objects"), "{dir}: {line}");
+        assert_eq!(entries(&other).into_keys().collect::<Vec<_>>(), before, "{dir}: init wrote something");
+    }
+    // An empty directory, or one with other files only, is fine.
+    let other = f.tmp.path().join("unrelated");
+    fs::create_dir(&other).unwrap();
+    fs::write(other.join("README"), b"not a repository object").unwrap();
+    args.push("--pack-size");
+    args.push("1");
+    cairn(&other, &args).success();
+}
+
+/// When no key file opens and one is damaged, the message says both: the password may be
+/// what is wrong, and a key file is damaged (issue 16, 7).
+#[test]
+fn wrong_password_and_a_damaged_key_file_are_both_reported() {
+    let f = Fixture::new();
+    let first = only_file(&f.repo, "keys");
+    open_repo(&f.repo)
+        .add_key(
+            b"another password",
+            cairn_core::keyfile::KdfParams { memory_kib: 1024, iterations: 1, parallelism: 1 },
+        )
+        .unwrap();
+    flip(&first, 100);
+    let name = repo_rel(&f.repo, &first);
+    for password in [PASSWORD, "not the password"] {
+        let mut cmd = cairn_cmd(&f.repo);
+        cmd.env("CAIRN_PASSWORD", password).arg("snapshots");
+        let run = run_cmd(cmd);
+        let line = run.one_line_failure(1);
+        assert!(line.contains(&format!("wrong password for {}", f.repo.display())), "{password}: {line}");
+        assert!(line.contains(&format!("key file {name} is damaged")), "{password}: {line}");
+        assert!(line.contains("content does not match its name"), "{password}: {line}");
+    }
+    // The intact key still opens the repository with its own password.
+    let mut cmd = cairn_cmd(&f.repo);
+    cmd.env("CAIRN_PASSWORD", "another password").arg("snapshots");
+    run_cmd(cmd).success();
 }

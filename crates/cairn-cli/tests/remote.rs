@@ -351,3 +351,65 @@ fn sftp_key_from_the_agent() {
     agent.kill().unwrap();
     agent.wait().unwrap();
 }
+
+/// `init` over a remote location whose config was lost but whose other objects remain refuses,
+/// naming them, and writes nothing (issue 16, 4).
+fn init_refuses_leftover_objects(location: &str) {
+    let fx = Fixture::new(location);
+    fx.cairn.backup(&[&fx.src], &[]);
+    // The servers' credentials, for the library's own S3 and SFTP clients in this process.
+    for (k, v) in &fx.cairn.env {
+        std::env::set_var(k, v);
+    }
+    let s = servers::servers();
+    let remote = cairn_core::storage::RemoteOptions {
+        sftp_key: Some(s.ssh_key.to_string_lossy().into_owned()),
+        sftp_known_hosts: Some("accept".into()),
+    };
+    let storage =
+        cairn_core::storage::OpendalStorage::open(&cairn_core::storage::Location::parse(location).unwrap(), &remote)
+            .unwrap();
+    use cairn_core::storage::Storage;
+    storage.delete("config").unwrap();
+    let objects = |dir: &str| storage.list(dir).unwrap().len();
+    let before: Vec<usize> = ["keys", "index", "snapshots", "data"].iter().map(|d| objects(d)).collect();
+    let mut args = vec!["init"];
+    args.extend(common::KDF_ARGS);
+    let out = fx.cairn.run(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    for want in ["already holds repository objects", "1 key file", "1 snapshot", "not initializing over them"] {
+        assert!(stderr.contains(want), "the error does not say {want:?}: {stderr}");
+    }
+    assert!(!storage.exists("config").unwrap(), "init wrote a config");
+    let after: Vec<usize> = ["keys", "index", "snapshots", "data"].iter().map(|d| objects(d)).collect();
+    assert_eq!(before, after, "init wrote objects");
+}
+
+#[test]
+fn s3_init_refuses_leftover_objects() {
+    init_refuses_leftover_objects(&servers::s3_repo("leftover"));
+}
+
+#[test]
+fn sftp_init_refuses_leftover_objects() {
+    init_refuses_leftover_objects(&servers::sftp_repo("leftover"));
+}
+
+/// A command pointed at an SFTP directory that does not exist says there is no repository
+/// and makes nothing on the server (issue 16, 3).
+#[test]
+fn sftp_location_without_a_repository_is_left_untouched() {
+    let location = servers::sftp_repo("typo");
+    let dir = PathBuf::from(location.rsplit_once(':').unwrap().1);
+    let base = tempfile::tempdir().unwrap();
+    let cairn = servers::cairn(&location, &base.path().join("cache"));
+    for args in [&["snapshots"][..], &["ls", "latest"][..]] {
+        let out = cairn.run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("no repository at"), "{stderr}");
+        assert!(!dir.exists(), "{args:?} made {} on the server", dir.display());
+    }
+}

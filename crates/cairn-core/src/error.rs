@@ -15,6 +15,15 @@ pub enum Error {
         /// The repository location.
         repo: String,
     },
+    /// No key file opened: those intact refused the password, and at least one is damaged
+    /// (it may be the one the password was for).
+    #[error("wrong password for {repo} (no intact key file opens with it), and {detail}")]
+    WrongPasswordOrDamagedKey {
+        /// The repository location.
+        repo: String,
+        /// Which key file is damaged, and how.
+        detail: String,
+    },
     /// A stored file failed its integrity or authentication check.
     #[error("{file} is damaged: {why}")]
     Corrupt {
@@ -46,11 +55,23 @@ pub enum Error {
     #[error("{0} does not exist in the repository")]
     NotFound(String),
     /// No repository exists at the location.
-    #[error("no repository at {0}: run `cairn init` first (or check -r / CAIRN_REPOSITORY)")]
+    #[error("no repository at {0}: check the location, or create a repository there with `cairn init`")]
     NoRepository(String),
     /// `init` was asked to create a repository where one already exists.
     #[error("a repository already exists at {0}")]
     AlreadyInitialized(String),
+    /// `init` was asked to create a repository where the objects of one remain (its config
+    /// was lost): a new config and key beside them would leave a repository nothing opens.
+    #[error(
+        "{repo} already holds repository objects ({found}) but no config; not initializing over them: \
+         restore its config from a copy of the repository (nothing was written)"
+    )]
+    HoldsObjects {
+        /// The repository location.
+        repo: String,
+        /// What was found, e.g. "1 key file, 3 snapshots".
+        found: String,
+    },
     /// The repository was written by a newer format version.
     #[error("repository format version {found} is newer than this cairn supports ({supported}); upgrade cairn")]
     UnsupportedVersion {
@@ -87,6 +108,10 @@ pub enum Error {
     /// Bad user input (options, patterns, arguments).
     #[error("{0}")]
     Usage(String),
+    /// Cairn itself went wrong (a stage stopped without saying why, a worker disappeared): a
+    /// bug, never the user's input or the repository's state.
+    #[error("internal error: {0}; please report this")]
+    Internal(String),
     /// The operation was cancelled (for example by SIGINT).
     #[error("interrupted")]
     Interrupted,
@@ -114,5 +139,30 @@ impl Error {
     /// Builds an [`Error::Invalid`].
     pub fn invalid(file: impl Into<String>, why: impl Into<String>) -> Self {
         Error::Invalid { file: file.into(), why: why.into() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn library_messages_name_no_cli_flags() {
+        let messages = [
+            "x".parse::<crate::restore::Overwrite>().unwrap_err().to_string(),
+            "x".parse::<crate::restore::SparseMode>().unwrap_err().to_string(),
+            Error::NoRepository("/r".into()).to_string(),
+            Error::HoldsObjects { repo: "/r".into(), found: "1 key file".into() }.to_string(),
+        ];
+        for m in messages {
+            assert!(!m.contains("--") && !m.contains("-r ") && !m.contains("CAIRN_"), "{m}");
+        }
+    }
+
+    #[test]
+    fn internal_failures_are_their_own_kind() {
+        let e = Error::Internal("the backup's upload stage stopped early".into());
+        assert_eq!(e.to_string(), "internal error: the backup's upload stage stopped early; please report this");
+        assert!(!matches!(e, Error::Usage(_)));
     }
 }

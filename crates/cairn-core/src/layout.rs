@@ -23,7 +23,7 @@ pub enum Dir {
 
 impl Dir {
     /// Every directory, in the order `init`'s check reports them.
-    pub const ALL: [Dir; 5] = [Dir::Keys, Dir::Data, Dir::Index, Dir::Snapshots, Dir::Locks];
+    pub const ALL: [Dir; 5] = [Dir::Keys, Dir::Index, Dir::Snapshots, Dir::Data, Dir::Locks];
 
     /// The directory's name, as given to [`crate::storage::Storage::list`].
     pub fn name(self) -> &'static str {

@@ -212,35 +212,41 @@ fn read_xattrs(path: &Path, node: &mut Node) -> io::Result<()> {
     Ok(())
 }
 
-/// The data regions `(offset, length)` of an open file of `size` bytes, found with
-/// SEEK_DATA / SEEK_HOLE; everything else is a hole. Falls back to one region when the file
-/// system cannot tell.
-pub fn data_regions(file: &File, size: u64) -> io::Result<Vec<(u64, u64)>> {
+/// The data regions `(offset, length)` of `[start, end)` of an open file, found with
+/// SEEK_DATA / SEEK_HOLE; everything else is a hole. Backup and restore both use this, with one
+/// rule: when in doubt, it is data (and gets read). Only ENXIO — "no data after this offset" —
+/// makes the rest a hole; any other SEEK_DATA failure (a file system without it answers EINVAL
+/// or EOPNOTSUPP) makes the rest one data region, and a failed SEEK_HOLE makes data run to `end`.
+pub fn data_regions(file: &File, start: u64, end: u64) -> Vec<(u64, u64)> {
     let fd = file.as_raw_fd();
     let mut out = Vec::new();
-    let mut pos: i64 = 0;
-    let end = size as i64;
+    let mut pos = start;
     while pos < end {
         // SAFETY: lseek on a file descriptor we own; no memory is passed.
-        let data = unsafe { libc::lseek(fd, pos, libc::SEEK_DATA) };
-        if data < 0 {
-            let err = io::Error::last_os_error();
-            match err.raw_os_error() {
-                Some(libc::ENXIO) => break, // only a hole remains
-                Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) if out.is_empty() => return Ok(vec![(0, size)]),
-                _ => return Err(err),
-            }
-        }
+        let found = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_DATA) };
+        let seek = if found < 0 { Err(io::Error::last_os_error()) } else { Ok(found as u64) };
+        let Some(data) = data_after(seek, pos) else { break };
         if data >= end {
             break;
         }
         // SAFETY: as above.
-        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
-        let hole = if hole < 0 { end } else { hole.min(end) };
-        out.push((data as u64, (hole - data) as u64));
+        let hole = unsafe { libc::lseek(fd, data as libc::off_t, libc::SEEK_HOLE) };
+        let hole = if hole < 0 { end } else { (hole as u64).clamp(data + 1, end) };
+        out.push((data, hole - data));
         pos = hole;
     }
-    Ok(out)
+    out
+}
+
+/// Where data begins at or after `pos`, given what `lseek(pos, SEEK_DATA)` returned: `None`
+/// only when it said ENXIO (nothing but holes after `pos`); on any other error, `pos` itself
+/// (see [`data_regions`]).
+fn data_after(seek: io::Result<u64>, pos: u64) -> Option<u64> {
+    match seek {
+        Ok(data) => Some(data.max(pos)),
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => None,
+        Err(_) => Some(pos),
+    }
 }
 
 /// Opens a file for reading, never through a symlink, without updating its access time where
@@ -273,4 +279,45 @@ pub fn openat_noatime<P: rustix::path::Arg + Copy>(
 pub fn cstring(path: &Path) -> io::Result<CString> {
     CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_enxio_means_no_more_data() {
+        let err = |code| Err(io::Error::from_raw_os_error(code));
+        assert_eq!(data_after(Ok(8192), 100), Some(8192));
+        assert_eq!(data_after(err(libc::ENXIO), 100), None);
+        // Anything else is doubt, and doubt is data at `pos`: read it.
+        for code in [libc::EINVAL, libc::EOPNOTSUPP, libc::EIO, libc::ESPIPE, libc::EBADF] {
+            assert_eq!(data_after(err(code), 100), Some(100), "errno {code}");
+        }
+    }
+
+    #[test]
+    fn a_file_system_without_seek_data_is_all_data() {
+        // procfs answers SEEK_DATA with EINVAL.
+        let file = File::open("/proc/version").unwrap();
+        // SAFETY: lseek on an open descriptor; no memory involved.
+        let r = unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_DATA) };
+        assert!(r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::ENXIO), "procfs has SEEK_DATA?");
+        assert_eq!(data_regions(&file, 0, 50), vec![(0, 50)]);
+        assert_eq!(data_regions(&file, 10, 50), vec![(10, 40)]);
+    }
+
+    #[test]
+    fn holes_are_left_out() {
+        use std::os::unix::fs::FileExt;
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(3 << 20).unwrap();
+        file.write_all_at(&[1; 4096], 1 << 20).unwrap();
+        let regions = data_regions(&file, 0, 3 << 20);
+        // tmpfs and most disks report the written block alone; a file system that cannot tell
+        // reports more, never less.
+        assert!(regions.iter().any(|&(o, l)| o <= 1 << 20 && o + l >= (1 << 20) + 4096), "{regions:?}");
+        assert!(data_regions(&file, (2 << 20) + 1, 3 << 20).len() <= 1);
+        assert_eq!(data_regions(&file, 5, 5), vec![]);
+    }
 }

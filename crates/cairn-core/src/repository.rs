@@ -68,6 +68,10 @@ impl Repository {
         if storage.exists(CONFIG)? {
             return Err(Error::AlreadyInitialized(storage.location().to_string()));
         }
+        let found = repository_objects(&*storage)?;
+        if !found.is_empty() {
+            return Err(Error::HoldsObjects { repo: storage.location().to_string(), found });
+        }
         let config = Config::new(opts.chunk_sizes, opts.pack_size, opts.compression)?;
         let key = MasterKey::generate();
         let mut repo =
@@ -95,7 +99,8 @@ impl Repository {
         if keys.is_empty() && !storage.exists(CONFIG)? {
             return Err(Error::NoRepository(storage.location().to_string()));
         }
-        let mut damaged = None;
+        let mut damaged = Vec::new();
+        let mut intact = 0;
         let mut key = None;
         for obj in keys {
             let found = read_checked(&*storage, &obj.path)
@@ -106,14 +111,13 @@ impl Repository {
                     key = Some((k, layout::parse_key_path(&obj.path)));
                     break;
                 }
-                Ok(None) => {}
-                Err(e) => damaged = Some(e),
+                Ok(None) => intact += 1,
+                Err(e) => damaged.push((obj.path, e)),
             }
         }
-        let (key, key_id) = match (key, damaged) {
-            (Some(k), _) => k,
-            (None, Some(e)) => return Err(e),
-            (None, None) => return Err(Error::WrongPassword { repo: storage.location().to_string() }),
+        let (key, key_id) = match key {
+            Some(k) => k,
+            None => return Err(no_key_opens(storage.location(), intact, damaged)),
         };
         let body = retry_damaged(|| sealed::open(&key, SealedKind::Config, CONFIG, &storage.read(CONFIG)?))?;
         let config: Config =
@@ -403,6 +407,48 @@ impl Repository {
     pub fn config(&self) -> &Config {
         &self.config
     }
+}
+
+/// What repository objects `storage` holds, e.g. "2 key files, 1 snapshot" ("" for none).
+fn repository_objects(storage: &dyn Storage) -> Result<String> {
+    let mut found = Vec::new();
+    for dir in Dir::ALL {
+        let (one, many) = match dir {
+            Dir::Keys => ("key file", "key files"),
+            Dir::Index => ("index file", "index files"),
+            Dir::Snapshots => ("snapshot", "snapshots"),
+            Dir::Data => ("pack", "packs"),
+            Dir::Locks => ("lock", "locks"),
+        };
+        match storage.list(dir.name())?.len() {
+            0 => {}
+            1 => found.push(format!("1 {one}")),
+            n => found.push(format!("{n} {many}")),
+        }
+    }
+    Ok(found.join(", "))
+}
+
+/// Why no key file opened: the password is wrong (`intact` key files refused it), key files
+/// are `damaged`, or both — then both are said, since either may be the cause.
+fn no_key_opens(repo: &str, intact: usize, damaged: Vec<(String, Error)>) -> Error {
+    let mut damaged = damaged.into_iter();
+    let Some((path, first)) = damaged.next() else {
+        return Error::WrongPassword { repo: repo.to_string() };
+    };
+    if intact == 0 {
+        // Every key file is damaged: the damage is the cause, whatever the password.
+        return first;
+    }
+    let mut detail = match first {
+        Error::Corrupt { file, why } => format!("key file {file} is damaged: {why}"),
+        other => format!("key file {path} cannot be used: {other}"),
+    };
+    let more = damaged.count();
+    if more > 0 {
+        detail.push_str(&format!(", as are {more} more"));
+    }
+    Error::WrongPasswordOrDamagedKey { repo: repo.to_string(), detail }
 }
 
 /// Reads a content-addressed object whose bytes must hash to its name, reading it again if a

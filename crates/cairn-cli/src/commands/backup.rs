@@ -80,6 +80,10 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
+    if a.stdin {
+        cairn_core::tree::check_name(a.stdin_filename.as_bytes())
+            .map_err(|why| anyhow::anyhow!("--stdin-filename wants a plain file name: {why}"))?;
+    }
     let repo = open(g)?;
     let _lock = lock(&repo, LockKind::Shared)?;
     repo.load_index()?;

@@ -1,4 +1,5 @@
-//! Helpers shared by `roundtrip.rs`, `golden.rs` and `restore_engine.rs`: running the `cairn` binary,
+//! Helpers shared by the end-to-end suites (`roundtrip.rs`, `golden.rs`, `restore_engine.rs`,
+//! `bad_input.rs`, …): running the `cairn` binary,
 //! scanning a file tree into comparable metadata, and comparing two scans.
 //!
 //! Scans read each entry's metadata *before* anything that could change its access time
@@ -85,36 +86,9 @@ impl Cairn {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        use std::process::Stdio;
         let mut c = self.command();
-        c.envs(env.iter().copied()).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let shown = format!("{c:?}");
-        let mut child = c.spawn().expect("running the cairn binary");
-        let drain = |mut r: Box<dyn Read + Send>| {
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                let _ = r.read_to_end(&mut buf);
-                buf
-            })
-        };
-        let out = drain(Box::new(child.stdout.take().expect("stdout")));
-        let err = drain(Box::new(child.stderr.take().expect("stderr")));
-        let deadline = std::time::Instant::now() + COMMAND_TIMEOUT;
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                break status;
-            }
-            if std::time::Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "{shown} did not finish within {COMMAND_TIMEOUT:?}; stderr:\n{}",
-                    String::from_utf8_lossy(&err.join().expect("stderr reader"))
-                );
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        };
-        Output { status, stdout: out.join().expect("stdout reader"), stderr: err.join().expect("stderr reader") }
+        c.envs(env.iter().copied()).args(args);
+        output_within_timeout(&mut c)
     }
 
     /// Runs a command that must succeed without writing to stderr; returns stdout.
@@ -230,6 +204,48 @@ impl Cairn {
         }
         out
     }
+}
+
+/// Runs `c` with no input and its output captured, like [`Command::output`], but kills it and
+/// panics if it runs longer than [`COMMAND_TIMEOUT`] (a hung pipeline must fail the test, not
+/// stall the suite).
+pub fn output_within_timeout(c: &mut Command) -> Output {
+    use std::process::Stdio;
+    c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let shown = format!("{c:?}");
+    wait_within_timeout(c.spawn().expect("running the cairn binary"), &shown)
+}
+
+/// Waits for `child` (shown as `shown` in messages), collecting whatever of its stdout and
+/// stderr is still piped; kills it and panics if it runs longer than [`COMMAND_TIMEOUT`].
+pub fn wait_within_timeout(mut child: std::process::Child, shown: &str) -> Output {
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(child.stdout.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
+    let err = drain(child.stderr.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
+    let deadline = std::time::Instant::now() + COMMAND_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{shown} did not finish within {COMMAND_TIMEOUT:?}; stderr:\n{}",
+                String::from_utf8_lossy(&err.join().expect("stderr reader"))
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    Output { status, stdout: out.join().expect("stdout reader"), stderr: err.join().expect("stderr reader") }
 }
 
 /// One blob as its pack header lists it.

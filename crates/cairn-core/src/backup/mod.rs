@@ -183,7 +183,7 @@ impl Shared<'_> {
 /// The error a stage returns when the next one stopped; the next one's own error is the one
 /// reported.
 fn stopped(next: &str) -> Error {
-    Error::Usage(format!("the backup's {next} stage stopped early"))
+    Error::Internal(format!("the backup's {next} stage stopped early"))
 }
 
 /// Backs up `paths` into `repo` and writes a snapshot.
@@ -247,6 +247,12 @@ fn run(
 ) -> Result<BackupOutcome> {
     let started = Instant::now();
     let time = platform::now();
+    if !opts.dry_run {
+        // Temporary objects of killed processes; a failed write removed its own.
+        if let Err(e) = repo.storage().remove_stale_temporaries(crate::storage::STALE_TEMPORARY_AGE) {
+            tracing::warn!("cannot remove stale temporary objects: {e}");
+        }
+    }
     let chunker = match opts.fixed_chunk_size {
         Some(n) => ChunkerKind::Fixed(n),
         None => ChunkerKind::Cdc(repo.config().chunker),
@@ -299,7 +305,7 @@ fn run(
         let indexed = indexer.join().expect("indexer panicked");
         indexed.and(uploaded).and(packed)?;
         // Every source completes its root directory; this is a bug if it happens.
-        produced?.ok_or_else(|| Error::Usage("the backup ended without a root tree; please report this".into()))
+        produced?.ok_or_else(|| Error::Internal("the backup ended without a root tree".into()))
     })?;
 
     let get = Counters::get;

@@ -22,7 +22,7 @@ pub fn backup_stdin(
     progress: &Progress,
 ) -> Result<BackupOutcome> {
     check_name(name.as_bytes())
-        .map_err(|why| Error::Usage(format!("--stdin-filename wants a plain file name: {why}")))?;
+        .map_err(|why| Error::Usage(format!("the name for standard input must be a plain file name: {why}")))?;
     run(repo, opts, progress, vec![format!("/{name}")], None, |sh| {
         let (content, len) = chunk_stream(input, "standard input", &sh.chunker, sh.store)?;
         sh.counters.bytes_read.fetch_add(len, Ordering::Relaxed);

@@ -4,7 +4,6 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,7 +15,7 @@ use crate::chunker::is_zero;
 use crate::crypto::MasterKey;
 use crate::error::Error;
 use crate::id::BlobId;
-use crate::platform::open_noatime;
+use crate::platform::{data_regions, open_noatime};
 use crate::tree::{Chunk, Node, NodeKind};
 
 /// What to do with a file that already exists in the target.
@@ -40,7 +39,7 @@ impl FromStr for Overwrite {
             "if-changed" => Ok(Overwrite::IfChanged),
             "if-newer" => Ok(Overwrite::IfNewer),
             "never" => Ok(Overwrite::Never),
-            _ => Err(Error::Usage(format!("unknown --overwrite {s:?}: use always, if-changed, if-newer or never"))),
+            _ => Err(Error::Usage(format!("unknown overwrite mode {s:?}: use always, if-changed, if-newer or never"))),
         }
     }
 }
@@ -242,19 +241,11 @@ fn chunk_id(file: &File, off: u64, len: u32, key: &MasterKey, buf: &mut Vec<u8>)
     Ok(BlobId(*hasher.finalize().as_bytes()))
 }
 
-/// Whether `[start, end)` of the file reads as zeros; holes are skipped without reading.
+/// Whether `[start, end)` of the file reads as zeros; holes are skipped without reading, and
+/// anything [`data_regions`] cannot prove to be a hole is read.
 fn region_is_zero(file: &File, start: u64, end: u64, buf: &mut Vec<u8>) -> io::Result<bool> {
-    let mut pos = start;
-    while pos < end {
-        // SAFETY: lseek on an open descriptor; no memory involved.
-        let data = unsafe { libc::lseek(file.as_raw_fd(), pos as i64, libc::SEEK_DATA) };
-        if data < 0 || data as u64 >= end {
-            return Ok(true); // only holes remain (ENXIO) or the next data is past the region
-        }
-        let data = data as u64;
-        // SAFETY: as above.
-        let hole = unsafe { libc::lseek(file.as_raw_fd(), data as i64, libc::SEEK_HOLE) };
-        let stop = if hole < 0 { end } else { (hole as u64).min(end) };
+    for (data, len) in data_regions(file, start, end) {
+        let stop = data + len;
         let mut at = data;
         while at < stop {
             let n = (stop - at).min(1 << 20) as usize;
@@ -265,7 +256,6 @@ fn region_is_zero(file: &File, start: u64, end: u64, buf: &mut Vec<u8>) -> io::R
             }
             at += n as u64;
         }
-        pos = stop;
     }
     Ok(true)
 }
@@ -290,5 +280,21 @@ mod tests {
         }
         // A chunk running past the end of the file is an error, not a short hash.
         assert!(chunk_id(&f, 1, data.len() as u32, &key, &mut buf).is_err());
+    }
+
+    #[test]
+    fn zero_check_reads_what_seek_data_cannot_place() {
+        // procfs has no SEEK_DATA (EINVAL): its files must be read, not taken as holes.
+        let len = std::fs::read("/proc/version").unwrap().len() as u64;
+        let file = File::open("/proc/version").unwrap();
+        assert!(!region_is_zero(&file, 0, len, &mut Vec::new()).unwrap(), "/proc/version taken as zeros");
+        // A real hole, and zeros written as data, are zeros.
+        let mut f = tempfile::tempfile().unwrap();
+        f.set_len(1 << 20).unwrap();
+        f.write_all(&[0; 4096]).unwrap();
+        assert!(region_is_zero(&f, 0, 1 << 20, &mut Vec::new()).unwrap());
+        f.write_all(&[7]).unwrap();
+        assert!(!region_is_zero(&f, 0, 1 << 20, &mut Vec::new()).unwrap());
+        assert!(region_is_zero(&f, 4097, 1 << 20, &mut Vec::new()).unwrap());
     }
 }

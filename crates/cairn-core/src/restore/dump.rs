@@ -146,7 +146,7 @@ impl<'s> Stream<'s> {
             }
             let blob = self.current.pop_front().filter(|b| b.id == *id);
             self.last =
-                Some(blob.ok_or_else(|| Error::Usage("the dump stream is out of order; please report this".into()))?);
+                Some(blob.ok_or_else(|| Error::Internal("the dump stream is out of order".into()))?);
         }
         Ok(&self.last.as_ref().expect("just set").data)
     }
@@ -162,7 +162,7 @@ impl<'s> Stream<'s> {
                 Some(Arrival::Failed(e)) => return Err(e),
                 None => {}
             }
-            let (s, a) = self.arrived.recv().map_err(|_| Error::Usage("the dump's readers stopped early".into()))?;
+            let (s, a) = self.arrived.recv().map_err(|_| Error::Internal("the dump's readers stopped early".into()))?;
             // The first outcome of a read counts: a failure is sent before the rest of its blobs.
             self.early.entry(s).or_insert(a);
         }

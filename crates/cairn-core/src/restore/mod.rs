@@ -60,7 +60,7 @@ impl std::str::FromStr for SparseMode {
             "auto" => Ok(SparseMode::Auto),
             "always" => Ok(SparseMode::Always),
             "never" => Ok(SparseMode::Never),
-            _ => Err(Error::Usage(format!("unknown --sparse {s:?}: use auto, always or never"))),
+            _ => Err(Error::Usage(format!("unknown sparse mode {s:?}: use auto, always or never"))),
         }
     }
 }

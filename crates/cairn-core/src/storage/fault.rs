@@ -152,6 +152,11 @@ impl<S: Storage> Storage for FaultyStorage<S> {
     fn is_remote(&self) -> bool {
         self.inner.is_remote()
     }
+
+    fn remove_stale_temporaries(&self, age: Duration) -> Result<usize> {
+        self.delay();
+        self.inner.remove_stale_temporaries(age)
+    }
 }
 
 #[cfg(test)]

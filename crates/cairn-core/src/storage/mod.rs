@@ -53,4 +53,11 @@ pub trait Storage: Send + Sync {
     fn default_concurrency(&self) -> usize;
     /// Whether the storage is on another machine (worth a local metadata cache).
     fn is_remote(&self) -> bool;
+    /// Removes temporary objects (`.tmp/`, FORMAT.md §1) last modified more than `age` ago:
+    /// what killed processes were writing. Returns how many were removed.
+    fn remove_stale_temporaries(&self, age: std::time::Duration) -> Result<usize>;
 }
+
+/// How old a temporary object must be before a backup removes it as left behind by a killed
+/// process: far longer than any one object takes to write (FORMAT.md §1).
+pub const STALE_TEMPORARY_AGE: std::time::Duration = std::time::Duration::from_secs(3600);

@@ -62,6 +62,9 @@ const RETRIES: usize = 5;
 pub struct OpendalStorage {
     // Dropped before the runtime that drives it (fields drop in order).
     op: blocking::Operator,
+    /// Prepended to every object path: the repository's directory below the operator's root
+    /// over SFTP ("srv/cairn/"), empty otherwise.
+    prefix: Arc<str>,
     location: Arc<str>,
     kind: Kind,
     _runtime: Arc<tokio::runtime::Runtime>,
@@ -119,14 +122,17 @@ impl OpendalStorage {
                     b = b.session_token(&token);
                 }
                 install_http_transport()?;
-                Self::layered(Operator::new(b).map_err(err)?, shown, Kind::S3)
+                Self::layered(Operator::new(b).map_err(err)?, shown, Kind::S3, String::new())
             }
             Location::Sftp { user, host, port, path } => {
                 let endpoint = match port {
                     Some(p) => format!("ssh://{host}:{p}"),
                     None => format!("ssh://{host}"),
                 };
-                let mut b = opendal::services::Sftp::default().endpoint(&endpoint).root(path);
+                // OpenDAL's SFTP service makes its root directory on every connection, so a
+                // command that finds no repository would leave the directory behind: the
+                // operator is rooted at `/` and the repository's directory is a path prefix.
+                let mut b = opendal::services::Sftp::default().endpoint(&endpoint).root("/");
                 if let Some(u) = user {
                     b = b.user(u);
                 }
@@ -136,7 +142,11 @@ impl OpendalStorage {
                 if let Some(k) = &remote.sftp_known_hosts {
                     b = b.known_hosts_strategy(k);
                 }
-                Self::layered(Operator::new(b).map_err(err)?, shown, Kind::Sftp)
+                let prefix = match path.trim_matches('/') {
+                    "" => String::new(),
+                    dir => format!("{dir}/"),
+                };
+                Self::layered(Operator::new(b).map_err(err)?, shown, Kind::Sftp, prefix)
             }
         }
     }
@@ -144,17 +154,26 @@ impl OpendalStorage {
     /// A repository in the local directory `root` (OpenDAL's `fs` service). Writes go to a
     /// temporary file under `root/.tmp` first and are renamed into place, so a crash never
     /// leaves a partial object behind.
+    ///
+    /// Nothing is made here: OpenDAL makes a missing root when the operator is built, so the
+    /// directories it made are removed again at once (if still empty). A command that finds no
+    /// repository leaves no trace; `init` ([`Storage::create`]) and the first write make them.
     pub fn local(root: &str) -> Result<Self> {
-        let tmp = format!("{}/.tmp", root.trim_end_matches('/'));
-        let builder = opendal::services::Fs::default().root(root).atomic_write_dir(&tmp);
-        let op = Operator::new(builder).map_err(|e| storage_err("open", root, e))?;
-        Self::layered(op, root.to_string(), Kind::Local)
+        let missing = missing_dirs(std::path::Path::new(root));
+        let builder = opendal::services::Fs::default().root(root);
+        let built = Operator::new(builder).map_err(|e| storage_err("open", root, e));
+        for dir in &missing {
+            if std::fs::remove_dir(dir).is_err() {
+                break;
+            }
+        }
+        Self::layered(built?, root.to_string(), Kind::Local, String::new())
     }
 
     /// Adds the layers every backend gets: a timeout per request, a cap on requests in flight
     /// and retries with exponential backoff and jitter for errors OpenDAL marks temporary
     /// (timeouts, 5xx, throttling, dropped connections).
-    fn layered(op: Operator, location: String, kind: Kind) -> Result<Self> {
+    fn layered(op: Operator, location: String, kind: Kind, prefix: String) -> Result<Self> {
         let op = op
             .layer(TimeoutLayer::new().with_timeout(REQUEST_TIMEOUT).with_io_timeout(IO_TIMEOUT))
             .layer(ConcurrentLimitLayer::new(kind.request_limit()))
@@ -168,25 +187,55 @@ impl OpendalStorage {
         let rt = runtime()?;
         let _guard = rt.enter();
         let op = blocking::Operator::new(op).map_err(|e| storage_err("open", &location, e))?;
-        Ok(Self { op, location: location.into(), kind, _runtime: rt.clone() })
+        Ok(Self { op, prefix: prefix.into(), location: location.into(), kind, _runtime: rt.clone() })
     }
 
-    /// Writes to `.tmp/NAME.RANDOM`, then renames into place. SFTP's rename refuses to replace
+    /// Writes to `.tmp/NAME.RANDOM`, then renames into place. A write that fails (a full
+    /// disk, a dropped connection) removes its temporary object, so it does not hold the space
+    /// the next write needs; one a killed process left is removed by a later backup once it
+    /// is old ([`Storage::remove_stale_temporaries`]). SFTP's rename refuses to replace
     /// an existing file. Cairn never rewrites an object under its name (locks are refreshed
     /// under new names), and content-addressed objects with the same name hold the same bytes,
     /// so an existing target means the object is already stored.
     fn staged_write(&self, path: &str, data: Vec<u8>) -> Result<()> {
         let name = path.rsplit('/').next().unwrap_or(path);
-        let tmp = format!(".tmp/{name}.{}", hex::encode(rand_bytes()));
-        self.op.write(&tmp, data).map_err(|e| storage_err("write", path, e))?;
-        if let Err(e) = self.op.rename(&tmp, path) {
-            let exists = self.op.exists(path).unwrap_or(false);
+        let tmp = self.at(&format!("{TEMPORARIES}{name}.{}", hex::encode(rand_bytes())));
+        if let Err(e) = self.op.write(&tmp, data) {
+            let _ = self.op.delete(&tmp);
+            return Err(storage_err("write", path, e));
+        }
+        if let Err(e) = self.op.rename(&tmp, &self.at(path)) {
+            let exists = self.op.exists(&self.at(path)).unwrap_or(false);
             let _ = self.op.delete(&tmp);
             if !exists {
                 return Err(storage_err("write", path, e));
             }
         }
         Ok(())
+    }
+}
+
+/// Where objects are written before they are renamed into place (local and SFTP).
+const TEMPORARIES: &str = ".tmp/";
+
+/// `dir` and those of its ancestors that do not exist, deepest first.
+fn missing_dirs(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut at = Some(dir);
+    while let Some(d) = at.filter(|d| !d.as_os_str().is_empty()) {
+        if std::fs::symlink_metadata(d).is_ok() {
+            break;
+        }
+        out.push(d.to_path_buf());
+        at = d.parent();
+    }
+    out
+}
+
+impl OpendalStorage {
+    /// The operator's path of the repository's object `path`.
+    fn at(&self, path: &str) -> String {
+        format!("{}{}", self.prefix, path.trim_start_matches('/'))
     }
 }
 
@@ -264,7 +313,7 @@ impl Storage for OpendalStorage {
     }
 
     fn read(&self, path: &str) -> Result<Vec<u8>> {
-        let buf = self.op.read(path).map_err(|e| storage_err("read", path, e))?;
+        let buf = self.op.read(&self.at(path)).map_err(|e| storage_err("read", path, e))?;
         Ok(buf.to_vec())
     }
 
@@ -273,7 +322,7 @@ impl Storage for OpendalStorage {
             return self.read_local_range(path, offset, len, buf);
         }
         let opts = ReadOptions { range: (offset..offset + len).into(), ..Default::default() };
-        let got = self.op.read_options(path, opts).map_err(|e| match e.kind() {
+        let got = self.op.read_options(&self.at(path), opts).map_err(|e| match e.kind() {
             ErrorKind::RangeNotSatisfied => Error::corrupt(path, "truncated (range past the end)"),
             _ => storage_err("read", path, e),
         })?;
@@ -292,17 +341,43 @@ impl Storage for OpendalStorage {
     }
 
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {
-        if self.kind == Kind::Sftp {
-            return self.staged_write(path, data);
+        if self.kind == Kind::S3 {
+            // A PUT is atomic: nothing partial is ever visible, nothing is left to clean up.
+            self.op.write(&self.at(path), data).map_err(|e| storage_err("write", path, e))?;
+            return Ok(());
         }
-        self.op.write(path, data).map_err(|e| storage_err("write", path, e))?;
-        Ok(())
+        self.staged_write(path, data)
+    }
+
+    fn remove_stale_temporaries(&self, age: Duration) -> Result<usize> {
+        if self.kind == Kind::S3 {
+            return Ok(0);
+        }
+        let entries = match self.op.list(&self.at(TEMPORARIES)) {
+            Ok(e) => e,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(storage_err("list", TEMPORARIES, e)),
+        };
+        let now = std::time::SystemTime::now();
+        let mut removed = 0;
+        for entry in entries {
+            let old = entry
+                .metadata()
+                .last_modified()
+                .and_then(|t| now.duration_since(std::time::SystemTime::from(t)).ok())
+                .is_some_and(|a| a > age);
+            // Best effort: another process may be removing the same file.
+            if entry.metadata().is_file() && old && self.op.delete(entry.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 
     fn list(&self, dir: &str) -> Result<Vec<ObjectInfo>> {
         let dir = format!("{}/", dir.trim_end_matches('/'));
         let opts = opendal::options::ListOptions { recursive: true, ..Default::default() };
-        let entries = match self.op.list_options(&dir, opts) {
+        let entries = match self.op.list_options(&self.at(&dir), opts) {
             Ok(e) => e,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(storage_err("list", &dir, e)),
@@ -312,14 +387,15 @@ impl Storage for OpendalStorage {
             if entry.metadata().is_dir() {
                 continue;
             }
-            out.push(ObjectInfo { path: entry.path().to_string(), size: entry.metadata().content_length() });
+            let path = entry.path().strip_prefix(&*self.prefix).unwrap_or(entry.path());
+            out.push(ObjectInfo { path: path.to_string(), size: entry.metadata().content_length() });
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
     }
 
     fn delete(&self, path: &str) -> Result<()> {
-        match self.op.delete(path) {
+        match self.op.delete(&self.at(path)) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
             Err(e) => Err(storage_err("delete", path, e)),
@@ -327,7 +403,7 @@ impl Storage for OpendalStorage {
     }
 
     fn exists(&self, path: &str) -> Result<bool> {
-        self.op.exists(path).map_err(|e| storage_err("stat", path, e))
+        self.op.exists(&self.at(path)).map_err(|e| storage_err("stat", path, e))
     }
 
     fn create(&self) -> Result<()> {
@@ -337,7 +413,7 @@ impl Storage for OpendalStorage {
             // checks that the bucket exists and the credentials work.
             Kind::S3 => self.op.list("/").map(drop).map_err(err),
             Kind::Local => self.op.create_dir("/").map_err(err),
-            Kind::Sftp => self.op.create_dir("/").and_then(|()| self.op.create_dir(".tmp/")).map_err(err),
+            Kind::Sftp => self.op.create_dir(&self.at(TEMPORARIES)).map_err(err),
         }
     }
 }
