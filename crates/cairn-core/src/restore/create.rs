@@ -10,7 +10,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use super::check::FileState;
+use super::compare::FileState;
 use super::plan::{Entry, Plan};
 use super::{is_fatal, Sparse};
 use crate::error::Error;

@@ -63,7 +63,7 @@ impl<'t> ParentDirs<'t> {
     }
 }
 
-/// The parts of an entry's status that the check and finish stages compare.
+/// The parts of an entry's status that the compare and finish stages look at.
 #[derive(Clone, Copy, Debug)]
 pub struct Status {
     /// File type and permission bits (`st_mode`).

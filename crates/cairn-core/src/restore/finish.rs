@@ -196,7 +196,7 @@ pub fn apply_to_path(path: &Path, node: &Node, is_root: bool) -> io::Result<()> 
 }
 
 /// Whether the open file `file`, whose status is `st`, already carries exactly the node's
-/// metadata (the check stage asks, so a no-op restore need not look at the file again).
+/// metadata (the compare stage asks, so a no-op restore need not look at the file again).
 pub fn file_matches(file: &File, st: &Status, node: &Node, is_root: bool) -> bool {
     matches(file, st, node, is_root).unwrap_or(false)
 }

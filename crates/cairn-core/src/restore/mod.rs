@@ -1,12 +1,12 @@
-//! Restore: `plan → check → create → fetch → decode → write → finish`, one module per stage.
+//! Restore: `plan → compare → create → fetch → decode → write → finish`, one module per stage.
 //!
-//! The plan lists the entries; the check stage compares an existing target with them so only
+//! The plan lists the entries; the compare stage compares an existing target with them so only
 //! missing or different chunks are fetched. Then three pools run at once, joined by bounded
 //! channels and a byte budget: fetch workers issue coalesced ranged pack reads, decode workers
 //! decrypt, decompress and verify, write workers do positioned writes and finish each file's
 //! metadata as its last chunk lands. Directories get their metadata last, deepest first.
 
-mod check;
+mod compare;
 mod create;
 mod dirs;
 mod dump;
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::bounded;
 
 pub use crate::profile::StageTimes;
-pub use check::Overwrite;
+pub use compare::Overwrite;
 pub use dump::{dump, DumpStats};
 pub use plan::{Filter, Plan};
 
@@ -39,7 +39,7 @@ use crate::read::{Decoded, PackRead, Reader, Sink};
 use crate::repository::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::{Chunk, NodeKind};
-use check::FileState;
+use compare::FileState;
 use plan::{Fetches, Top};
 
 /// What happens to zero ranges.
@@ -97,7 +97,7 @@ pub struct RestoreOptions {
     pub fetch_concurrency: usize,
     /// Threads that decrypt, decompress and verify.
     pub decode_threads: usize,
-    /// Threads that write files (and check an existing target).
+    /// Threads that write files (and compare an existing target with the snapshot).
     pub write_threads: usize,
     /// Cap on bytes in flight between fetch and write.
     pub max_memory: u64,
@@ -215,7 +215,7 @@ pub struct RestoreOutcome {
     pub profile: [StageTimes; 3],
     /// Set for `--dry-run`.
     pub dry_run: Option<DryRun>,
-    /// Wall time of each phase: plan, dirs, check, schedule, pipeline, the create stage's own
+    /// Wall time of each phase: plan, dirs, compare, schedule, pipeline, the create stage's own
     /// time (which ran alongside the pipeline), finish (and verify).
     pub phases: Vec<(&'static str, Duration)>,
     /// Wall time.
@@ -406,7 +406,7 @@ pub fn restore(
     }
     // Into an empty target the directories are made alongside the pipeline (run_pipeline):
     // nothing there needs checking, and fetching and decoding need no directory. Otherwise
-    // they come first, so the check below never looks through a symlink standing where a
+    // they come first, so the compare stage never looks through a symlink standing where a
     // directory belongs (it is replaced by a real directory here).
     let dirs_alongside = empty && !opts.dry_run;
     let dirs_made = if opts.dry_run || dirs_alongside {
@@ -429,12 +429,12 @@ pub fn restore(
             .collect();
         (states, vec![false; plan.entries.len()])
     } else {
-        check::check(target, &plan, repo.key(), opts.overwrite, threads, is_root)
+        compare::compare(target, &plan, repo.key(), opts.overwrite, threads, is_root)
     };
     let files_already_done = meta_ok.iter().filter(|&&ok| ok).count() as u64;
-    let needed: Vec<Vec<check::NeededChunk>> =
+    let needed: Vec<Vec<compare::NeededChunk>> =
         plan.entries.iter().zip(&states).map(|(e, s)| s.needed(&e.node)).collect();
-    phase.lap(&mut out_phases, "check");
+    phase.lap(&mut out_phases, "compare");
     let fetches = plan::fetches(repo, &plan, &needed, opts.max_memory);
     phase.lap(&mut out_phases, "schedule");
 
@@ -501,7 +501,7 @@ pub fn restore(
         write_clock: StageClock::default(),
         remaining,
         touched: (0..plan.entries.len()).map(|_| std::sync::OnceLock::new()).collect(),
-        // Files the check found complete with their metadata need nothing more.
+        // Files the compare stage found complete with their metadata need nothing more.
         meta_done: meta_ok.into_iter().map(AtomicBool::new).collect(),
         written: AtomicU64::new(0),
         files_done: AtomicU64::new(files_already_done),

@@ -1,5 +1,5 @@
 //! Plan stage: list the entries to restore (after `--include` / `--exclude`), then — once the
-//! check stage knows which chunks are missing from the target — where every needed blob goes
+//! compare stage knows which chunks are missing from the target — where every needed blob goes
 //! and which ranged reads fetch them.
 //!
 //! Each distinct blob appears once, with all of its destinations (file, offset); the blobs of
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
-use super::check::NeededChunk;
+use super::compare::NeededChunk;
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap};
 use crate::read::{coalesce, coalesce_gap, PackRead};

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use crossbeam_channel::Receiver;
 
-use super::check::FileState;
+use super::compare::FileState;
 use super::create::{fix_in_place, remove_any, size_new_file};
 use super::dirs::ParentDirs;
 use super::finish::apply_to_file;

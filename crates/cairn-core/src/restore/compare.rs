@@ -1,5 +1,5 @@
-//! Check stage: compares what is already in the target with the snapshot, so a restore into a
-//! half-damaged target rewrites only what differs (restic's `--overwrite` semantics).
+//! Compare stage: compares what is already in the target with the snapshot, so a restore into
+//! a half-damaged target rewrites only what differs (restic's `--overwrite` semantics).
 
 use std::fs::File;
 use std::io;
@@ -22,7 +22,7 @@ use crate::tree::{Chunk, Node, NodeKind};
 /// What to do with a file that already exists in the target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Overwrite {
-    /// Check the existing content chunk by chunk and rewrite only what differs (default).
+    /// Compare the existing content chunk by chunk and rewrite only what differs (default).
     Always,
     /// Trust an existing file whose size and modification time match; rewrite it otherwise.
     IfChanged,
@@ -97,9 +97,9 @@ pub struct NeededChunk {
     pub len: u32,
 }
 
-/// Checks every file entry against the target, on `threads` threads. Besides each file's
+/// Compares every file entry with the target, on `threads` threads. Besides each file's
 /// state, says which complete files already carry their metadata (nothing left to do).
-pub fn check(
+pub fn compare(
     target: &Path,
     plan: &Plan,
     key: &MasterKey,
@@ -122,7 +122,7 @@ pub fn check(
                     if entry.node.kind != NodeKind::File || entry.link_of.is_some() {
                         continue;
                     }
-                    let st = check_file(&mut here, target, &entry.rel, &entry.node, key, mode, is_root);
+                    let st = compare_file(&mut here, target, &entry.rel, &entry.node, key, mode, is_root);
                     *slots[i].lock().expect("slot") = Some(st);
                 }
             });
@@ -131,7 +131,7 @@ pub fn check(
     slots.into_iter().map(|slot| slot.into_inner().expect("slot").unwrap_or((FileState::NotFile, false))).unzip()
 }
 
-/// A check worker's open directory and read buffer, reused from file to file.
+/// A compare worker's open directory and read buffer, reused from file to file.
 struct Here<'t> {
     dirs: ParentDirs<'t>,
     buf: Vec<u8>,
@@ -139,7 +139,7 @@ struct Here<'t> {
 
 /// The state of the file at `rel` (below `target`), and for a complete one whether its
 /// metadata matches too.
-fn check_file(
+fn compare_file(
     here: &mut Here<'_>,
     target: &Path,
     rel: &Path,
@@ -184,7 +184,7 @@ fn check_file(
 }
 
 /// Compares the file at `path` with the node chunk by chunk.
-pub fn compare(path: &Path, node: &Node, key: &MasterKey) -> io::Result<FileState> {
+pub fn compare_path(path: &Path, node: &Node, key: &MasterKey) -> io::Result<FileState> {
     let size = std::fs::symlink_metadata(path)?.len();
     compare_open(&open_noatime(path)?, node, key, size, &mut Vec::new())
 }
