@@ -10,8 +10,8 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::dirs::ParentDirs;
-use super::finish::{file_matches, path_matches};
-use super::plan::{chunk_offsets, Plan};
+use super::meta::{file_matches, path_matches};
+use super::types::{chunk_offsets, FileState, NeededChunk, Plan};
 use crate::chunker::is_zero;
 use crate::crypto::MasterKey;
 use crate::error::Error;
@@ -43,58 +43,6 @@ impl FromStr for Overwrite {
             _ => Err(Error::Usage(format!("unknown --overwrite {s:?}: use always, if-changed, if-newer or never"))),
         }
     }
-}
-
-/// The state of one file entry of the plan against the target.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum FileState {
-    /// Not a file to restore (directory, symlink, hard link, …).
-    NotFile,
-    /// Nothing usable at the path: create the file; `clear` if something else is in the way.
-    Create {
-        /// Something (of another kind, or stale) must be removed first.
-        clear: bool,
-    },
-    /// An existing regular file is fixed in place.
-    InPlace {
-        /// Data chunks to write.
-        needed: Vec<NeededChunk>,
-        /// Ranges that must become zero (holes) but hold data.
-        zero_fix: Vec<(u64, u64)>,
-        /// Whether the size differs.
-        resize: bool,
-    },
-    /// Content already correct: at most metadata differs.
-    Complete,
-    /// Left alone (`--overwrite never` / `if-newer`).
-    Skip,
-}
-
-impl FileState {
-    /// The data chunks this state still needs written, for a file node.
-    pub fn needed(&self, node: &Node) -> Vec<NeededChunk> {
-        match self {
-            FileState::Create { .. } => chunk_offsets(&node.content)
-                .filter_map(|(offset, c)| match *c {
-                    Chunk::Data { id, len } => Some(NeededChunk { offset, id, len }),
-                    Chunk::Zero { .. } => None,
-                })
-                .collect(),
-            FileState::InPlace { needed, .. } => needed.clone(),
-            _ => Vec::new(),
-        }
-    }
-}
-
-/// A data chunk that must be written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NeededChunk {
-    /// Where in the file.
-    pub offset: u64,
-    /// The blob.
-    pub id: BlobId,
-    /// Its length as the tree records it.
-    pub len: u32,
 }
 
 /// Compares every file entry with the target, on `threads` threads. Besides each file's

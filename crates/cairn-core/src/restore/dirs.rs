@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 
-use super::create::new_file_mode;
+use super::fsops::new_file_mode;
 use crate::tree::Timestamp;
 
 /// The directory of the last entry looked up, kept open.

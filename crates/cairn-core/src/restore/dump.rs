@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
-use super::plan::{self, Entry, Filter, Top};
+use super::plan::{self, Filter, Top};
+use super::types::Entry;
 use super::DEFAULT_MAX_MEMORY;
 use crate::error::{Error, Result};
 use crate::id::BlobId;

@@ -10,8 +10,10 @@ mod compare;
 mod create;
 mod dirs;
 mod dump;
-mod finish;
+mod fsops;
+mod meta;
 mod plan;
+mod types;
 mod verify;
 mod write;
 
@@ -27,7 +29,8 @@ use crossbeam_channel::bounded;
 pub use crate::profile::StageTimes;
 pub use compare::Overwrite;
 pub use dump::{dump, DumpStats};
-pub use plan::{Filter, Plan};
+pub use plan::Filter;
+pub use types::Plan;
 
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap};
@@ -39,8 +42,9 @@ use crate::read::{Decoded, PackRead, Reader, Sink};
 use crate::repository::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::{Chunk, NodeKind};
-use compare::FileState;
-use plan::{Fetches, Top};
+use fsops::{is_fatal, target_is_empty};
+use plan::Top;
+use types::{Dest, Fetches, FileState};
 
 /// What happens to zero ranges.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -238,7 +242,7 @@ impl PhaseClock {
 
 /// Failures collected while the pipeline runs.
 pub struct Failures<'a> {
-    dests: &'a IdMap<BlobId, Vec<plan::Dest>>,
+    dests: &'a IdMap<BlobId, Vec<Dest>>,
     entries: Mutex<BTreeMap<usize, String>>,
 }
 
@@ -347,11 +351,6 @@ impl Shared<'_> {
     }
 }
 
-/// Errors that no other entry will escape either: the restore stops.
-pub(crate) fn is_fatal(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EROFS) | Some(libc::EDQUOT))
-}
-
 /// Restores `snapshot` (named `name` in messages), or its `path` (absolute inside the
 /// snapshot), into `target`.
 pub fn restore(
@@ -432,7 +431,7 @@ pub fn restore(
         compare::compare(target, &plan, repo.key(), opts.overwrite, threads, is_root)
     };
     let files_already_done = meta_ok.iter().filter(|&&ok| ok).count() as u64;
-    let needed: Vec<Vec<compare::NeededChunk>> =
+    let needed: Vec<Vec<types::NeededChunk>> =
         plan.entries.iter().zip(&states).map(|(e, s)| s.needed(&e.node)).collect();
     phase.lap(&mut out_phases, "compare");
     let fetches = plan::fetches(repo, &plan, &needed, opts.max_memory);
@@ -573,7 +572,7 @@ pub fn restore(
     finish_all(&sh, &failed, opts, progress);
     if opts.delete {
         for p in extra_entries(target, &plan, into_dir, |rel| filter.selects(&base_path, rel)) {
-            match create::remove_any(&target.join(&p)) {
+            match fsops::remove_any(&target.join(&p)) {
                 Ok(()) => out.deleted += 1,
                 Err(e) => sh.warn(p, format!("cannot delete: {e}")),
             }
@@ -581,7 +580,7 @@ pub fn restore(
     }
     finish_dirs(&sh, &failed, threads);
     if let Some(node) = &target_node {
-        if let Err(e) = finish::apply_to_path(target, node, is_root) {
+        if let Err(e) = meta::apply_to_path(target, node, is_root) {
             sh.warn(PathBuf::from("."), e.to_string());
         }
     }
@@ -656,17 +655,10 @@ fn finish_dirs(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, threads: usize
     for level in by_depth.iter().rev().filter(|l| !l.is_empty()) {
         in_parallel(level, threads, |_, &i| {
             let entry = &sh.plan.entries[i];
-            if let Err(e) = finish::apply_to_path(&sh.target.join(&entry.rel), &entry.node, sh.is_root) {
+            if let Err(e) = meta::apply_to_path(&sh.target.join(&entry.rel), &entry.node, sh.is_root) {
                 sh.warn(entry.rel.clone(), e.to_string());
             }
         });
-    }
-}
-
-fn target_is_empty(target: &Path) -> bool {
-    match std::fs::read_dir(target) {
-        Ok(mut rd) => rd.next().is_none(),
-        Err(_) => true,
     }
 }
 
@@ -693,7 +685,7 @@ fn finish_all(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, opts: &RestoreO
         if sh.meta_done[i].load(Ordering::Acquire) || sh.states[i] == FileState::Skip {
             return;
         }
-        if let Err(e) = finish::apply_to_path(&path, &entry.node, sh.is_root) {
+        if let Err(e) = meta::apply_to_path(&path, &entry.node, sh.is_root) {
             sh.warn(entry.rel.clone(), e.to_string());
         }
         if entry.node.kind == NodeKind::File {
@@ -706,7 +698,7 @@ fn finish_all(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, opts: &RestoreO
             sh.failures.entry(i, &format!("its hard-link target failed: {why}"));
             continue;
         }
-        if let Err(e) = create::hard_link(&sh.target.join(&plan.entries[first].rel), &sh.target.join(&entry.rel)) {
+        if let Err(e) = fsops::hard_link(&sh.target.join(&plan.entries[first].rel), &sh.target.join(&entry.rel)) {
             sh.warn(entry.rel.clone(), format!("cannot create hard link: {e}"));
         }
     }

@@ -12,55 +12,13 @@ use std::path::{Path, PathBuf};
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
-use super::compare::NeededChunk;
+use super::types::{Dest, Entry, Fetches, NeededChunk, Plan};
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap};
-use crate::read::{coalesce, coalesce_gap, PackRead};
+use crate::read::{coalesce, coalesce_gap};
 use crate::repository::Repository;
-use crate::tree::{Chunk, Node, NodeKind};
+use crate::tree::{Node, NodeKind};
 use crate::trees::{load_all, LoadedTree, Loading, MAX_DEPTH};
-
-/// One file system entry to restore.
-#[derive(Debug)]
-pub struct Entry {
-    /// Path relative to the target.
-    pub rel: PathBuf,
-    /// Its metadata and content.
-    pub node: Node,
-    /// For a hard link: the entry it is a link of.
-    pub link_of: Option<usize>,
-}
-
-/// One place a blob's bytes go.
-#[derive(Clone, Copy, Debug)]
-pub struct Dest {
-    /// Index into the plan's entries.
-    pub entry: u32,
-    /// Byte offset in that file.
-    pub offset: u64,
-}
-
-/// The entries of a restore, parents before children.
-#[derive(Debug, Default)]
-pub struct Plan {
-    /// Entries, parents before children.
-    pub entries: Vec<Entry>,
-}
-
-/// Where the needed blobs go and how to fetch them.
-#[derive(Debug, Default)]
-pub struct Fetches {
-    /// Destinations of every blob to fetch.
-    pub dests: IdMap<BlobId, Vec<Dest>>,
-    /// The reads that fetch them.
-    pub reads: Vec<PackRead>,
-    /// Blobs a file needs that no index lists: `(entry, blob)`.
-    pub missing: Vec<(usize, BlobId)>,
-    /// Chunks whose recorded length differs from their blob's: `(entry, blob)`.
-    pub mismatched: Vec<(usize, BlobId)>,
-    /// Stored bytes the reads will fetch.
-    pub fetch_bytes: u64,
-}
 
 /// Which snapshot paths a restore takes.
 #[derive(Default)]
@@ -224,15 +182,6 @@ impl Builder<'_> {
         self.plan.entries.push(Entry { rel, node, link_of });
         Ok(true)
     }
-}
-
-/// The chunks of a file with their offsets.
-pub fn chunk_offsets(content: &[Chunk]) -> impl Iterator<Item = (u64, &Chunk)> {
-    content.iter().scan(0u64, |off, c| {
-        let at = *off;
-        *off += c.len();
-        Some((at, c))
-    })
 }
 
 /// Builds the fetches for the chunks that `needed(entry)` lists, grouped by pack, sorted by

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::compare::{compare_path, FileState};
-use super::plan::Plan;
+use super::compare::compare_path;
+use super::types::{FileState, Plan};
 use crate::crypto::MasterKey;
 use crate::parallel::in_parallel;
 use crate::tree::NodeKind;

@@ -1,7 +1,7 @@
-//! Finish stage: metadata after content — extended attributes, ownership (as root), mode,
-//! ACLs, then times. Files get theirs as soon as their last chunk is written (through the open
-//! descriptor); everything else gets it here, directories last and deepest first, so a
-//! directory's times are set after its contents. Metadata that already matches is left alone.
+//! Metadata, applied and compared: extended attributes, ownership (as root), mode, ACLs, then
+//! times, through an open file (the write stage, as a file's last chunk lands) or a path never
+//! followed (the finish stage). Metadata that already matches is left alone; the compare stage
+//! asks whether it matches so a no-op restore need not look at a file again.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
