@@ -6,44 +6,17 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::dirs::ParentDirs;
 use super::meta::{file_matches, path_matches};
+use super::options::Overwrite;
 use super::types::{chunk_offsets, FileState, NeededChunk, Plan};
 use crate::chunker::is_zero;
 use crate::crypto::MasterKey;
-use crate::error::Error;
 use crate::id::BlobId;
 use crate::platform::open_noatime;
 use crate::tree::{Chunk, Node, NodeKind};
-
-/// What to do with a file that already exists in the target.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Overwrite {
-    /// Compare the existing content chunk by chunk and rewrite only what differs (default).
-    Always,
-    /// Trust an existing file whose size and modification time match; rewrite it otherwise.
-    IfChanged,
-    /// Rewrite an existing file only if the snapshot's copy is newer.
-    IfNewer,
-    /// Never touch an existing file.
-    Never,
-}
-
-impl FromStr for Overwrite {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
-        match s {
-            "always" => Ok(Overwrite::Always),
-            "if-changed" => Ok(Overwrite::IfChanged),
-            "if-newer" => Ok(Overwrite::IfNewer),
-            "never" => Ok(Overwrite::Never),
-            _ => Err(Error::Usage(format!("unknown --overwrite {s:?}: use always, if-changed, if-newer or never"))),
-        }
-    }
-}
 
 /// Compares every file entry with the target, on `threads` threads. Besides each file's
 /// state, says which complete files already carry their metadata (nothing left to do).
@@ -77,6 +50,23 @@ pub fn compare(
         }
     });
     slots.into_iter().map(|slot| slot.into_inner().expect("slot").unwrap_or((FileState::NotFile, false))).unzip()
+}
+
+/// The states for an empty target, where there is nothing to compare: every file is created,
+/// and none carries its metadata yet.
+pub fn fresh(plan: &Plan) -> (Vec<FileState>, Vec<bool>) {
+    let states = plan
+        .entries
+        .iter()
+        .map(|e| {
+            if e.node.kind == NodeKind::File && e.link_of.is_none() {
+                FileState::Create { clear: false }
+            } else {
+                FileState::NotFile
+            }
+        })
+        .collect();
+    (states, vec![false; plan.entries.len()])
 }
 
 /// A compare worker's open directory and read buffer, reused from file to file.

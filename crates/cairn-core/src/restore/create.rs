@@ -10,11 +10,13 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use super::fsops::{fix_in_place, is_fatal, new_file_mode, remove_any, size_new_file};
+use super::options::Sparse;
+use super::shared::{OpenOnDrop, Shared};
 use super::types::{Entry, FileState, Plan};
-use super::Sparse;
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::platform::cstring;
 use crate::tree::{Node, NodeKind};
 
@@ -56,7 +58,7 @@ pub fn directories(
     is_root: bool,
     done: &AtomicU64,
     cancel: &AtomicBool,
-) -> Result<Directories, Error> {
+) -> Result<Directories> {
     let mut out = Directories::default();
     if has_default_acl(target) {
         out.acl.insert(PathBuf::new());
@@ -169,4 +171,60 @@ fn mknod(path: &Path, mode: u32, rdev: u64) -> io::Result<()> {
 /// and a mode masked by it, so their metadata must be set in full).
 pub fn has_default_acl(path: &Path) -> bool {
     matches!(xattr::get(path, "system.posix_acl_default"), Ok(Some(_)))
+}
+
+/// The create stage alongside the pipeline: the directories (unless `made` before), then the
+/// entries without data; opens `sh.dirs_ready` when done, whatever happened. Returns how long
+/// it took.
+pub fn run(sh: &Shared<'_>, made: Option<Directories>) -> Duration {
+    let t = Instant::now();
+    let _open = OpenOnDrop(&sh.dirs_ready); // even if this panics: no writer waits forever
+    let made = match made {
+        Some(made) => Ok(made),
+        None => directories(sh.target, sh.plan, true, sh.is_root, &sh.created, &sh.cancel),
+    };
+    match made {
+        Ok(made) => {
+            for (entry, why) in &made.failed {
+                sh.failures.entry(*entry, why);
+            }
+            sh.acl_dirs.set(made.acl).expect("directories are made once");
+            if let Err(e) = create_entries(sh) {
+                sh.fail(e);
+            }
+        }
+        Err(e) => sh.fail(e),
+    }
+    t.elapsed()
+}
+
+/// Create stage for entries without data to write (directories are done): symlinks, devices,
+/// FIFOs, empty files, files fixed in place without new data. Parents come before children.
+fn create_entries(sh: &Shared<'_>) -> Result<()> {
+    // Entries that already failed are not created: they could never be right.
+    let failed_early: HashSet<usize> = sh.failures.entries.lock().expect("failures lock").keys().copied().collect();
+    for (i, entry) in sh.plan.entries.iter().enumerate() {
+        if entry.node.kind == NodeKind::Dir {
+            continue;
+        }
+        let has_data = sh.remaining[i].load(Ordering::Relaxed) > 0;
+        if failed_early.contains(&i)
+            || entry.link_of.is_some()
+            || (has_data && matches!(sh.states[i], FileState::Create { .. } | FileState::InPlace { .. }))
+        {
+            continue; // prepared by its first write (write.rs), or linked once its file is complete
+        }
+        if sh.cancelled() {
+            return Ok(()); // the restore ends with Interrupted (or the error that stopped it)
+        }
+        sh.created.fetch_add(1, Ordering::Relaxed);
+        let path = sh.target.join(&entry.rel);
+        if let Err(e) = prepare(&path, entry, &sh.states[i], has_data, sh.sparse, sh.is_root) {
+            if is_fatal(&e) {
+                return Err(Error::io(path, "cannot create", e));
+            }
+            sh.failures.entry(i, &format!("cannot create: {e}"));
+        }
+    }
+    Ok(())
 }

@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
-use super::{Sparse, RESERVE_MIN};
+use super::options::{Sparse, RESERVE_MIN};
 use crate::tree::{Chunk, Node};
 
 /// Errors that no other entry will escape either: the restore stops.

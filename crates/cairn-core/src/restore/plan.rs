@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap};
 use crate::read::{coalesce, coalesce_gap};
 use crate::repository::Repository;
+use crate::snapshot::Snapshot;
 use crate::tree::{Node, NodeKind};
 use crate::trees::{load_all, LoadedTree, Loading, MAX_DEPTH};
 
@@ -77,6 +78,28 @@ pub enum Top {
     Tree(BlobId),
     /// Restore this one node into the target.
     Node(Box<Node>),
+}
+
+/// Where restoring `base` (absolute inside `snapshot`, named `name` in messages; `None` for the
+/// whole snapshot) starts: the top, whether its entries go into the target (rather than the one
+/// node being the target), and for `SNAP:DIR` the directory, whose metadata the target takes
+/// (`SNAP:DIR` restores DIR's contents into the target).
+pub fn start(
+    repo: &Repository,
+    snapshot: &Snapshot,
+    name: &str,
+    base: Option<&str>,
+) -> Result<(Top, bool, Option<Node>)> {
+    Ok(match base {
+        None => (Top::Tree(snapshot.tree), true, None),
+        Some(p) => match crate::trees::resolve(repo, &snapshot.tree, p, name)? {
+            None => (Top::Tree(snapshot.tree), true, None),
+            Some(node) if node.kind == NodeKind::Dir => {
+                (Top::Tree(node.subtree.expect("validated dir")), true, Some(node))
+            }
+            Some(node) => (Top::Node(Box::new(node)), false, None),
+        },
+    })
 }
 
 struct Builder<'a> {

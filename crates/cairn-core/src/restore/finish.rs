@@ -1,0 +1,79 @@
+//! Finish stage: after the pipeline, the metadata the write stage did not set (files with
+//! nothing to write, special files) and hard links, then directories last and deepest first,
+//! so a directory's times are set after its contents. Failed files written in part are removed.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use super::fsops::hard_link;
+use super::meta::apply_to_path;
+use super::options::Progress;
+use super::shared::Shared;
+use super::types::FileState;
+use crate::parallel::in_parallel;
+use crate::tree::NodeKind;
+
+/// Directories last, so their times stay as recorded: deepest first (a directory whose mode
+/// locks out its owner does not stop its children's), each depth on `threads` threads.
+pub fn finish_dirs(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, threads: usize) {
+    let mut by_depth: Vec<Vec<usize>> = Vec::new();
+    for (i, entry) in sh.plan.entries.iter().enumerate() {
+        if entry.node.kind == NodeKind::Dir && !failed.contains_key(&i) {
+            let depth = entry.rel.components().count();
+            if by_depth.len() <= depth {
+                by_depth.resize_with(depth + 1, Vec::new);
+            }
+            by_depth[depth].push(i);
+        }
+    }
+    for level in by_depth.iter().rev().filter(|l| !l.is_empty()) {
+        in_parallel(level, threads, |_, &i| {
+            let entry = &sh.plan.entries[i];
+            if let Err(e) = apply_to_path(&sh.target.join(&entry.rel), &entry.node, sh.is_root) {
+                sh.warn(entry.rel.clone(), e.to_string());
+            }
+        });
+    }
+}
+
+/// Hard links, then metadata of every file and other entry the write stage did not finish;
+/// failed files are removed so none is left with wrong content.
+pub fn finish_all(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, threads: usize, progress: &Progress) {
+    let plan = sh.plan;
+    in_parallel(&plan.entries, threads, |i, entry| {
+        if entry.node.kind == NodeKind::Dir || entry.link_of.is_some() {
+            return;
+        }
+        let path = sh.target.join(&entry.rel);
+        if failed.contains_key(&i) {
+            // A file written in part is removed: a file is either exact or absent. One that
+            // nothing was written to still holds what it held before.
+            if entry.node.kind == NodeKind::File
+                && matches!(sh.states[i], FileState::Create { .. } | FileState::InPlace { .. })
+                && sh.touched[i].get().is_some()
+            {
+                let _ = std::fs::remove_file(&path);
+            }
+            return;
+        }
+        if sh.meta_done[i].load(Ordering::Acquire) || sh.states[i] == FileState::Skip {
+            return;
+        }
+        if let Err(e) = apply_to_path(&path, &entry.node, sh.is_root) {
+            sh.warn(entry.rel.clone(), e.to_string());
+        }
+        if entry.node.kind == NodeKind::File {
+            progress.done_files.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    for (i, entry) in plan.entries.iter().enumerate() {
+        let Some(first) = entry.link_of else { continue };
+        if let Some(why) = failed.get(&first) {
+            sh.failures.entry(i, &format!("its hard-link target failed: {why}"));
+            continue;
+        }
+        if let Err(e) = hard_link(&sh.target.join(&plan.entries[first].rel), &sh.target.join(&entry.rel)) {
+            sh.warn(entry.rel.clone(), format!("cannot create hard link: {e}"));
+        }
+    }
+}
