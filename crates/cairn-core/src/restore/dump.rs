@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
-use super::plan::{self, Entry, Filter, Top};
-use super::DEFAULT_MAX_MEMORY;
+use super::options::DEFAULT_MAX_MEMORY;
+use super::plan::{self, Filter, Top};
+use super::types::Entry;
 use crate::error::{Error, Result};
 use crate::id::BlobId;
 use crate::index::Index;
