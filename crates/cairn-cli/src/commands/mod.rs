@@ -65,12 +65,19 @@ pub(crate) fn lock(repo: &Repository, kind: LockKind) -> Result<Lock> {
     Ok(held)
 }
 
-/// Splits `SNAPSHOT[:PATH]`.
-pub(crate) fn split_spec(spec: &str) -> (&str, Option<&str>) {
-    match spec.split_once(':') {
-        Some((s, p)) => (s, Some(p)),
-        None => (spec, None),
-    }
+/// Splits `SNAPSHOT[:PATH]`: the snapshot name (UTF-8: `latest` or an ID prefix) and the path
+/// inside it, taken as bytes (a file name need not be UTF-8).
+pub(crate) fn split_spec(spec: &std::ffi::OsStr) -> Result<(&str, Option<&std::path::Path>)> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = spec.as_bytes();
+    let (name, path) = match bytes.iter().position(|b| *b == b':') {
+        Some(i) => (&bytes[..i], Some(std::path::Path::new(std::ffi::OsStr::from_bytes(&bytes[i + 1..])))),
+        None => (bytes, None),
+    };
+    let Ok(name) = std::str::from_utf8(name) else {
+        bail!("{:?} is not a snapshot: use `latest` or an ID prefix, then :PATH", spec);
+    };
+    Ok((name, path))
 }
 
 pub(crate) fn parse_codec(s: &str) -> Result<Codec> {

@@ -17,7 +17,7 @@ use super::{lock, open, parse_size, split_spec, Global};
 pub struct Args {
     /// Snapshot (`latest` or an ID prefix), optionally with :PATH to restore only that path's contents
     #[arg(value_name = "SNAPSHOT[:PATH]")]
-    pub snapshot: String,
+    pub snapshot: std::ffi::OsString,
     /// Directory to restore into (created if missing)
     #[arg(short, long, value_name = "DIR")]
     pub target: PathBuf,
@@ -72,7 +72,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let repo = open(g)?;
     let _lock = lock(&repo, LockKind::Shared)?;
     repo.load_index()?;
-    let (spec, path) = split_spec(&a.snapshot);
+    let (spec, path) = split_spec(&a.snapshot)?;
     let (id, snap) = repo.find_snapshot(spec)?;
     let defaults = RestoreOptions::default();
     let cancel = Arc::new(AtomicBool::new(false));

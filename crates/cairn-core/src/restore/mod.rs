@@ -65,16 +65,16 @@ pub fn restore(
     repo: &Repository,
     snapshot: &Snapshot,
     name: &str,
-    path: Option<&str>,
+    path: Option<&Path>,
     target: &Path,
     opts: &RestoreOptions,
     progress: &Progress,
 ) -> Result<RestoreOutcome> {
     let started = Instant::now();
-    let base = path.map(|p| p.trim_end_matches('/')).filter(|p| !p.is_empty());
+    let base = path.and_then(crate::trees::below_root);
     let (top, into_dir, target_node) = plan::start(repo, snapshot, name, base)?;
     let filter = Filter::new(&opts.include, &opts.exclude)?;
-    let base_path = PathBuf::from(base.unwrap_or("/"));
+    let base_path = base.unwrap_or(Path::new("/")).to_path_buf();
     let mut phase = PhaseClock(Instant::now());
     let mut phases = Vec::new();
     // Loading the trees reads the repository too: SIGINT stops it, and the watchdog covers it.

@@ -88,7 +88,7 @@ pub fn start(
     repo: &Repository,
     snapshot: &Snapshot,
     name: &str,
-    base: Option<&str>,
+    base: Option<&Path>,
 ) -> Result<(Top, bool, Option<Node>)> {
     Ok(match base {
         None => (Top::Tree(snapshot.tree), true, None),
