@@ -4,11 +4,10 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use cairn_core::lock::LockKind;
 use cairn_core::restore;
 use clap::Args as ClapArgs;
 
-use super::{lock, open, split_spec, Global};
+use super::{open_snapshot, Global, Opened};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -21,11 +20,7 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
-    let repo = open(g)?;
-    let _lock = lock(&repo, LockKind::Shared)?;
-    repo.load_index()?;
-    let (spec, path) = split_spec(&a.snapshot)?;
-    let (id, snap) = repo.find_snapshot(spec)?;
+    let Opened { repo, id, snapshot: snap, path, .. } = open_snapshot(g, &a.snapshot)?;
     let stdout = std::io::stdout();
     if stdout.is_terminal() {
         bail!("refusing to write a dump to a terminal: redirect stdout to a file or a pipe");
