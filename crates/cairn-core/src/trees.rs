@@ -6,13 +6,17 @@
 //! repository waits one round trip per level, not per directory. [`load_all`] keeps the trees
 //! for a walk in tree order ([`walk`]); [`resolve`] follows one path. When the trees wanted are
 //! known up front (every tree the index lists, for `check`), [`load_listed`] reads them all at
-//! once through the read path: one round of many requests instead of one per level.
+//! once through the read path: one round of many requests instead of one per level. A walker
+//! that goes one directory at a time beside something else (a backup beside its parent
+//! snapshot) asks a [`TreeLoader`], which loads the trees it will want next on a few threads.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+
+use crossbeam_channel::{bounded, Receiver, Sender};
 
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap, IdSet};
@@ -273,5 +277,44 @@ impl<'s> Sink<'s> for ToTrees<'s> {
             .lock()
             .expect("lock")
             .insert(blob.id, Err(Error::corrupt(format!("tree {}", blob.id.short()), why.to_string())));
+    }
+}
+
+/// Loads trees on a few threads ahead of a walker that asks for them one directory at a time
+/// (a backup's walk of its parent snapshot), so the walker does not wait for one storage read
+/// per directory.
+pub struct TreeLoader {
+    requests: Sender<(BlobId, Sender<Loaded>)>,
+}
+
+/// A tree, or why it could not be read.
+pub type Loaded = std::result::Result<Tree, String>;
+
+impl TreeLoader {
+    /// Starts `threads` loaders in `scope`; they stop when the loader is dropped.
+    pub fn start<'scope>(
+        scope: &'scope std::thread::Scope<'scope, '_>,
+        repo: &'scope Repository,
+        threads: usize,
+    ) -> Self {
+        let (requests, rx) = bounded::<(BlobId, Sender<Loaded>)>(threads * 64);
+        for _ in 0..threads {
+            let rx = rx.clone();
+            scope.spawn(move || {
+                for (id, reply) in rx {
+                    // The walker may have stopped early; then nobody wants the tree.
+                    let _ = reply.send(repo.read_tree(&id).map_err(|e| e.to_string()));
+                }
+            });
+        }
+        TreeLoader { requests }
+    }
+
+    /// Asks for tree `id`; it arrives on the returned channel.
+    pub fn request(&self, id: BlobId) -> Receiver<Loaded> {
+        let (tx, rx) = bounded(1);
+        // The loaders live as long as this sender, so the send only fails if one panicked.
+        let _ = self.requests.send((id, tx));
+        rx
     }
 }

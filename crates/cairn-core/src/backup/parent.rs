@@ -3,9 +3,8 @@
 //! the file system, so an unchanged file's chunk list is reused without reading the file.
 
 use std::collections::HashMap;
-use std::thread::Scope;
 
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crossbeam_channel::Receiver;
 
 use crate::error::Result;
 use crate::id::{BlobId, SnapshotId};
@@ -47,41 +46,11 @@ pub fn choose(
     }
 }
 
-/// Loads the parent's trees on a few threads ahead of the walker, so the walker does not wait
-/// for one storage read per directory.
-pub(super) struct TreeLoader {
-    requests: Sender<(BlobId, Sender<Loaded>)>,
-}
-
-/// A parent tree, or why it could not be read.
-type Loaded = std::result::Result<Tree, String>;
+use crate::trees::Loaded;
+pub(super) use crate::trees::TreeLoader;
 
 /// Parent trees loaded at once.
 pub(super) const TREE_LOADERS: usize = 4;
-
-impl TreeLoader {
-    /// Starts `threads` loaders in `scope`; they stop when the loader is dropped.
-    pub fn start<'scope>(scope: &'scope Scope<'scope, '_>, repo: &'scope Repository, threads: usize) -> Self {
-        let (requests, rx) = bounded::<(BlobId, Sender<Loaded>)>(threads * 64);
-        for _ in 0..threads {
-            let rx = rx.clone();
-            scope.spawn(move || {
-                for (id, reply) in rx {
-                    // The walker may have stopped early; then nobody wants the tree.
-                    let _ = reply.send(load(repo, id));
-                }
-            });
-        }
-        TreeLoader { requests }
-    }
-
-    fn request(&self, id: BlobId) -> Receiver<Loaded> {
-        let (tx, rx) = bounded(1);
-        // The loaders live as long as this sender, so the send only fails if one panicked.
-        let _ = self.requests.send((id, tx));
-        rx
-    }
-}
 
 /// One directory of the parent snapshot (empty where the parent has no such directory), with
 /// its subdirectories' trees on their way.
