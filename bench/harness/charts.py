@@ -1,11 +1,11 @@
-"""PNG charts: restore and backup time per scenario and tool, and the concurrency sweep."""
+"""PNG charts: restore, backup and check time per scenario and tool, and the concurrency sweep."""
 import os
 
 import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .scenarios import IMG_BACKUP, INITIAL, REBACKUP, SWEEP_FETCH  # noqa: E402
+from .scenarios import CHECKS, IMG_BACKUP, INITIAL, REBACKUP, SWEEP_FETCH  # noqa: E402
 
 BACKUPS = (INITIAL, REBACKUP, IMG_BACKUP)
 
@@ -56,6 +56,11 @@ def restore_chart(records, out):
 
 def backup_chart(records, out):
     return _bars(records, lambda s: s in BACKUPS, "backup time", os.path.join(out, "backup.png"))
+
+
+def check_chart(records, out):
+    return _bars(records, lambda s: s in CHECKS, "check time (cat packs: reading Cairn's pack files)",
+                 os.path.join(out, "check.png"))
 
 
 def sweep_chart(sweep, out):

@@ -2,12 +2,32 @@
 ratios to the baseline and to the best peer, the lead's restore targets as pass/fail, and the
 concurrency sweep."""
 import csv, os
-from .scenarios import FULL, IMG_RESTORE, NOOP, PARTIAL, SERIAL
+from .scenarios import (CHECK, CHECK_DATA, CHECK_DATA_LAT, CHECK_LAT, CHECK_SUBSET, CHECKS, FULL, IMG_RESTORE,
+                        NOOP, PARTIAL, SERIAL)
 
 RESTORES = (FULL, NOOP, PARTIAL, "metadata restore", IMG_RESTORE, SERIAL)
 MIB = 2**20
 # The restore targets of issue 3: full restore against tar -x, per data set.
 FULL_VS_TAR = {"linux": 0.75, "small": 1.0}
+CORES = os.cpu_count() or 1
+
+
+def is_check(scenario):
+    return scenario in CHECKS
+
+
+def floor_s(results, ds):
+    """The --read-data floor as (cat s, decode s): the fastest `cat` of Cairn's pack files, plus
+    the CPU that reading the data adds to a check (the least CPU of Cairn's --read-data minus the
+    least of its structure check: decrypting, decompressing and hashing every blob, hashing every
+    pack, the read calls) spread over every core. CPU, not wall time, so that the estimate holds on
+    a loaded machine; None when a part is missing."""
+    cat, full, plain = (results.get((ds, sc, tool)) for sc, tool in
+                        ((CHECK_DATA, "cat packs"), (CHECK_DATA, "cairn"), (CHECK, "cairn")))
+    if not all(r and r.runs for r in (cat, full, plain)):
+        return None
+    decode = min(r.cpu for r in full.runs) - min(r.cpu for r in plain.runs)
+    return cat.min(), max(decode, 0.0) / CORES
 
 
 def baseline_of(results, res):
@@ -65,6 +85,26 @@ def evaluate_targets(results, max_memory_mib):
         if scenario in RESTORES and scenario != SERIAL:
             rss = max(r.rss_kib for r in res.runs) / 1024
             judge(res, f"RSS ≤ max-memory + 64 MiB: {rss:.0f} MiB", rss <= max_memory_mib + 64)
+        # The check targets of issue 13.
+        restic = get(ds, scenario, "restic")
+        if scenario in (CHECK, CHECK_DATA) and restic:
+            r = res.min() / restic.min()
+            judge(res, f"≤ 0.5× restic: {r:.2f}×", r <= 0.5)
+        if scenario == CHECK_DATA and floor_s(results, ds):
+            cat, decode = floor_s(results, ds)
+            r = res.min() / (cat + decode)
+            judge(res, f"≤ 1.5× floor (cat {cat:.2f} s + decode {decode:.2f} s on {CORES} cores): {r:.2f}×", r <= 1.5)
+        if scenario == CHECK_SUBSET and get(ds, CHECK_DATA, "cairn"):
+            r = res.min() / get(ds, CHECK_DATA, "cairn").min()
+            judge(res, f"≤ 0.15× full --read-data: {r:.2f}×", r <= 0.15)
+        if scenario in (CHECK, CHECK_DATA, CHECK_SUBSET) and restic:
+            rss, theirs = (max(r.rss_kib for r in x.runs) / 1024 for x in (res, restic))
+            judge(res, f"peak RSS ≤ restic's: {rss:.0f} vs {theirs:.0f} MiB", rss <= theirs)
+        if scenario in (CHECK_LAT, CHECK_DATA_LAT):
+            fast = get(ds, CHECK if scenario == CHECK_LAT else CHECK_DATA, "cairn")
+            if fast:
+                r = fast.min() / res.min()  # the same work: throughput ratio = inverse time ratio
+                judge(res, f"≥ 70% of the 0 ms throughput: {r:.0%}", r >= 0.7)
     return out
 
 
@@ -162,10 +202,12 @@ def markdown(path, header, results, targets, sweep, charts):
     parts = [header]
     for ds, recs in order.items():
         parts.append(f"### {ds}\n\n{table(recs)}\n")
-    if targets:
-        parts.append("### Restore targets (issue 3)\n\n| data set | scenario | target | result |\n| --- | --- | --- | --- |\n"
-                     + "\n".join(f"| {d} | {s} | {cell(t)} | {'**PASS**' if ok else '**FAIL**'} |" for d, s, t, ok in targets)
-                     + "\n")
+    for title, mine in (("Restore targets (issue 3)", [t for t in targets if not is_check(t[1])]),
+                        ("Check targets (issue 13)", [t for t in targets if is_check(t[1])])):
+        if mine:
+            parts.append(f"### {title}\n\n| data set | scenario | target | result |\n| --- | --- | --- | --- |\n"
+                         + "\n".join(f"| {d} | {s} | {cell(t)} | {'**PASS**' if ok else '**FAIL**'} |"
+                                      for d, s, t, ok in mine) + "\n")
     if sweep:
         parts.append("### Concurrency sweep (Cairn restore, default write threads)\n\n" + sweep_table(sweep) + "\n")
     if charts:

@@ -1,6 +1,6 @@
 """The scenarios, run for every tool and baseline in rounds that interleave the tools (the order
 rotates each round). Each timed step writes into a fresh directory; each restore is checked."""
-import json, os, random, shutil, statistics
+import json, os, random, shutil, statistics, subprocess
 from . import checks, data
 from .measure import CommandFailed, timed, settle as _settle
 
@@ -9,6 +9,12 @@ INITIAL, REBACKUP, FULL, NOOP, PARTIAL, META, SERIAL = (
     "initial backup", "re-backup, nothing changed", "full restore", "no-op restore", "partial restore",
     "metadata restore", "restore, 1 fetch / 1 decode / 1 write")
 IMG_BACKUP, IMG_RESTORE = "image backup", "image restore"
+# Check scenarios (issue 13), on a tree's repositories; the latency ones are Cairn's alone.
+CHECK, CHECK_DATA, CHECK_SUBSET, CHECK_LAT, CHECK_DATA_LAT = (
+    "check", "check --read-data", "check --read-data-subset 10%", "check, 50 ms latency",
+    "check --read-data, 50 ms latency")
+CHECKS = (CHECK, CHECK_DATA, CHECK_SUBSET, CHECK_LAT, CHECK_DATA_LAT)
+LATENCY = "latency=50ms"  # CAIRN_INJECT_FAULTS: 50 ms added to every storage request
 SWEEP_FETCH, SWEEP_DECODE = (1, 2, 4, 8, 16), (1, 2)
 
 
@@ -201,6 +207,34 @@ class Runner:
             shutil.rmtree(d, ignore_errors=True)
             self.settle()
         self.checkpoint()
+
+    # -- check ---------------------------------------------------------------------------------
+    def checks(self, ds, repos):
+        """Checks of the tree's repositories by every tool that has a check, with a warm page cache:
+        structure, --read-data, --read-data-subset 10%; Cairn's structure and --read-data again with
+        50 ms injected per request. The floor for --read-data: `cat` of every pack file (timed here,
+        a baseline) plus the decoding spread over every core (see report.floor_s)."""
+        checkers = [t for t in self.tools if t.check_cmd and t.name in repos]
+        if not checkers:
+            return
+        cairn = next((t for t in checkers if t.name == "cairn"), None)
+        for t in checkers:  # warm: every repository file read once, untimed
+            subprocess.run(f"find '{repos[t.name]}' -type f -print0 | xargs -0 -r cat > /dev/null", shell=True)
+        # Cairn with 50 ms per request runs as one more "tool" in the rounds of its 0 ms scenario.
+        slow = dict(cairn.env, CAIRN_INJECT_FAULTS=LATENCY) if cairn else None
+        cat = f"find '{os.path.join(repos['cairn'], 'data')}' -type f -print0 | xargs -0 -r cat > /dev/null" if cairn else None
+        for scenario, opts, latency in ((CHECK, (), CHECK_LAT), (CHECK_DATA, ("--read-data",), CHECK_DATA_LAT),
+                                        (CHECK_SUBSET, ("--read-data-subset", "10%"), None)):
+            for rnd in range(self.rounds):
+                if scenario == CHECK_DATA and cat:
+                    self.baseline(ds, scenario, "cat packs", cat)
+                jobs = [(t, scenario, t.env) for t in checkers]
+                if cairn and latency:
+                    jobs.append((cairn, latency, slow))
+                k = rnd % len(jobs)
+                for t, sc, env in jobs[k:] + jobs[:k]:
+                    self.step(self.result(ds, sc, t.name), t.check_cmd(repos[t.name], opts), env=env, fetched=t.fetched)
+            self.checkpoint()
 
     # -- disk image ----------------------------------------------------------------------------
     def image(self, ds):

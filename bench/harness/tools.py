@@ -2,7 +2,7 @@
 password variable, its own repository and cache under the scratch directory. Every tool backs up
 an absolute path and restores the whole snapshot into an empty or existing directory, where the
 data lands at TARGET/<absolute source path>."""
-import itertools, json, os, shutil, subprocess
+import itertools, json, os, re, shutil, subprocess
 
 PASSWORD = "bench"
 
@@ -41,6 +41,10 @@ class Tool:
     def init(self, repo):
         subprocess.run(self.init_cmd(repo), env=self.env, check=True, capture_output=True)
 
+    # Tools that can check a repository define check_cmd(repo, options): options are restic's
+    # spelling (--read-data, --read-data-subset P%), which Cairn shares.
+    check_cmd = None
+
 
 class Cairn(Tool):
     name, binary = "cairn", "cairn"
@@ -60,11 +64,18 @@ class Cairn(Tool):
             options = [*options, "--max-memory", self.max_memory]
         return [self.path, "-r", repo, "--json", "restore", "latest", "--target", target, *options]
 
-    def fetched(self, run):
+    def check_cmd(self, repo, options=()):
+        return [self.path, "-r", repo, "--json", "check", *options]
+
+    def summary(self, run):
         for line in reversed(run.stdout.splitlines()):
             if line.startswith("{") and '"summary"' in line:
-                return json.loads(line).get("bytes_fetched")
-        return None
+                return json.loads(line)
+        return {}
+
+    def fetched(self, run):
+        s = self.summary(run)
+        return s.get("bytes_fetched", s.get("bytes_read"))
 
 
 class Restic(Tool):
@@ -75,7 +86,10 @@ class Restic(Tool):
 
     def version(self):
         v = subprocess.run([self.path, "version"], capture_output=True, text=True).stdout.strip()
-        return v + " (Debian's package; older than the newest restic)"
+        m = re.match(r"restic (\d+)\.(\d+)", v)
+        if m and (int(m.group(1)), int(m.group(2))) < (0, 19):
+            v += " (older than restic 0.19, which issue 13 compares against)"
+        return v
 
     def init_cmd(self, repo):
         return [self.path, "-r", repo, "init"]
@@ -85,6 +99,9 @@ class Restic(Tool):
 
     def restore_cmd(self, repo, target, options=()):
         return [self.path, "-r", repo, "restore", "latest", "--target", target, *options]
+
+    def check_cmd(self, repo, options=()):
+        return [self.path, "-r", repo, "check", *options]
 
 
 class Rustic(Tool):

@@ -88,10 +88,8 @@ impl Walk<'_> {
             let p = format!("{path}/{}", node.name_lossy());
             for c in &node.content {
                 if let Chunk::Data { id, .. } = c {
-                    if self.hit(id, snapshot, &p) {
-                        any = true;
-                        break;
-                    }
+                    // Every bad chunk: each finding names the paths that need its blob.
+                    any |= self.hit(id, snapshot, &p);
                 }
             }
             if let Some(sub) = node.subtree {

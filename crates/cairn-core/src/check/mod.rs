@@ -284,15 +284,18 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
     report.findings.extend(found);
     let listed = listed?;
     report.snapshots = snapshots.len() as u64;
-    structure::duplicates(&packs, &mut report);
-    let present = structure::packs(repo, &packs, &listed, threads, &mut report, progress);
-    let needed = structure::trees(repo, &packs, &present, &snapshots, opts, &mut report, progress)?;
-    // With a filter, only the packs the chosen snapshots need are counted and read.
-    let chosen: Vec<&structure::IndexedPackInfo> = packs
-        .values()
-        .filter(|p| present.contains(&p.id))
-        .filter(|p| needed.as_ref().is_none_or(|n| p.blobs.iter().any(|b| n.contains(&b.id))))
-        .collect();
+    let listed_and_indexed: IdSet<PackId> = packs.keys().filter(|id| listed.contains_key(id)).copied().collect();
+    let needed = structure::trees(repo, &packs, &listed_and_indexed, &snapshots, opts, &mut report, progress)?;
+    // With a filter, only the packs the chosen snapshots need are checked, counted and read.
+    let mut in_scope: Vec<&structure::IndexedPackInfo> =
+        packs.values().filter(|p| needed.as_ref().is_none_or(|n| p.blobs.iter().any(|b| n.contains(&b.id)))).collect();
+    in_scope.sort_unstable_by_key(|p| p.id);
+    let present = structure::packs(repo, &in_scope, &listed, threads, &mut report, progress);
+    if needed.is_none() {
+        structure::duplicates(&packs, &mut report);
+        structure::unindexed(&packs, &listed, &mut report);
+    }
+    let chosen: Vec<&structure::IndexedPackInfo> = in_scope.into_iter().filter(|p| present.contains(&p.id)).collect();
     report.packs = chosen.len() as u64;
     report.bytes = chosen.iter().map(|p| p.size).sum();
     report.blobs = chosen.iter().map(|p| p.blobs.len() as u64).sum();

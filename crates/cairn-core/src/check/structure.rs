@@ -57,11 +57,10 @@ pub fn duplicates(packs: &IdMap<PackId, IndexedPackInfo>, report: &mut CheckRepo
     }
 }
 
-/// Checks every indexed pack against storage (on `threads` requests at once) and reports the
-/// packs no index lists; returns the indexed packs that exist.
+/// Checks `packs` against storage (on `threads` requests at once); returns those that exist.
 pub fn packs(
     repo: &Repository,
-    packs: &IdMap<PackId, IndexedPackInfo>,
+    packs: &[&IndexedPackInfo],
     listed: &IdMap<PackId, u64>,
     threads: usize,
     report: &mut CheckReport,
@@ -69,9 +68,7 @@ pub fn packs(
 ) -> IdSet<PackId> {
     let mut present = IdSet::default();
     let mut to_read = Vec::new();
-    let mut ordered: Vec<&IndexedPackInfo> = packs.values().collect();
-    ordered.sort_unstable_by_key(|p| p.id);
-    for p in ordered {
+    for &p in packs {
         let file = pack_path(&p.id);
         match listed.get(&p.id) {
             None => report.findings.push(lost(
@@ -104,6 +101,11 @@ pub fn packs(
     let mut found = found.into_inner().expect("findings lock");
     found.sort_by(|a, b| a.file.cmp(&b.file));
     report.findings.extend(found);
+    present
+}
+
+/// Packs in `data/` that no index lists: notices.
+pub fn unindexed(packs: &IdMap<PackId, IndexedPackInfo>, listed: &IdMap<PackId, u64>, report: &mut CheckReport) {
     let mut unindexed: Vec<(&PackId, &u64)> = listed.iter().filter(|(id, _)| !packs.contains_key(id)).collect();
     unindexed.sort_unstable();
     for (id, size) in unindexed {
@@ -111,7 +113,6 @@ pub fn packs(
         let msg = format!("{file} ({size} bytes) is in no index (`cairn repair index` adds it)");
         report.findings.push(Finding::new(FindingKind::UnindexedPack, Some(file), msg));
     }
-    present
 }
 
 /// A finding about a whole pack: every blob in it is affected.
