@@ -32,8 +32,9 @@ pub struct Args {
     /// Requests in flight [default: 8 for a local repository, 32 for S3, 8 for SFTP]
     #[arg(long, value_name = "N")]
     fetch_concurrency: Option<usize>,
-    /// Cap on pack data in flight, e.g. 256M
-    #[arg(long, default_value = "256M", value_name = "SIZE")]
+    /// Cap on pack data in flight, e.g. 64M (whole packs are read; blobs are verified one at a
+    /// time and not kept)
+    #[arg(long, default_value = "64M", value_name = "SIZE")]
     max_memory: String,
 }
 

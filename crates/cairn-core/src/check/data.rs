@@ -214,8 +214,16 @@ impl<'s> Sink<'s> for ToCheck<'s> {
         st.progress.bytes_read.fetch_add(read.length, Ordering::Relaxed);
     }
 
-    fn blobs(&self, _read: &'s PackRead, blobs: Vec<Decoded<'s>>) -> bool {
-        self.state.blobs.fetch_add(blobs.len() as u64, Ordering::Relaxed);
+    fn blobs(&self, read: &'s PackRead, blobs: Vec<Decoded<'s>>) -> bool {
+        self.verified(read, blobs.len())
+    }
+
+    fn verify_only(&self) -> bool {
+        true
+    }
+
+    fn verified(&self, _read: &'s PackRead, count: usize) -> bool {
+        self.state.blobs.fetch_add(count as u64, Ordering::Relaxed);
         true
     }
 

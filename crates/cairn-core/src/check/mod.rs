@@ -173,7 +173,7 @@ impl Default for CheckOptions {
             filter: SnapshotFilter::default(),
             concurrency: 4,
             decode_threads: crate::parallel::cores(),
-            max_memory: crate::restore::DEFAULT_MAX_MEMORY,
+            max_memory: DEFAULT_MAX_MEMORY,
             cancel: Arc::default(),
         }
     }
@@ -257,11 +257,21 @@ impl CheckReport {
     }
 }
 
+/// Default cap on pack data in flight: whole packs are read and each blob is verified and
+/// dropped, so a few packs in flight keep the link and both cores busy (Linux tree, local:
+/// `--read-data` 2.9 s at 32, 64 and 256 MiB; with 50 ms latency 4.3 s at 32 MiB, 3.5 s at 64).
+pub const DEFAULT_MAX_MEMORY: u64 = 64 * 1024 * 1024;
+
+/// Small requests (headers, index and snapshot files) in flight at once.
+const HEADER_READS: usize = 32;
+
 /// Checks `repo` (its index need not be loaded: the check reads the index files itself).
 pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Result<CheckReport> {
     let started = Instant::now();
     let mut report = CheckReport::default();
-    let threads = opts.concurrency.max(crate::parallel::cores());
+    // Listings, small files and pack headers: tiny requests, many in flight (a remote one waits
+    // a round trip; a local one costs a thread).
+    let threads = opts.concurrency.max(HEADER_READS);
     // Keys, index files, snapshots and the pack listing do not depend on each other: they are
     // read at once, so a remote repository waits for the slowest, not for the sum.
     progress.phase("index", 0);

@@ -64,6 +64,15 @@ pub fn decode_worker<'s, S: Sink<'s>>(r: &'s Reader<'_>, input: Receiver<Fetched
             continue; // drain so upstream never blocks
         }
         let read = f.read;
+        if sink.verify_only() {
+            let count = work(clock, || verify_read(r, f, &sink));
+            let t = Instant::now();
+            if !sink.verified(read, count) {
+                return;
+            }
+            clock.blocked(t);
+            continue;
+        }
         let batch = work(clock, || decode_read(r, f, &sink));
         if batch.is_empty() {
             continue;
@@ -74,6 +83,25 @@ pub fn decode_worker<'s, S: Sink<'s>>(r: &'s Reader<'_>, input: Receiver<Fetched
         }
         clock.blocked(t);
     }
+}
+
+/// Verifies the blobs of one read, each decoded into one reused buffer; returns how many
+/// verified (a blob that does not is given to the sink as failed).
+fn verify_read<'s, S: Sink<'s>>(r: &'s Reader<'_>, mut f: Fetched<'s>, sink: &S) -> usize {
+    sink.fetched(f.read, &f.range);
+    let mut scratch = Vec::new();
+    let mut count = 0;
+    for b in &f.read.blobs {
+        let start = (u64::from(b.offset) - f.read.offset) as usize;
+        let sealed = &mut f.range[start..start + b.length as usize];
+        let ok = decode_blob_into(r.repo.key(), &f.key, b, sealed, &f.pack, &mut scratch)
+            .or_else(|_| r.repo.reread_blob(&f.pack, &f.key, b).map(|_| None));
+        match ok {
+            Ok(_) => count += 1,
+            Err(e) => sink.failed(f.read, b, &e),
+        }
+    }
+    count
 }
 
 /// Decodes the blobs of one read, in the read's order; a blob that cannot be decoded is

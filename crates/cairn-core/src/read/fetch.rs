@@ -26,7 +26,8 @@ pub struct Fetched<'b> {
     /// uncompressed are handed on inside it, once they are dropped).
     pub range_reservation: Reservation<'b>,
     /// Budget for each blob's plaintext, in the order of `read.blobs`; released as each blob is
-    /// dropped by the sink.
+    /// dropped by the sink (none for a verify-only sink: the range's reservation covers its
+    /// one decoded blob at a time).
     pub blob_reservations: Vec<Reservation<'b>>,
 }
 
@@ -45,7 +46,14 @@ pub fn fetch_worker<'s, S: Sink<'s>>(
         if r.cancelled() {
             return;
         }
-        let Some(mut range_reservation) = r.budget.reserve(read.length + read.raw_bytes(), || r.cancelled()) else {
+        // A sink that keeps no plaintext needs room for one decoded blob at a time.
+        let verify_only = sink.verify_only();
+        let plain = if verify_only {
+            read.blobs.iter().map(|b| u64::from(b.raw_length)).max().unwrap_or(0)
+        } else {
+            read.raw_bytes()
+        };
+        let Some(mut range_reservation) = r.budget.reserve(read.length + plain, || r.cancelled()) else {
             return;
         };
         let pack = pack_path(&read.pack);
@@ -59,7 +67,11 @@ pub fn fetch_worker<'s, S: Sink<'s>>(
             continue;
         }
         r.fetched.fetch_add(read.length, std::sync::atomic::Ordering::Relaxed);
-        let blob_reservations = read.blobs.iter().map(|b| range_reservation.split(u64::from(b.raw_length))).collect();
+        let blob_reservations = if verify_only {
+            Vec::new()
+        } else {
+            read.blobs.iter().map(|b| range_reservation.split(u64::from(b.raw_length))).collect()
+        };
         let key = r.repo.key().object_key(&read.salt);
         let job = Fetched { read, key, pack, range, range_reservation, blob_reservations };
         let t = Instant::now();

@@ -128,6 +128,19 @@ pub trait Sink<'r>: Clone + Send + 'r {
     /// A read's bytes as fetched, before anything is decrypted (a data check hashes whole packs
     /// here).
     fn fetched(&self, _read: &'r PackRead, _bytes: &[u8]) {}
+
+    /// Whether the sink only wants to know that blobs verified, not their plaintext (a data
+    /// check). Then each blob is decoded into one reused buffer and dropped, [`Sink::verified`]
+    /// is called instead of [`Sink::blobs`], and a read reserves only its range and its largest
+    /// blob, not all its plaintext.
+    fn verify_only(&self) -> bool {
+        false
+    }
+
+    /// With [`Sink::verify_only`]: this many blobs of `read` verified. Returns false to stop.
+    fn verified(&self, _read: &'r PackRead, _count: usize) -> bool {
+        true
+    }
 }
 
 /// Reads whose blobs average this size or more use the reader's reused buffers (a read of small
