@@ -20,6 +20,7 @@ Environment:
 Without a password from the environment or a file, cairn asks for it on the terminal.
 
 Exit codes: 0 success; 1 fatal error, or some entries could not be restored (each named);
+2 invalid arguments (see the usage message);
 3 a backup completed but some files could not be read (each named); 130 interrupted.";
 
 /// Cairn: deduplicating, compressed, encrypted backups whose restores run at the speed of the

@@ -1,5 +1,5 @@
 //! `cairn`: a thin front end to cairn-core. It parses arguments, finds the password, prints
-//! results and maps errors to exit codes (0 success, 1 fatal error, 3 some files unreadable).
+//! results and maps errors to exit codes (0 success, 1 fatal error, 2 invalid arguments, 3 some files unreadable).
 
 /// `println!` for what cairn prints on stdout: a closed pipe ends the process as it would a
 /// Unix filter (see [`output::line`]).

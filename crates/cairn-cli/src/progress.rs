@@ -20,6 +20,21 @@ impl Drop for StopOnDrop<'_> {
     }
 }
 
+/// Runs `work` while `show` displays progress on a thread of its own; `show` is told to stop
+/// when the work ends (also when it unwinds).
+pub fn while_showing<T>(show: impl FnOnce(&AtomicBool) + Send, work: impl FnOnce() -> T) -> T {
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let reporter = s.spawn(|| show(&done));
+        let out = {
+            let _stop = StopOnDrop(&done);
+            work()
+        };
+        reporter.join().expect("progress thread");
+        out
+    })
+}
+
 /// A progress bar on stderr when it is a terminal and `--json` is off.
 fn terminal_bar(json: bool) -> Option<ProgressBar> {
     let tty = std::io::stderr().is_terminal();

@@ -555,6 +555,29 @@ fn flipped_data_blob_fails_exactly_its_files() {
     }
 }
 
+/// Issue 16, edge case 6: a damaged pack under `dump` is reported as damage (naming the pack),
+/// never as a failure to write to stdout.
+#[test]
+fn dump_of_a_damaged_file_reports_the_damage() {
+    let f = Fixture::new();
+    let l = layout(&f.repo, &f.src);
+    let victim = "b.bin";
+    let ids = &l.files[Path::new(victim)];
+    let (pack, off, len) = l.location[&ids[ids.len() / 2]].clone();
+    let file = f.repo.join(&pack);
+    let pos = (off + len / 2) as usize;
+    f.with_damage(&file, victim, &|p| flip(p, pos), false, &mut |_, _| {
+        for spec in [format!("latest:{}", f.src.join(victim).display()), format!("latest:{}", f.src.display())] {
+            let mut cmd = cairn_cmd(&f.repo);
+            cmd.arg("dump").arg(&spec);
+            let run = run_cmd(cmd);
+            let line = run.one_line_failure(1);
+            assert!(line.contains(&format!("{pack} is damaged")), "{spec}: {line}");
+            assert!(!line.contains("cannot write"), "damage reported as a write failure: {line}");
+        }
+    });
+}
+
 #[test]
 fn deleted_pack_is_named() {
     let f = Fixture::new();

@@ -1129,3 +1129,39 @@ fn paths_longer_than_path_max_round_trip() {
     assert_eq!(summary["deleted"], 1, "{summary}");
     assert_same(&before, &scan_deep(&restored), true);
 }
+
+/// Issue 16, edge case 2: `SNAP:PATH` with a path that is not UTF-8 works for `ls`, `dump` and
+/// `restore` (the argument used to be refused by the parser with exit code 2).
+#[test]
+fn snapshot_paths_need_not_be_utf8() {
+    let base = tempfile::tempdir().expect("tempdir");
+    let src = base.path().join("src");
+    let dir_name = OsString::from_vec(b"r\xe9pertoire".to_vec());
+    let file_name = OsString::from_vec(b"caf\xe9.txt".to_vec());
+    fs::create_dir_all(src.join(&dir_name)).unwrap();
+    let content = compressible(300_000, 7);
+    fs::write(src.join(&dir_name).join(&file_name), &content).unwrap();
+    let c = Cairn::new(&base.path().join("repo"), PASSWORD);
+    c.init(&[]);
+    c.backup(&[&src], &[]);
+    let spec = |p: &Path| {
+        let mut s = OsString::from("latest:");
+        s.push(p.as_os_str());
+        s
+    };
+    let file = src.join(&dir_name).join(&file_name);
+    let listed = c.run(["ls".into(), spec(&src.join(&dir_name))]);
+    assert!(listed.status.success(), "{listed:?}");
+    // Names are shown for people (not UTF-8: replacement characters).
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("caf\u{FFFD}.txt"), "{listed:?}");
+    let dumped = c.run(["dump".into(), spec(&file)]);
+    assert!(dumped.status.success(), "{dumped:?}");
+    assert_eq!(dumped.stdout, content);
+    let target = base.path().join("t");
+    let restored =
+        c.run([OsString::from("restore"), spec(&src.join(&dir_name)), "--target".into(), target.clone().into()]);
+    assert!(restored.status.success(), "{restored:?}");
+    assert_eq!(fs::read(target.join(&file_name)).unwrap(), content);
+    let missing = c.run(["dump".into(), spec(&src.join(OsString::from_vec(b"n\xffpe".to_vec())))]);
+    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
+}

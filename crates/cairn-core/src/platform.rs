@@ -1,5 +1,5 @@
 //! What Cairn needs from the operating system: who and where we are, and reading a file
-//! system entry's metadata (the restore side lives in `restore::finish`).
+//! system entry's metadata (the restore side lives in `restore::meta`).
 
 use std::collections::HashMap;
 use std::ffi::CString;

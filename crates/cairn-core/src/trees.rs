@@ -39,22 +39,31 @@ pub struct Loading {
     pub reads_done: AtomicU64,
 }
 
-/// Finds the node at `path` (absolute, inside the snapshot) without following symlinks.
-/// Returns `None` for `/` (the root tree itself).
-pub fn resolve(repo: &Repository, root: &BlobId, path: &str, snapshot: &str) -> Result<Option<Node>> {
+/// Finds the node at `path` (absolute, inside the snapshot; any bytes, not only UTF-8) without
+/// following symlinks. Returns `None` for `/` (the root tree itself).
+pub fn resolve(repo: &Repository, root: &BlobId, path: &Path, snapshot: &str) -> Result<Option<Node>> {
     let mut tree_id = *root;
     let mut found = None;
-    let not_found = || Error::PathNotFound { path: path.to_string(), snapshot: snapshot.to_string() };
-    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty() && *p != ".").collect();
+    let not_found =
+        || Error::PathNotFound { path: path.to_string_lossy().into_owned(), snapshot: snapshot.to_string() };
+    let parts: Vec<&[u8]> =
+        path.as_os_str().as_bytes().split(|b| *b == b'/').filter(|p| !p.is_empty() && *p != b".").collect();
     for (i, part) in parts.iter().enumerate() {
         let tree = repo.read_tree(&tree_id)?;
-        let node = tree.nodes.into_iter().find(|n| n.name == part.as_bytes()).ok_or_else(not_found)?;
+        let node = tree.nodes.into_iter().find(|n| n.name == *part).ok_or_else(not_found)?;
         if i + 1 < parts.len() {
             tree_id = node.subtree.ok_or_else(not_found)?;
         }
         found = Some(node);
     }
     Ok(found)
+}
+
+/// `path` without trailing slashes; `None` for the root (`/`, or nothing).
+pub fn below_root(path: &Path) -> Option<&Path> {
+    let bytes = path.as_os_str().as_bytes();
+    let end = bytes.iter().rposition(|b| *b != b'/').map_or(0, |i| i + 1);
+    (end > 0).then(|| Path::new(OsStr::from_bytes(&bytes[..end])))
 }
 
 /// Loads every distinct tree below `roots` (the roots included), level by level on `threads`

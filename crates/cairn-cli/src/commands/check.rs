@@ -2,16 +2,14 @@
 //! a slice per run with `--resume`.
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use cairn_core::cache::Cache;
 use cairn_core::check::{self, CheckOptions, CheckReport, Progress, ReadData};
 use cairn_core::lock::LockKind;
 use clap::Args as ClapArgs;
 
-use super::{lock, open, parse_size, Global, SnapshotArgs};
+use super::{cancel_on_sigint, lock, open, parse_size, Global, SnapshotArgs};
 use crate::output::{bytes, count};
 
 #[derive(ClapArgs, Debug)]
@@ -56,10 +54,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     if a.resume && record_base.is_none() {
         bail!("--resume keeps its record in the cache directory: give --cache-dir (or drop --no-cache)");
     }
-    let cancel = Arc::new(AtomicBool::new(false));
-    let on_signal = cancel.clone();
-    ctrlc::set_handler(move || on_signal.store(true, Ordering::Relaxed))
-        .context("cannot install the SIGINT handler")?;
+    let cancel = cancel_on_sigint()?;
     let defaults = CheckOptions::default();
     let opts = CheckOptions {
         read_data,
@@ -73,16 +68,10 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         ..defaults
     };
     let progress = Progress::default();
-    let done = AtomicBool::new(false);
-    let report = std::thread::scope(|s| {
-        let reporter = s.spawn(|| crate::progress::check(&progress, &done, g.json));
-        let r = {
-            let _stop = crate::progress::StopOnDrop(&done);
-            check::check(&repo, &opts, &progress)
-        };
-        reporter.join().expect("progress thread");
-        r
-    });
+    let report = crate::progress::while_showing(
+        |done| crate::progress::check(&progress, done, g.json),
+        || check::check(&repo, &opts, &progress),
+    );
     let report = match report {
         Err(cairn_core::Error::Interrupted) => {
             eprintln!("cairn: check interrupted");

@@ -4,37 +4,33 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use cairn_core::lock::LockKind;
 use cairn_core::restore;
 use clap::Args as ClapArgs;
 
-use super::{lock, open, split_spec, Global};
+use super::{open_snapshot, Global, Opened};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
     /// Snapshot (`latest` or an ID prefix) and the absolute PATH inside it (`/` for everything)
     #[arg(value_name = "SNAPSHOT:PATH")]
-    pub snapshot: String,
+    pub snapshot: std::ffi::OsString,
     /// Blobs fetched and decoded at once [default: as for restore]
     #[arg(long, value_name = "N")]
     pub fetch_concurrency: Option<usize>,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
-    let repo = open(g)?;
-    let _lock = lock(&repo, LockKind::Shared)?;
-    repo.load_index()?;
-    let (spec, path) = split_spec(&a.snapshot);
-    let (id, snap) = repo.find_snapshot(spec)?;
+    let Opened { repo, id, snapshot: snap, path, .. } = open_snapshot(g, &a.snapshot)?;
     let stdout = std::io::stdout();
     if stdout.is_terminal() {
         bail!("refusing to write a dump to a terminal: redirect stdout to a file or a pipe");
     }
     let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
     let concurrency = a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency());
-    let written = restore::dump(&repo, &snap, &id.short(), path.unwrap_or("/"), &mut out, concurrency)
-        .map_err(anyhow::Error::from)
-        .and_then(|_| out.flush().context("cannot write to stdout"));
+    let written =
+        restore::dump(&repo, &snap, &id.short(), path.unwrap_or(std::path::Path::new("/")), &mut out, concurrency)
+            .map_err(anyhow::Error::from)
+            .and_then(|_| out.flush().context("cannot write to stdout"));
     match written {
         // `cairn dump … | tar -t` whose reader stopped: end as a filter would.
         Err(e) if crate::output::is_broken_pipe(&e) => crate::output::end_by_sigpipe(),

@@ -1,6 +1,6 @@
 //! `cairn ls`: list the entries of a snapshot.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -13,7 +13,7 @@ use super::{open, split_spec, Global};
 pub struct Args {
     /// Snapshot (`latest` or an ID prefix), optionally with :PATH inside it
     #[arg(value_name = "SNAPSHOT[:PATH]")]
-    pub snapshot: String,
+    pub snapshot: std::ffi::OsString,
     /// Long listing: mode, owner, size, modification time
     #[arg(short, long)]
     pub long: bool,
@@ -22,20 +22,19 @@ pub struct Args {
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let repo = open(g)?;
     repo.load_index()?;
-    let (spec, path) = split_spec(&a.snapshot);
+    let (spec, path) = split_spec(&a.snapshot)?;
     let (id, snap) = repo.find_snapshot(spec)?;
-    let base = path.unwrap_or("/").trim_end_matches('/');
+    let base = path.and_then(cairn_core::trees::below_root).unwrap_or(Path::new("/"));
     let start = match cairn_core::trees::resolve(&repo, &snap.tree, base, &id.short())? {
         None => snap.tree,
         Some(node) if node.kind == NodeKind::Dir => node.subtree.context("directory without a subtree")?,
         Some(node) => {
-            print_node(g, &a, &PathBuf::from(base), &node);
+            print_node(g, &a, base, &node);
             return Ok(ExitCode::SUCCESS);
         }
     };
-    let base = PathBuf::from(if base.is_empty() { "/" } else { base });
     let threads = repo.storage().default_concurrency();
-    cairn_core::trees::walk(&repo, start, &base, threads, |path, node| {
+    cairn_core::trees::walk(&repo, start, base, threads, |path, node| {
         print_node(g, &a, path, node);
         Ok(())
     })?;

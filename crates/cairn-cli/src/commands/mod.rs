@@ -65,12 +65,48 @@ pub(crate) fn lock(repo: &Repository, kind: LockKind) -> Result<Lock> {
     Ok(held)
 }
 
-/// Splits `SNAPSHOT[:PATH]`.
-pub(crate) fn split_spec(spec: &str) -> (&str, Option<&str>) {
-    match spec.split_once(':') {
-        Some((s, p)) => (s, Some(p)),
-        None => (spec, None),
-    }
+/// Opens the repository for reading a snapshot: a shared lock, the index, and the snapshot
+/// `SNAPSHOT[:PATH]` names, with the path inside it.
+pub(crate) fn open_snapshot<'s>(g: &Global, spec: &'s std::ffi::OsStr) -> Result<Opened<'s>> {
+    let repo = open(g)?;
+    let lock = lock(&repo, LockKind::Shared)?;
+    repo.load_index()?;
+    let (name, path) = split_spec(spec)?;
+    let (id, snapshot) = repo.find_snapshot(name)?;
+    Ok(Opened { repo, _lock: lock, id, snapshot, path })
+}
+
+/// What [`open_snapshot`] opened.
+pub(crate) struct Opened<'a> {
+    pub repo: Repository,
+    _lock: Lock,
+    pub id: cairn_core::id::SnapshotId,
+    pub snapshot: cairn_core::snapshot::Snapshot,
+    pub path: Option<&'a std::path::Path>,
+}
+
+/// A flag that SIGINT sets (the library stops at the next unit of work).
+pub(crate) fn cancel_on_sigint() -> Result<Arc<std::sync::atomic::AtomicBool>> {
+    let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let on_signal = cancel.clone();
+    ctrlc::set_handler(move || on_signal.store(true, std::sync::atomic::Ordering::Relaxed))
+        .map_err(|e| anyhow::anyhow!("cannot install the SIGINT handler: {e}"))?;
+    Ok(cancel)
+}
+
+/// Splits `SNAPSHOT[:PATH]`: the snapshot name (UTF-8: `latest` or an ID prefix) and the path
+/// inside it, taken as bytes (a file name need not be UTF-8).
+pub(crate) fn split_spec(spec: &std::ffi::OsStr) -> Result<(&str, Option<&std::path::Path>)> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = spec.as_bytes();
+    let (name, path) = match bytes.iter().position(|b| *b == b':') {
+        Some(i) => (&bytes[..i], Some(std::path::Path::new(std::ffi::OsStr::from_bytes(&bytes[i + 1..])))),
+        None => (bytes, None),
+    };
+    let Ok(name) = std::str::from_utf8(name) else {
+        bail!("{:?} is not a snapshot: use `latest` or an ID prefix, then :PATH", spec);
+    };
+    Ok((name, path))
 }
 
 pub(crate) fn parse_codec(s: &str) -> Result<Codec> {

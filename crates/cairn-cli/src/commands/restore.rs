@@ -2,22 +2,19 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
-use cairn_core::lock::LockKind;
+use anyhow::Result;
 use cairn_core::restore::{self, Progress, RestoreOptions};
 use clap::Args as ClapArgs;
 
-use super::{lock, open, parse_size, split_spec, Global};
+use super::{cancel_on_sigint, open_snapshot, parse_size, Global, Opened};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
     /// Snapshot (`latest` or an ID prefix), optionally with :PATH to restore only that path's contents
     #[arg(value_name = "SNAPSHOT[:PATH]")]
-    pub snapshot: String,
+    pub snapshot: std::ffi::OsString,
     /// Directory to restore into (created if missing)
     #[arg(short, long, value_name = "DIR")]
     pub target: PathBuf,
@@ -69,16 +66,9 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
-    let repo = open(g)?;
-    let _lock = lock(&repo, LockKind::Shared)?;
-    repo.load_index()?;
-    let (spec, path) = split_spec(&a.snapshot);
-    let (id, snap) = repo.find_snapshot(spec)?;
+    let Opened { repo, id, snapshot: snap, path, .. } = open_snapshot(g, &a.snapshot)?;
     let defaults = RestoreOptions::default();
-    let cancel = Arc::new(AtomicBool::new(false));
-    let on_signal = cancel.clone();
-    ctrlc::set_handler(move || on_signal.store(true, Ordering::Relaxed))
-        .context("cannot install the SIGINT handler")?;
+    let cancel = cancel_on_sigint()?;
     let opts = RestoreOptions {
         fetch_concurrency: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency()),
         decode_threads: a.decode_threads.unwrap_or(defaults.decode_threads),
@@ -96,16 +86,10 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         cancel: Some(cancel),
     };
     let progress = Progress::default();
-    let done = AtomicBool::new(false);
-    let result = std::thread::scope(|s| {
-        let reporter = s.spawn(|| crate::progress::restore(&progress, &done, g.json));
-        let r = {
-            let _stop = crate::progress::StopOnDrop(&done);
-            restore::restore(&repo, &snap, &id.short(), path, &a.target, &opts, &progress)
-        };
-        reporter.join().expect("progress thread");
-        r
-    });
+    let result = crate::progress::while_showing(
+        |done| crate::progress::restore(&progress, done, g.json),
+        || restore::restore(&repo, &snap, &id.short(), path, &a.target, &opts, &progress),
+    );
     let out = match result {
         Err(cairn_core::Error::Interrupted) => {
             eprintln!("cairn: restore interrupted; run the same command again to finish it");

@@ -3,31 +3,22 @@
 //! the write stage when their first chunk arrives. Nothing is ever followed: a symlink where a
 //! directory belongs is removed and replaced, so no write lands outside the target.
 
+use std::collections::HashSet;
 use std::fs::{self, OpenOptions};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-
-use super::check::FileState;
-use super::plan::{Entry, Plan};
-use super::{is_fatal, Sparse};
-use crate::error::Error;
-use crate::platform::cstring;
-use crate::tree::{Chunk, Node, NodeKind};
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-/// Removes whatever is at `path` (a directory with everything in it).
-pub fn remove_any(path: &Path) -> io::Result<()> {
-    match fs::symlink_metadata(path) {
-        Ok(md) if md.is_dir() => fs::remove_dir_all(path),
-        Ok(_) => fs::remove_file(path),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
-}
+use super::fsops::{fix_in_place, is_fatal, new_file_mode, remove_any, size_new_file};
+use super::options::Sparse;
+use super::shared::{OpenOnDrop, Shared};
+use super::types::{Entry, FileState, Plan};
+use crate::error::{Error, Result};
+use crate::platform::cstring;
+use crate::tree::{Node, NodeKind};
 
 /// Whether the existing entry at `path` already is what `node` describes (metadata aside).
 fn already_there(path: &Path, node: &Node) -> io::Result<bool> {
@@ -67,7 +58,7 @@ pub fn directories(
     is_root: bool,
     done: &AtomicU64,
     cancel: &AtomicBool,
-) -> Result<Directories, Error> {
+) -> Result<Directories> {
     let mut out = Directories::default();
     if has_default_acl(target) {
         out.acl.insert(PathBuf::new());
@@ -162,105 +153,9 @@ fn prepare_file(path: &Path, node: &Node, state: &FileState, has_data: bool, spa
     }
 }
 
-/// Gives an existing file the node's size and turns `zero_fix` ranges into holes.
-pub fn fix_in_place(f: &fs::File, node: &Node, zero_fix: &[(u64, u64)], resize: bool) -> io::Result<()> {
-    if resize {
-        f.set_len(node.size)?;
-    }
-    for &(off, len) in zero_fix {
-        punch_hole(f, off, len)?;
-    }
-    Ok(())
-}
-
-/// The permission bits a file restored with `mode` is created with: its own, plus owner read
-/// and write so the restore can fill it (the finish stage sets the exact mode).
-pub fn new_file_mode(mode: u32) -> u32 {
-    (mode & 0o777) | 0o600
-}
-
 /// Opens (creating if needed) a file for writing, never through a symlink.
 pub fn create_file(path: &Path, mode: u32) -> io::Result<fs::File> {
     OpenOptions::new().write(true).create(true).mode(new_file_mode(mode)).custom_flags(libc::O_NOFOLLOW).open(path)
-}
-
-/// Gives a new file its final size: zero ranges stay holes, except with `--sparse never`
-/// (everything allocated) or `--preallocate` (data ranges reserved).
-pub fn size_new_file(f: &fs::File, node: &Node, sparse: Sparse) -> io::Result<()> {
-    let reserve = match sparse {
-        Sparse::Preallocate => true,
-        Sparse::ReserveLarge => node.size >= super::RESERVE_MIN,
-        _ => false,
-    };
-    // Writes extend the file themselves; only trailing zeros need the size set.
-    let extended_by_writes = matches!(sparse, Sparse::Auto | Sparse::ReserveLarge) && !reserve;
-    if !extended_by_writes || !matches!(node.content.last(), Some(Chunk::Data { .. })) {
-        f.set_len(node.size)?;
-    }
-    if sparse == Sparse::Never && node.size > 0 {
-        fallocate(f, 0, node.size)
-    } else if reserve {
-        match reserve_data_runs(f, node) {
-            // Reserving by default is only a speed-up: where the file system will not, the
-            // writes allocate as they go. Out of space is out of space either way.
-            Err(e) if sparse == Sparse::ReserveLarge && !super::is_fatal(&e) => Ok(()),
-            other => other,
-        }
-    } else {
-        Ok(())
-    }
-}
-
-/// Reserves the node's data ranges: one call per run of adjacent data chunks, so the file
-/// stays in few extents.
-fn reserve_data_runs(f: &fs::File, node: &Node) -> io::Result<()> {
-    let mut off = 0u64;
-    let mut run: Option<(u64, u64)> = None;
-    for c in &node.content {
-        match (c, run.as_mut()) {
-            (Chunk::Data { .. }, Some((_, len))) => *len += c.len(),
-            (Chunk::Data { .. }, None) => run = Some((off, c.len())),
-            (Chunk::Zero { .. }, _) => {
-                if let Some((start, len)) = run.take() {
-                    fallocate(f, start, len)?;
-                }
-            }
-        }
-        off += c.len();
-    }
-    if let Some((start, len)) = run {
-        fallocate(f, start, len)?;
-    }
-    Ok(())
-}
-
-fn fallocate(f: &fs::File, off: u64, len: u64) -> io::Result<()> {
-    // SAFETY: fallocate on a descriptor we own; mode 0 allocates without changing the size
-    // (the file was already sized).
-    if unsafe { libc::fallocate(f.as_raw_fd(), 0, off as i64, len as i64) } != 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
-            return Err(e);
-        }
-    }
-    Ok(())
-}
-
-fn punch_hole(f: &fs::File, off: u64, len: u64) -> io::Result<()> {
-    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-    // SAFETY: as above.
-    if unsafe { libc::fallocate(f.as_raw_fd(), mode, off as i64, len as i64) } == 0 {
-        return Ok(());
-    }
-    // No hole punching here: write zeros instead.
-    let zeros = vec![0u8; len.min(1 << 20) as usize];
-    let mut at = off;
-    while at < off + len {
-        let n = (off + len - at).min(zeros.len() as u64) as usize;
-        std::os::unix::fs::FileExt::write_all_at(f, &zeros[..n], at)?;
-        at += n as u64;
-    }
-    Ok(())
 }
 
 fn mknod(path: &Path, mode: u32, rdev: u64) -> io::Result<()> {
@@ -278,54 +173,58 @@ pub fn has_default_acl(path: &Path) -> bool {
     matches!(xattr::get(path, "system.posix_acl_default"), Ok(Some(_)))
 }
 
-/// Makes a hard link at `path` to `first`, replacing what is there unless it already is one.
-pub fn hard_link(first: &Path, path: &Path) -> io::Result<()> {
-    if let (Ok(a), Ok(b)) = (fs::symlink_metadata(first), fs::symlink_metadata(path)) {
-        if a.ino() == b.ino() && a.dev() == b.dev() {
-            return Ok(());
+/// The create stage alongside the pipeline: the directories (unless `made` before), then the
+/// entries without data; opens `sh.dirs_ready` when done, whatever happened. Returns how long
+/// it took.
+pub fn run(sh: &Shared<'_>, made: Option<Directories>) -> Duration {
+    let t = Instant::now();
+    let _open = OpenOnDrop(&sh.dirs_ready); // even if this panics: no writer waits forever
+    let made = match made {
+        Some(made) => Ok(made),
+        None => directories(sh.target, sh.plan, true, sh.is_root, &sh.created, &sh.cancel),
+    };
+    match made {
+        Ok(made) => {
+            for (entry, why) in &made.failed {
+                sh.failures.entry(*entry, why);
+            }
+            sh.acl_dirs.set(made.acl).expect("directories are made once");
+            if let Err(e) = create_entries(sh) {
+                sh.fail(e);
+            }
         }
+        Err(e) => sh.fail(e),
     }
-    remove_any(path)?;
-    fs::hard_link(first, path)
+    t.elapsed()
 }
 
-#[cfg(test)]
-mod tests {
-    use std::os::unix::fs::MetadataExt;
-
-    use super::*;
-    use crate::id::BlobId;
-
-    /// A 4 MiB file: 1 MiB of data, a 2 MiB hole, 1 MiB of data.
-    fn image() -> Node {
-        let mut node = Node::new(b"img".to_vec(), NodeKind::File);
-        let data = Chunk::Data { id: BlobId([1; 32]), len: 1 << 20 };
-        node.content = vec![data, Chunk::Zero { len: 2 << 20 }, data];
-        node.size = 4 << 20;
-        node
+/// Create stage for entries without data to write (directories are done): symlinks, devices,
+/// FIFOs, empty files, files fixed in place without new data. Parents come before children.
+fn create_entries(sh: &Shared<'_>) -> Result<()> {
+    // Entries that already failed are not created: they could never be right.
+    let failed_early: HashSet<usize> = sh.failures.entries.lock().expect("failures lock").keys().copied().collect();
+    for (i, entry) in sh.plan.entries.iter().enumerate() {
+        if entry.node.kind == NodeKind::Dir {
+            continue;
+        }
+        let has_data = sh.remaining[i].load(Ordering::Relaxed) > 0;
+        if failed_early.contains(&i)
+            || entry.link_of.is_some()
+            || (has_data && matches!(sh.states[i], FileState::Create { .. } | FileState::InPlace { .. }))
+        {
+            continue; // prepared by its first write (write.rs), or linked once its file is complete
+        }
+        if sh.cancelled() {
+            return Ok(()); // the restore ends with Interrupted (or the error that stopped it)
+        }
+        sh.created.fetch_add(1, Ordering::Relaxed);
+        let path = sh.target.join(&entry.rel);
+        if let Err(e) = prepare(&path, entry, &sh.states[i], has_data, sh.sparse, sh.is_root) {
+            if is_fatal(&e) {
+                return Err(Error::io(path, "cannot create", e));
+            }
+            sh.failures.entry(i, &format!("cannot create: {e}"));
+        }
     }
-
-    fn allocated_after_sizing(sparse: Sparse, node: &Node) -> (u64, u64) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let f = fs::File::create(dir.path().join("f")).expect("create");
-        size_new_file(&f, node, sparse).expect("size");
-        let md = f.metadata().expect("stat");
-        (md.len(), md.blocks() * 512)
-    }
-
-    #[test]
-    fn large_files_have_their_data_ranges_reserved_before_any_write() {
-        let node = image();
-        let (len, reserved) = allocated_after_sizing(Sparse::ReserveLarge, &node);
-        assert_eq!(len, node.size);
-        // Both data MiBs, not the hole (a little slack for file system metadata).
-        assert!((2 << 20..=(2 << 20) + (64 << 10)).contains(&reserved), "{reserved} bytes reserved");
-        // Plain auto: nothing allocated until written; the writes set the size.
-        assert_eq!(allocated_after_sizing(Sparse::Auto, &node), (0, 0));
-        // A file below the threshold is left to its writes as well.
-        let mut small = Node::new(b"small".to_vec(), NodeKind::File);
-        small.content = vec![Chunk::Data { id: BlobId([2; 32]), len: 4096 }];
-        small.size = 4096;
-        assert_eq!(allocated_after_sizing(Sparse::ReserveLarge, &small), (0, 0));
-    }
+    Ok(())
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 
-use super::create::new_file_mode;
+use super::fsops::new_file_mode;
 use crate::tree::Timestamp;
 
 /// The directory of the last entry looked up, kept open.
@@ -63,7 +63,7 @@ impl<'t> ParentDirs<'t> {
     }
 }
 
-/// The parts of an entry's status that the check and finish stages compare.
+/// The parts of an entry's status that the compare and finish stages look at.
 #[derive(Clone, Copy, Debug)]
 pub struct Status {
     /// File type and permission bits (`st_mode`).

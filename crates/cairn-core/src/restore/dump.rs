@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
-use super::plan::{self, Entry, Filter, Top};
-use super::DEFAULT_MAX_MEMORY;
+use super::options::DEFAULT_MAX_MEMORY;
+use super::plan::{self, Filter, Top};
+use super::types::Entry;
 use crate::error::{Error, Result};
 use crate::id::BlobId;
 use crate::index::Index;
@@ -145,8 +146,7 @@ impl<'s> Stream<'s> {
                 self.current = self.next_read()?.into();
             }
             let blob = self.current.pop_front().filter(|b| b.id == *id);
-            self.last =
-                Some(blob.ok_or_else(|| Error::Internal("the dump stream is out of order".into()))?);
+            self.last = Some(blob.ok_or_else(|| Error::Internal("the dump stream is out of order".into()))?);
         }
         Ok(&self.last.as_ref().expect("just set").data)
     }
@@ -235,20 +235,21 @@ pub fn dump(
     repo: &Repository,
     snapshot: &Snapshot,
     name: &str,
-    path: &str,
+    path: &Path,
     out: &mut dyn Write,
     fetchers: usize,
 ) -> Result<DumpStats> {
-    let base = path.trim_end_matches('/');
+    let base = crate::trees::below_root(path).unwrap_or(Path::new("/"));
     let (top, single) = match crate::trees::resolve(repo, &snapshot.tree, base, name)? {
         None => (Top::Tree(snapshot.tree), false),
         Some(n) if n.kind == NodeKind::Dir => (Top::Tree(n.subtree.expect("validated dir")), false),
         Some(n) if n.kind == NodeKind::File => (Top::Node(Box::new(n)), true),
-        Some(_) => return Err(Error::Usage(format!("{path:?} is neither a file nor a directory; nothing to dump"))),
+        Some(_) => {
+            return Err(Error::Usage(format!("{} is neither a file nor a directory; nothing to dump", path.display())))
+        }
     };
     let fetchers = fetchers.max(1);
-    let base_path = Path::new(if base.is_empty() { "/" } else { base });
-    let plan = plan::build(repo, top, base_path, &Filter::default(), fetchers, &crate::trees::Loading::default())?;
+    let plan = plan::build(repo, top, base, &Filter::default(), fetchers, &crate::trees::Loading::default())?;
     let wanted: Vec<BlobId> = plan
         .entries
         .iter()

@@ -1,5 +1,5 @@
 //! Plan stage: list the entries to restore (after `--include` / `--exclude`), then — once the
-//! check stage knows which chunks are missing from the target — where every needed blob goes
+//! compare stage knows which chunks are missing from the target — where every needed blob goes
 //! and which ranged reads fetch them.
 //!
 //! Each distinct blob appears once, with all of its destinations (file, offset); the blobs of
@@ -12,55 +12,14 @@ use std::path::{Path, PathBuf};
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
-use super::check::NeededChunk;
+use super::types::{Dest, Entry, Fetches, NeededChunk, Plan};
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap};
-use crate::read::{coalesce, coalesce_gap, PackRead};
+use crate::read::{coalesce, coalesce_gap};
 use crate::repository::Repository;
-use crate::tree::{Chunk, Node, NodeKind};
+use crate::snapshot::Snapshot;
+use crate::tree::{Node, NodeKind};
 use crate::trees::{load_all, LoadedTree, Loading, MAX_DEPTH};
-
-/// One file system entry to restore.
-#[derive(Debug)]
-pub struct Entry {
-    /// Path relative to the target.
-    pub rel: PathBuf,
-    /// Its metadata and content.
-    pub node: Node,
-    /// For a hard link: the entry it is a link of.
-    pub link_of: Option<usize>,
-}
-
-/// One place a blob's bytes go.
-#[derive(Clone, Copy, Debug)]
-pub struct Dest {
-    /// Index into the plan's entries.
-    pub entry: u32,
-    /// Byte offset in that file.
-    pub offset: u64,
-}
-
-/// The entries of a restore, parents before children.
-#[derive(Debug, Default)]
-pub struct Plan {
-    /// Entries, parents before children.
-    pub entries: Vec<Entry>,
-}
-
-/// Where the needed blobs go and how to fetch them.
-#[derive(Debug, Default)]
-pub struct Fetches {
-    /// Destinations of every blob to fetch.
-    pub dests: IdMap<BlobId, Vec<Dest>>,
-    /// The reads that fetch them.
-    pub reads: Vec<PackRead>,
-    /// Blobs a file needs that no index lists: `(entry, blob)`.
-    pub missing: Vec<(usize, BlobId)>,
-    /// Chunks whose recorded length differs from their blob's: `(entry, blob)`.
-    pub mismatched: Vec<(usize, BlobId)>,
-    /// Stored bytes the reads will fetch.
-    pub fetch_bytes: u64,
-}
 
 /// Which snapshot paths a restore takes.
 #[derive(Default)]
@@ -119,6 +78,28 @@ pub enum Top {
     Tree(BlobId),
     /// Restore this one node into the target.
     Node(Box<Node>),
+}
+
+/// Where restoring `base` (absolute inside `snapshot`, named `name` in messages; `None` for the
+/// whole snapshot) starts: the top, whether its entries go into the target (rather than the one
+/// node being the target), and for `SNAP:DIR` the directory, whose metadata the target takes
+/// (`SNAP:DIR` restores DIR's contents into the target).
+pub fn start(
+    repo: &Repository,
+    snapshot: &Snapshot,
+    name: &str,
+    base: Option<&Path>,
+) -> Result<(Top, bool, Option<Node>)> {
+    Ok(match base {
+        None => (Top::Tree(snapshot.tree), true, None),
+        Some(p) => match crate::trees::resolve(repo, &snapshot.tree, p, name)? {
+            None => (Top::Tree(snapshot.tree), true, None),
+            Some(node) if node.kind == NodeKind::Dir => {
+                (Top::Tree(node.subtree.expect("validated dir")), true, Some(node))
+            }
+            Some(node) => (Top::Node(Box::new(node)), false, None),
+        },
+    })
 }
 
 struct Builder<'a> {
@@ -224,15 +205,6 @@ impl Builder<'_> {
         self.plan.entries.push(Entry { rel, node, link_of });
         Ok(true)
     }
-}
-
-/// The chunks of a file with their offsets.
-pub fn chunk_offsets(content: &[Chunk]) -> impl Iterator<Item = (u64, &Chunk)> {
-    content.iter().scan(0u64, |off, c| {
-        let at = *off;
-        *off += c.len();
-        Some((at, c))
-    })
 }
 
 /// Builds the fetches for the chunks that `needed(entry)` lists, grouped by pack, sorted by

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::check::{compare, FileState};
-use super::plan::Plan;
+use super::compare::compare_path;
+use super::types::{FileState, Plan};
 use crate::crypto::MasterKey;
 use crate::parallel::in_parallel;
 use crate::tree::NodeKind;
@@ -29,7 +29,7 @@ pub fn verify(
         }
         checked.fetch_add(1, Ordering::Relaxed);
         let path = target.join(&e.rel);
-        match compare(&path, &e.node, key) {
+        match compare_path(&path, &e.node, key) {
             Ok(FileState::Complete) => {}
             Ok(_) => bad
                 .lock()

@@ -13,12 +13,12 @@ use std::time::Instant;
 
 use crossbeam_channel::Receiver;
 
-use super::check::FileState;
-use super::create::{fix_in_place, remove_any, size_new_file};
 use super::dirs::ParentDirs;
-use super::finish::apply_to_file;
-use super::plan::Dest;
-use super::{is_fatal, Shared, Sparse};
+use super::fsops::{fix_in_place, is_fatal, remove_any, size_new_file};
+use super::meta::apply_to_file;
+use super::options::Sparse;
+use super::shared::Shared;
+use super::types::{Dest, FileState};
 use crate::chunker::is_zero;
 use crate::profile::work;
 use crate::read::Decoded;

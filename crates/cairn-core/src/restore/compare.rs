@@ -1,104 +1,25 @@
-//! Check stage: compares what is already in the target with the snapshot, so a restore into a
-//! half-damaged target rewrites only what differs (restic's `--overwrite` semantics).
+//! Compare stage: compares what is already in the target with the snapshot, so a restore into
+//! a half-damaged target rewrites only what differs (restic's `--overwrite` semantics).
 
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::dirs::ParentDirs;
-use super::finish::{file_matches, path_matches};
-use super::plan::{chunk_offsets, Plan};
+use super::meta::{file_matches, path_matches};
+use super::options::Overwrite;
+use super::types::{chunk_offsets, FileState, NeededChunk, Plan};
 use crate::chunker::is_zero;
 use crate::crypto::MasterKey;
-use crate::error::Error;
 use crate::id::BlobId;
 use crate::platform::{data_regions, open_noatime};
 use crate::tree::{Chunk, Node, NodeKind};
 
-/// What to do with a file that already exists in the target.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Overwrite {
-    /// Check the existing content chunk by chunk and rewrite only what differs (default).
-    Always,
-    /// Trust an existing file whose size and modification time match; rewrite it otherwise.
-    IfChanged,
-    /// Rewrite an existing file only if the snapshot's copy is newer.
-    IfNewer,
-    /// Never touch an existing file.
-    Never,
-}
-
-impl FromStr for Overwrite {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
-        match s {
-            "always" => Ok(Overwrite::Always),
-            "if-changed" => Ok(Overwrite::IfChanged),
-            "if-newer" => Ok(Overwrite::IfNewer),
-            "never" => Ok(Overwrite::Never),
-            _ => Err(Error::Usage(format!("unknown overwrite mode {s:?}: use always, if-changed, if-newer or never"))),
-        }
-    }
-}
-
-/// The state of one file entry of the plan against the target.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum FileState {
-    /// Not a file to restore (directory, symlink, hard link, …).
-    NotFile,
-    /// Nothing usable at the path: create the file; `clear` if something else is in the way.
-    Create {
-        /// Something (of another kind, or stale) must be removed first.
-        clear: bool,
-    },
-    /// An existing regular file is fixed in place.
-    InPlace {
-        /// Data chunks to write.
-        needed: Vec<NeededChunk>,
-        /// Ranges that must become zero (holes) but hold data.
-        zero_fix: Vec<(u64, u64)>,
-        /// Whether the size differs.
-        resize: bool,
-    },
-    /// Content already correct: at most metadata differs.
-    Complete,
-    /// Left alone (`--overwrite never` / `if-newer`).
-    Skip,
-}
-
-impl FileState {
-    /// The data chunks this state still needs written, for a file node.
-    pub fn needed(&self, node: &Node) -> Vec<NeededChunk> {
-        match self {
-            FileState::Create { .. } => chunk_offsets(&node.content)
-                .filter_map(|(offset, c)| match *c {
-                    Chunk::Data { id, len } => Some(NeededChunk { offset, id, len }),
-                    Chunk::Zero { .. } => None,
-                })
-                .collect(),
-            FileState::InPlace { needed, .. } => needed.clone(),
-            _ => Vec::new(),
-        }
-    }
-}
-
-/// A data chunk that must be written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NeededChunk {
-    /// Where in the file.
-    pub offset: u64,
-    /// The blob.
-    pub id: BlobId,
-    /// Its length as the tree records it.
-    pub len: u32,
-}
-
-/// Checks every file entry against the target, on `threads` threads. Besides each file's
+/// Compares every file entry with the target, on `threads` threads. Besides each file's
 /// state, says which complete files already carry their metadata (nothing left to do).
-pub fn check(
+pub fn compare(
     target: &Path,
     plan: &Plan,
     key: &MasterKey,
@@ -121,7 +42,7 @@ pub fn check(
                     if entry.node.kind != NodeKind::File || entry.link_of.is_some() {
                         continue;
                     }
-                    let st = check_file(&mut here, target, &entry.rel, &entry.node, key, mode, is_root);
+                    let st = compare_file(&mut here, target, &entry.rel, &entry.node, key, mode, is_root);
                     *slots[i].lock().expect("slot") = Some(st);
                 }
             });
@@ -130,7 +51,24 @@ pub fn check(
     slots.into_iter().map(|slot| slot.into_inner().expect("slot").unwrap_or((FileState::NotFile, false))).unzip()
 }
 
-/// A check worker's open directory and read buffer, reused from file to file.
+/// The states for an empty target, where there is nothing to compare: every file is created,
+/// and none carries its metadata yet.
+pub fn fresh(plan: &Plan) -> (Vec<FileState>, Vec<bool>) {
+    let states = plan
+        .entries
+        .iter()
+        .map(|e| {
+            if e.node.kind == NodeKind::File && e.link_of.is_none() {
+                FileState::Create { clear: false }
+            } else {
+                FileState::NotFile
+            }
+        })
+        .collect();
+    (states, vec![false; plan.entries.len()])
+}
+
+/// A compare worker's open directory and read buffer, reused from file to file.
 struct Here<'t> {
     dirs: ParentDirs<'t>,
     buf: Vec<u8>,
@@ -138,7 +76,7 @@ struct Here<'t> {
 
 /// The state of the file at `rel` (below `target`), and for a complete one whether its
 /// metadata matches too.
-fn check_file(
+fn compare_file(
     here: &mut Here<'_>,
     target: &Path,
     rel: &Path,
@@ -183,7 +121,7 @@ fn check_file(
 }
 
 /// Compares the file at `path` with the node chunk by chunk.
-pub fn compare(path: &Path, node: &Node, key: &MasterKey) -> io::Result<FileState> {
+pub fn compare_path(path: &Path, node: &Node, key: &MasterKey) -> io::Result<FileState> {
     let size = std::fs::symlink_metadata(path)?.len();
     compare_open(&open_noatime(path)?, node, key, size, &mut Vec::new())
 }
