@@ -1,13 +1,17 @@
 //! What Cairn needs from the operating system: who and where we are, and reading a file
 //! system entry's metadata (the restore side lives in `restore::meta`).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
-use std::ffi::CString;
+use std::ffi::{CString, OsStr};
 use std::fs::File;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::io::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags};
 
 use crate::tree::{Node, NodeKind, Timestamp, Xattr};
 
@@ -142,12 +146,14 @@ const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
 /// Reads `path`'s metadata (without following a final symlink) into a node named `name`.
 /// Returns `Ok(None)` for sockets, which cannot be backed up.
 pub fn read_node(path: &Path, name: Vec<u8>, names: &mut NameCache) -> io::Result<Option<Node>> {
-    read_node_at(rustix::fs::CWD, path, path, name, names)
+    let at = At::new(path)?;
+    read_node_at(at.dir(), at.name(), path, name, names)
 }
 
 /// [`read_node`] for the entry `at` (a name) in the open directory `dir`, whose path is
 /// `path`: status and symlink target are read relative to the directory, so the kernel does
-/// not walk the whole path again (extended attributes have no such call and use `path`).
+/// not walk the whole path again (extended attributes have no such call and use `path`, or
+/// when that is too long for the kernel, the directory's `/proc/self/fd` entry: [`short_path`]).
 pub fn read_node_at(
     dir: impl std::os::fd::AsFd,
     at: &Path,
@@ -188,7 +194,7 @@ pub fn read_node_at(
         NodeKind::CharDevice | NodeKind::BlockDevice => node.rdev = st.st_rdev,
         _ => {}
     }
-    read_xattrs(path, &mut node)?;
+    read_xattrs(&short_path(dir.as_fd(), at, path), &mut node)?;
     Ok(Some(node))
 }
 
@@ -250,14 +256,15 @@ fn data_after(seek: io::Result<u64>, pos: u64) -> Option<u64> {
 }
 
 /// Opens a file for reading, never through a symlink, without updating its access time where
-/// that is permitted (O_NOATIME needs the file's owner or root).
+/// that is permitted (O_NOATIME needs the file's owner or root). `path` may be of any length
+/// ([`At`]).
 pub fn open_noatime(path: &Path) -> io::Result<File> {
-    open_noatime_at(rustix::fs::CWD, path)
+    let at = At::new(path)?;
+    open_noatime_at(at.dir(), at.name())
 }
 
 /// [`open_noatime`] for `name` relative to the open directory `dir`.
 pub fn open_noatime_at<P: rustix::path::Arg + Copy>(dir: impl std::os::fd::AsFd, name: P) -> io::Result<File> {
-    use rustix::fs::OFlags;
     Ok(File::from(openat_noatime(dir, name, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC)?))
 }
 
@@ -268,11 +275,195 @@ pub fn openat_noatime<P: rustix::path::Arg + Copy>(
     name: P,
     flags: rustix::fs::OFlags,
 ) -> io::Result<std::os::fd::OwnedFd> {
-    use rustix::fs::{Mode, OFlags};
     match rustix::fs::openat(&dir, name, flags | OFlags::NOATIME, Mode::empty()) {
         Err(rustix::io::Errno::PERM) => Ok(rustix::fs::openat(&dir, name, flags, Mode::empty())?),
         other => Ok(other?),
     }
+}
+
+/// Paths of this many bytes or more are not given to the kernel whole: it refuses a path of
+/// `PATH_MAX` (4096) bytes or more, counting the final NUL, with ENAMETOOLONG.
+pub const LONG_PATH: usize = 4000;
+
+/// An entry named by a directory and a path relative to it that the kernel accepts, for the
+/// `*at` calls (`openat`, `fstatat`, `mkdirat`, `unlinkat`, `linkat`, …). A path shorter than
+/// [`LONG_PATH`] is used as it is, relative to the current directory, at no cost; a longer one
+/// is opened a piece at a time — whole components, each piece under [`LONG_PATH`] bytes,
+/// relative to the directory the piece before it opened (`O_PATH`) — and the entry is named
+/// by the last piece in the last directory. So a tree of any depth is reachable, while no
+/// walk holds a descriptor per level.
+#[derive(Debug)]
+pub struct At {
+    dir: Option<OwnedFd>,
+    name: PathBuf,
+}
+
+impl At {
+    /// The entry at `path`, of any length.
+    pub fn new(path: &Path) -> io::Result<At> {
+        let bytes = path.as_os_str().as_bytes();
+        if bytes.len() < LONG_PATH {
+            return Ok(At { dir: None, name: path.to_path_buf() });
+        }
+        let too_long = || io::Error::from_raw_os_error(libc::ENAMETOOLONG);
+        let mut dir: Option<OwnedFd> = None;
+        let mut rest = bytes;
+        while rest.len() >= LONG_PATH {
+            // Cut after the last whole component that fits (a component has at most 255 bytes).
+            let cut = rest[..LONG_PATH].iter().rposition(|&b| b == b'/').filter(|&c| c > 0).ok_or_else(too_long)?;
+            let piece = Path::new(OsStr::from_bytes(&rest[..cut]));
+            let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+            let base = dir.as_ref().map_or(rustix::fs::CWD, |d| d.as_fd());
+            dir = Some(rustix::fs::openat(base, piece, flags, Mode::empty())?);
+            rest = &rest[cut..];
+            while rest.first() == Some(&b'/') {
+                rest = &rest[1..];
+            }
+        }
+        let name = if rest.is_empty() { PathBuf::from(".") } else { PathBuf::from(OsStr::from_bytes(rest)) };
+        Ok(At { dir, name })
+    }
+
+    /// The directory [`At::name`] is relative to (the current directory for a short path).
+    pub fn dir(&self) -> BorrowedFd<'_> {
+        self.dir.as_ref().map_or(rustix::fs::CWD, |d| d.as_fd())
+    }
+
+    /// The entry's path relative to [`At::dir`]: shorter than [`LONG_PATH`].
+    pub fn name(&self) -> &Path {
+        &self.name
+    }
+
+    /// A path to the entry for calls that have no `*at` form (extended attributes): the
+    /// path itself when short, else through the open directory ([`short_path`]).
+    pub fn path(&self) -> Cow<'_, Path> {
+        match &self.dir {
+            None => Cow::Borrowed(&self.name),
+            Some(dir) => Cow::Owned(proc_path(dir.as_fd(), &self.name)),
+        }
+    }
+}
+
+/// The path of the entry `name` in the open directory `dir`, whose full path is `full`, for
+/// calls that have no `*at` form: `full` when the kernel accepts it, else
+/// `/proc/self/fd/DIR/NAME`, which the kernel resolves from the open directory (the final name
+/// is not followed by the `l*` calls), however deep it lies.
+pub fn short_path<'p>(dir: BorrowedFd<'_>, name: &'p Path, full: &'p Path) -> Cow<'p, Path> {
+    if full.as_os_str().len() < LONG_PATH || dir.as_raw_fd() == libc::AT_FDCWD {
+        Cow::Borrowed(full)
+    } else {
+        Cow::Owned(proc_path(dir, name))
+    }
+}
+
+fn proc_path(dir: BorrowedFd<'_>, name: &Path) -> PathBuf {
+    Path::new(&format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name)
+}
+
+// File-system calls on paths of any length: each names its entry through [`At`], so a path
+// longer than the kernel takes is reached relative to an open directory, and a short one costs
+// what the plain call costs.
+
+/// The status of the entry at `path` (`lstat`: a symlink is not followed).
+pub fn lstat(path: &Path) -> io::Result<rustix::fs::Stat> {
+    let at = At::new(path)?;
+    Ok(rustix::fs::statat(at.dir(), at.name(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?)
+}
+
+/// The target of the symlink at `path`.
+pub fn read_link(path: &Path) -> io::Result<Vec<u8>> {
+    let at = At::new(path)?;
+    Ok(rustix::fs::readlinkat(at.dir(), at.name(), Vec::new())?.into_bytes())
+}
+
+/// Opens the entry at `path` with `flags` (and `mode`, for `O_CREAT`).
+pub fn open_flags(path: &Path, flags: OFlags, mode: u32) -> io::Result<File> {
+    let at = At::new(path)?;
+    Ok(File::from(rustix::fs::openat(at.dir(), at.name(), flags | OFlags::CLOEXEC, Mode::from_raw_mode(mode))?))
+}
+
+/// Makes the directory `path` with permission bits `mode` (less the umask).
+pub fn mkdir(path: &Path, mode: u32) -> io::Result<()> {
+    let at = At::new(path)?;
+    Ok(rustix::fs::mkdirat(at.dir(), at.name(), Mode::from_raw_mode(mode))?)
+}
+
+/// Makes a symlink at `path` pointing to `target`.
+pub fn symlink(target: &[u8], path: &Path) -> io::Result<()> {
+    let at = At::new(path)?;
+    Ok(rustix::fs::symlinkat(OsStr::from_bytes(target), at.dir(), at.name())?)
+}
+
+/// Makes a special file (FIFO, device node) at `path`; `mode` holds its type and permissions.
+pub fn mknod(path: &Path, mode: u32, rdev: u64) -> io::Result<()> {
+    let at = At::new(path)?;
+    let c = cstring(at.name())?;
+    // SAFETY: a valid descriptor (or AT_FDCWD) and a NUL-terminated name that outlives the call.
+    let rc = unsafe { libc::mknodat(at.dir().as_raw_fd(), c.as_ptr(), mode as libc::mode_t, rdev as libc::dev_t) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Removes the non-directory at `path`.
+pub fn remove_file(path: &Path) -> io::Result<()> {
+    let at = At::new(path)?;
+    Ok(rustix::fs::unlinkat(at.dir(), at.name(), rustix::fs::AtFlags::empty())?)
+}
+
+/// Makes `link` a hard link to `existing` (neither followed if a symlink).
+pub fn hard_link(existing: &Path, link: &Path) -> io::Result<()> {
+    let (from, to) = (At::new(existing)?, At::new(link)?);
+    Ok(rustix::fs::linkat(from.dir(), from.name(), to.dir(), to.name(), rustix::fs::AtFlags::empty())?)
+}
+
+/// The names in the directory at `path` (without `.` and `..`), unsorted.
+pub fn list_names(path: &Path) -> io::Result<Vec<Vec<u8>>> {
+    let dir = open_flags(path, OFlags::RDONLY | OFlags::DIRECTORY, 0)?;
+    names_in(dir.as_fd())
+}
+
+fn names_in(dir: BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
+    let mut names = Vec::new();
+    for entry in rustix::fs::Dir::read_from(dir)? {
+        let name = entry?.file_name().to_bytes().to_vec();
+        if name != b"." && name != b".." {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
+/// Removes the directory at `path` and everything in it, each entry relative to its open
+/// directory (never through a symlink), so a tree of any depth goes. A name already gone is
+/// not an error.
+pub fn remove_dir_all(path: &Path) -> io::Result<()> {
+    let at = At::new(path)?;
+    remove_dir_all_at(at.dir(), at.name())
+}
+
+fn remove_dir_all_at(parent: BorrowedFd<'_>, name: &Path) -> io::Result<()> {
+    use rustix::fs::AtFlags;
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let dir = rustix::fs::openat(parent, name, flags, Mode::empty())?;
+    for child in names_in(dir.as_fd())? {
+        let child = Path::new(OsStr::from_bytes(&child));
+        let st = match rustix::fs::statat(&dir, child, AtFlags::SYMLINK_NOFOLLOW) {
+            Err(rustix::io::Errno::NOENT) => continue,
+            other => other?,
+        };
+        let gone = if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
+            remove_dir_all_at(dir.as_fd(), child)
+        } else {
+            rustix::fs::unlinkat(&dir, child, AtFlags::empty()).map_err(io::Error::from)
+        };
+        match gone {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            other => other?,
+        }
+    }
+    Ok(rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)?)
 }
 
 /// `path` as a C string.
@@ -305,6 +496,42 @@ mod tests {
         assert!(r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::ENXIO), "procfs has SEEK_DATA?");
         assert_eq!(data_regions(&file, 0, 50), vec![(0, 50)]);
         assert_eq!(data_regions(&file, 10, 50), vec![(10, 40)]);
+    }
+
+    #[test]
+    fn paths_of_any_length_are_reached_through_open_directories() {
+        let d = tempfile::tempdir().unwrap();
+        let top = d.path().join(format!("00{}", "x".repeat(200)));
+        let mut path = d.path().to_path_buf();
+        for i in 0..40 {
+            path.push(format!("{i:02}{}", "x".repeat(200)));
+            mkdir(&path, 0o755).unwrap();
+        }
+        assert!(path.as_os_str().len() > 2 * LONG_PATH);
+        let whole = std::fs::symlink_metadata(&path).unwrap_err();
+        assert_eq!(whole.raw_os_error(), Some(libc::ENAMETOOLONG), "the kernel takes the whole path?");
+        let file = path.join("f");
+        drop(open_flags(&file, OFlags::WRONLY | OFlags::CREATE, 0o644).unwrap());
+        symlink(b"elsewhere", &path.join("s")).unwrap();
+        assert_eq!(read_link(&path.join("s")).unwrap(), b"elsewhere");
+        hard_link(&file, &path.join("g")).unwrap();
+        assert_eq!(lstat(&file).unwrap().st_nlink, 2);
+        mknod(&path.join("p"), libc::S_IFIFO | 0o600, 0).unwrap();
+        let mut names = list_names(&path).unwrap();
+        names.sort();
+        assert_eq!(names, [b"f".to_vec(), b"g".to_vec(), b"p".to_vec(), b"s".to_vec()]);
+        let mut names = NameCache::default();
+        let node = read_node(&file, b"f".to_vec(), &mut names).unwrap().unwrap();
+        assert_eq!((node.kind, node.links), (NodeKind::File, 2));
+        assert!(open_noatime(&file).is_ok());
+        // The path for calls without an `*at` form is short and reaches the same entry.
+        let at = At::new(&file).unwrap();
+        assert!(at.path().as_os_str().len() < LONG_PATH && at.name().as_os_str().len() < LONG_PATH);
+        assert_eq!(std::fs::symlink_metadata(at.path()).unwrap().len(), 0);
+        remove_file(&path.join("g")).unwrap();
+        assert_eq!(lstat(&file).unwrap().st_nlink, 1);
+        remove_dir_all(&top).unwrap();
+        assert!(list_names(d.path()).unwrap().is_empty());
     }
 
     #[test]

@@ -505,6 +505,99 @@ fn scan_into(abs: &Path, rel: PathBuf, out: &mut Scan) {
     }
 }
 
+/// The entry `name` in the open directory `dir` as a path the kernel resolves from that
+/// directory (`/proc/self/fd/N/NAME`; the final name is not followed): short however deep
+/// `dir` lies, so path-based calls reach entries whose full path is longer than PATH_MAX.
+/// `dir` must stay open while the path is used.
+pub fn in_dir(dir: &fs::File, name: impl AsRef<OsStr>) -> PathBuf {
+    use std::os::unix::io::AsRawFd;
+    Path::new(&format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name.as_ref())
+}
+
+/// Opens the directory `name` in the open directory `dir` (`openat`, never through a symlink).
+pub fn open_in(dir: &fs::File, name: impl AsRef<OsStr>) -> fs::File {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::io::AsRawFd;
+    let name = name.as_ref();
+    let c = std::ffi::CString::new(name.as_bytes()).expect("no NUL");
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: openat with a valid descriptor and NUL-terminated name; the result is owned.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags) };
+    assert!(fd >= 0, "openat {name:?}: {}", std::io::Error::last_os_error());
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Makes the directory `name` in the open directory `dir` (`mkdirat`) and opens it.
+pub fn mkdir_in(dir: &fs::File, name: impl AsRef<OsStr>, mode: u32) -> fs::File {
+    use std::os::unix::io::AsRawFd;
+    let c = std::ffi::CString::new(name.as_ref().as_bytes()).expect("no NUL");
+    // SAFETY: mkdirat with a valid descriptor and NUL-terminated name.
+    let rc = unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), mode as libc::mode_t) };
+    assert_eq!(rc, 0, "mkdirat {:?}: {}", name.as_ref(), std::io::Error::last_os_error());
+    open_in(dir, name)
+}
+
+/// Opens the directory at `path`, however long, one component at a time (`openat`).
+pub fn open_dir_deep(path: &Path) -> fs::File {
+    let mut parts = path.components();
+    let first = parts.next().expect("a non-empty path");
+    let mut dir = fs::File::open(first.as_os_str()).unwrap_or_else(|e| panic!("open {first:?}: {e}"));
+    for part in parts {
+        dir = open_in(&dir, part.as_os_str());
+    }
+    dir
+}
+
+/// The entry at `path` (of any length): its directory, opened by [`open_dir_deep`], and
+/// [`in_dir`]'s short path to it, valid while that directory is open.
+pub fn deep(path: &Path) -> (fs::File, PathBuf) {
+    let dir = open_dir_deep(path.parent().expect("a path with a parent"));
+    let short = in_dir(&dir, path.file_name().expect("a path with a name"));
+    (dir, short)
+}
+
+/// [`scan`] for trees of any depth: entries are reached through their open directory
+/// ([`in_dir`]), never by their full path, so paths longer than PATH_MAX are scanned too.
+pub fn scan_deep(root: &Path) -> Scan {
+    fn into(dir: &fs::File, name: &OsStr, rel: PathBuf, out: &mut Scan) {
+        let path = in_dir(dir, name);
+        let m = meta_of(&path);
+        let is_dir = m.kind == Kind::Dir;
+        out.insert(rel.clone(), m);
+        if is_dir {
+            let sub = open_in(dir, name);
+            let mut names: Vec<_> = fs::read_dir(in_dir(&sub, "."))
+                .unwrap_or_else(|e| panic!("list {}: {e}", rel.display()))
+                .map(|e| e.expect("dir entry").file_name())
+                .collect();
+            names.sort();
+            for n in names {
+                into(&sub, &n, rel.join(&n), out);
+            }
+        }
+    }
+    let (dir, _) = deep(root);
+    let mut out = Scan::new();
+    into(&dir, root.file_name().expect("a root with a name"), PathBuf::new(), &mut out);
+    out
+}
+
+/// [`reset_times`] for trees of any depth (entries reached through their open directory).
+pub fn reset_times_deep(root: &Path, scan: &Scan) {
+    for (rel, m) in scan.iter().rev() {
+        let (_dir, p) = deep(&root.join(rel));
+        set_times(&p, m.atime, m.mtime);
+    }
+}
+
+/// [`scan_source`] for trees of any depth.
+pub fn scan_source_deep(root: &Path) -> Scan {
+    let s = scan_deep(root);
+    reset_times_deep(root, &s);
+    s
+}
+
 /// Sets atime and mtime of `path` without following a symlink.
 pub fn set_times(path: &Path, atime: (i64, i64), mtime: (i64, i64)) {
     filetime::set_symlink_file_times(

@@ -11,6 +11,7 @@ use std::path::{Component, Path, PathBuf};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
 use crate::error::{Error, Result};
+use crate::platform::At;
 
 /// The first bytes of a valid `CACHEDIR.TAG` (<https://bford.info/cachedir/>).
 const CACHEDIR_SIGNATURE: &[u8] = b"Signature: 8a477f597d28d172789f06886806bc55";
@@ -102,17 +103,23 @@ impl Filter {
 
     /// Whether directory `dir` holds a marker (`--exclude-if-present`, `--exclude-caches`).
     pub fn excludes_dir(&self, dir: &Path) -> bool {
+        use rustix::fs::{AtFlags, Mode, OFlags};
         self.markers.iter().any(|(name, signature)| {
-            let marker = dir.join(name);
+            // Relative to the directory when its path is too long for the kernel.
+            let Ok(marker) = At::new(&dir.join(name)) else { return false };
             match signature {
-                None => std::fs::symlink_metadata(&marker).is_ok(),
-                Some(sig) => std::fs::File::open(&marker)
-                    .and_then(|f| {
-                        let mut head = Vec::with_capacity(sig.len());
-                        f.take(sig.len() as u64).read_to_end(&mut head)?;
-                        Ok(head == *sig)
-                    })
-                    .unwrap_or(false),
+                None => rustix::fs::statat(marker.dir(), marker.name(), AtFlags::SYMLINK_NOFOLLOW).is_ok(),
+                Some(sig) => {
+                    rustix::fs::openat(marker.dir(), marker.name(), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+                        .map(std::fs::File::from)
+                        .map_err(std::io::Error::from)
+                        .and_then(|f| {
+                            let mut head = Vec::with_capacity(sig.len());
+                            f.take(sig.len() as u64).read_to_end(&mut head)?;
+                            Ok(head == *sig)
+                        })
+                        .unwrap_or(false)
+                }
             }
         })
     }
@@ -190,14 +197,15 @@ pub fn list_dir(dir: &Path, mut warn: impl FnMut(String)) -> Listing {
     }
 }
 
-/// Opens directory `dir` and reads the names in it. It is opened with `O_NOATIME` where
-/// permitted: listing would otherwise change its access time before the walker records it
-/// (the pre-scan lists directories ahead of the walker), and a backup should leave the tree as
-/// it found it.
+/// Opens directory `dir` (a path of any length: [`At`]) and reads the names in it. It is
+/// opened with `O_NOATIME` where permitted: listing would otherwise change its access time
+/// before the walker records it (the pre-scan lists directories ahead of the walker), and a
+/// backup should leave the tree as it found it.
 fn read_names(dir: &Path) -> std::io::Result<(OwnedFd, Vec<Vec<u8>>)> {
     use rustix::fs::OFlags;
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    let fd = crate::platform::openat_noatime(rustix::fs::CWD, dir, flags)?;
+    let at = At::new(dir)?;
+    let fd = crate::platform::openat_noatime(at.dir(), at.name(), flags)?;
     let mut names = Vec::new();
     for entry in rustix::fs::Dir::read_from(&fd)? {
         let name = entry?.file_name().to_bytes().to_vec();

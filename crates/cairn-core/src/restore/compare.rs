@@ -122,7 +122,7 @@ fn compare_file(
 
 /// Compares the file at `path` with the node chunk by chunk.
 pub fn compare_path(path: &Path, node: &Node, key: &MasterKey) -> io::Result<FileState> {
-    let size = std::fs::symlink_metadata(path)?.len();
+    let size = crate::platform::lstat(path)?.st_size as u64;
     compare_open(&open_noatime(path)?, node, key, size, &mut Vec::new())
 }
 

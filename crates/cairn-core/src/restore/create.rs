@@ -4,36 +4,37 @@
 //! directory belongs is removed and replaced, so no write lands outside the target.
 
 use std::collections::HashSet;
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use rustix::fs::OFlags;
 
 use super::fsops::{fix_in_place, is_fatal, new_file_mode, remove_any, size_new_file};
 use super::options::Sparse;
 use super::shared::{OpenOnDrop, Shared};
 use super::types::{Entry, FileState, Plan};
 use crate::error::{Error, Result};
-use crate::platform::cstring;
+use crate::platform;
 use crate::tree::{Node, NodeKind};
 
 /// Whether the existing entry at `path` already is what `node` describes (metadata aside).
 fn already_there(path: &Path, node: &Node) -> io::Result<bool> {
-    let md = match fs::symlink_metadata(path) {
-        Ok(md) => md,
+    use rustix::fs::FileType;
+    let st = match platform::lstat(path) {
+        Ok(st) => st,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(e),
     };
-    let ft = md.file_type();
+    let ft = FileType::from_raw_mode(st.st_mode);
     Ok(match node.kind {
-        NodeKind::Dir => ft.is_dir(),
-        NodeKind::Symlink => ft.is_symlink() && fs::read_link(path)?.as_os_str().as_bytes() == node.target,
-        NodeKind::Fifo => ft.is_fifo(),
-        NodeKind::CharDevice => ft.is_char_device() && md.rdev() == node.rdev,
-        NodeKind::BlockDevice => ft.is_block_device() && md.rdev() == node.rdev,
+        NodeKind::Dir => ft == FileType::Directory,
+        NodeKind::Symlink => ft == FileType::Symlink && platform::read_link(path)? == node.target,
+        NodeKind::Fifo => ft == FileType::Fifo,
+        NodeKind::CharDevice => ft == FileType::CharacterDevice && st.st_rdev == node.rdev,
+        NodeKind::BlockDevice => ft == FileType::BlockDevice && st.st_rdev == node.rdev,
         NodeKind::File => false,
     })
 }
@@ -72,7 +73,7 @@ pub fn directories(
         }
         done.fetch_add(1, Ordering::Relaxed);
         let path = target.join(&entry.rel);
-        let made = if empty { fs::create_dir(&path) } else { Err(io::ErrorKind::AlreadyExists.into()) };
+        let made = if empty { platform::mkdir(&path, 0o777) } else { Err(io::ErrorKind::AlreadyExists.into()) };
         let made = match made {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 prepare(&path, entry, &FileState::NotFile, false, Sparse::Auto, is_root)
@@ -112,20 +113,20 @@ pub fn prepare(
         _ if already_there(path, node)? => Ok(()),
         NodeKind::Dir => {
             remove_any(path)?;
-            fs::create_dir(path)
+            platform::mkdir(path, 0o777)
         }
         NodeKind::Symlink => {
             remove_any(path)?;
-            std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&node.target), path)
+            platform::symlink(&node.target, path)
         }
         NodeKind::Fifo => {
             remove_any(path)?;
-            mknod(path, libc::S_IFIFO | node.mode, 0)
+            platform::mknod(path, libc::S_IFIFO | node.mode, 0)
         }
         NodeKind::CharDevice | NodeKind::BlockDevice if is_root => {
             remove_any(path)?;
             let kind = if node.kind == NodeKind::CharDevice { libc::S_IFCHR } else { libc::S_IFBLK };
-            mknod(path, kind | node.mode, node.rdev)
+            platform::mknod(path, kind | node.mode, node.rdev)
         }
         NodeKind::CharDevice | NodeKind::BlockDevice => {
             Err(io::Error::new(io::ErrorKind::PermissionDenied, "device nodes can only be restored as root"))
@@ -146,7 +147,7 @@ fn prepare_file(path: &Path, node: &Node, state: &FileState, has_data: bool, spa
             Ok(())
         }
         FileState::InPlace { zero_fix, resize, .. } => {
-            let f = OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
+            let f = platform::open_flags(path, OFlags::WRONLY | OFlags::NOFOLLOW, 0)?;
             fix_in_place(&f, node, zero_fix, *resize)
         }
         _ => Ok(()),
@@ -155,22 +156,14 @@ fn prepare_file(path: &Path, node: &Node, state: &FileState, has_data: bool, spa
 
 /// Opens (creating if needed) a file for writing, never through a symlink.
 pub fn create_file(path: &Path, mode: u32) -> io::Result<fs::File> {
-    OpenOptions::new().write(true).create(true).mode(new_file_mode(mode)).custom_flags(libc::O_NOFOLLOW).open(path)
-}
-
-fn mknod(path: &Path, mode: u32, rdev: u64) -> io::Result<()> {
-    let c = cstring(path)?;
-    // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
-    if unsafe { libc::mknod(c.as_ptr(), mode as libc::mode_t, rdev as libc::dev_t) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    platform::open_flags(path, OFlags::WRONLY | OFlags::CREATE | OFlags::NOFOLLOW, new_file_mode(mode))
 }
 
 /// Whether the directory at `path` has a default ACL (new files in it inherit an access ACL
 /// and a mode masked by it, so their metadata must be set in full).
 pub fn has_default_acl(path: &Path) -> bool {
-    matches!(xattr::get(path, "system.posix_acl_default"), Ok(Some(_)))
+    let Ok(at) = platform::At::new(path) else { return false };
+    matches!(xattr::get(at.path(), "system.posix_acl_default"), Ok(Some(_)))
 }
 
 /// The create stage alongside the pipeline: the directories (unless `made` before), then the

@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
 use super::fsops::remove_any;
@@ -28,12 +29,13 @@ pub fn extra_entries(target: &Path, plan: &Plan, include_root: bool, selected: i
     }
     let mut out = Vec::new();
     for (dir, names) in &children {
-        let Ok(rd) = std::fs::read_dir(target.join(dir)) else {
+        let Ok(listed) = crate::platform::list_names(&target.join(dir)) else {
             continue;
         };
-        for ent in rd.flatten() {
-            let rel = dir.join(ent.file_name());
-            if !names.contains(&ent.file_name()) && selected(&rel) {
+        for name in listed {
+            let name = OsString::from_vec(name);
+            let rel = dir.join(&name);
+            if !names.contains(&name) && selected(&rel) {
                 out.push(rel);
             }
         }

@@ -33,7 +33,8 @@ impl<'t> ParentDirs<'t> {
         if self.open.as_ref().is_none_or(|(open, _)| open != dir) {
             // The directories were made (or checked to be directories) before any lookup.
             let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-            let fd = rustix::fs::open(self.target.join(dir), flags, Mode::empty())?;
+            let at = crate::platform::At::new(&self.target.join(dir))?;
+            let fd = rustix::fs::openat(at.dir(), at.name(), flags, Mode::empty())?;
             self.open = Some((dir.to_path_buf(), fd));
         }
         let (_, fd) = self.open.as_ref().expect("opened above");

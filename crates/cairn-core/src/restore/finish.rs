@@ -52,7 +52,7 @@ pub fn finish_all(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, threads: us
                 && matches!(sh.states[i], FileState::Create { .. } | FileState::InPlace { .. })
                 && sh.touched[i].get().is_some()
             {
-                let _ = std::fs::remove_file(&path);
+                let _ = crate::platform::remove_file(&path);
             }
             return;
         }

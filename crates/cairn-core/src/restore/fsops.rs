@@ -4,11 +4,11 @@
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
 use super::options::{Sparse, RESERVE_MIN};
+use crate::platform;
 use crate::tree::{Chunk, Node};
 
 /// Errors that no other entry will escape either: the restore stops.
@@ -26,9 +26,9 @@ pub fn target_is_empty(target: &Path) -> bool {
 
 /// Removes whatever is at `path` (a directory with everything in it).
 pub fn remove_any(path: &Path) -> io::Result<()> {
-    match fs::symlink_metadata(path) {
-        Ok(md) if md.is_dir() => fs::remove_dir_all(path),
-        Ok(_) => fs::remove_file(path),
+    match platform::lstat(path) {
+        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => platform::remove_dir_all(path),
+        Ok(_) => platform::remove_file(path),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     }
@@ -36,13 +36,13 @@ pub fn remove_any(path: &Path) -> io::Result<()> {
 
 /// Makes a hard link at `path` to `first`, replacing what is there unless it already is one.
 pub fn hard_link(first: &Path, path: &Path) -> io::Result<()> {
-    if let (Ok(a), Ok(b)) = (fs::symlink_metadata(first), fs::symlink_metadata(path)) {
-        if a.ino() == b.ino() && a.dev() == b.dev() {
+    if let (Ok(a), Ok(b)) = (platform::lstat(first), platform::lstat(path)) {
+        if a.st_ino == b.st_ino && a.st_dev == b.st_dev {
             return Ok(());
         }
     }
     remove_any(path)?;
-    fs::hard_link(first, path)
+    platform::hard_link(first, path)
 }
 
 /// The permission bits a file restored with `mode` is created with: its own, plus owner read
@@ -143,6 +143,8 @@ fn punch_hole(f: &fs::File, off: u64, len: u64) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::MetadataExt;
+
     use super::*;
     use crate::id::BlobId;
     use crate::tree::NodeKind;

@@ -9,10 +9,10 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::dirs::Status;
-use crate::platform::cstring;
+use crate::platform::{cstring, At};
 use crate::tree::{Node, NodeKind, Timestamp};
 
 const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
@@ -63,35 +63,52 @@ impl Target for File {
     }
 }
 
-struct PathTarget<'a> {
-    path: &'a Path,
+/// An entry named by a path of any length: its directory and name ([`At`]) for the `*at`
+/// calls, and a path the kernel accepts for the extended-attribute calls, which have none.
+struct PathTarget {
+    at: At,
     c: CString,
+    xattr_path: PathBuf,
 }
 
-impl Target for PathTarget<'_> {
+impl PathTarget {
+    fn new(path: &Path) -> io::Result<Self> {
+        let at = At::new(path)?;
+        let c = cstring(at.name())?;
+        let xattr_path = at.path().into_owned();
+        Ok(PathTarget { at, c, xattr_path })
+    }
+}
+
+impl Target for PathTarget {
     fn chown(&self, uid: u32, gid: u32) -> io::Result<()> {
-        // SAFETY: `c` is a valid path for the call.
-        check(unsafe { libc::lchown(self.c.as_ptr(), uid, gid) })
+        // SAFETY: a valid descriptor (or AT_FDCWD) and a NUL-terminated name for the call;
+        // AT_SYMLINK_NOFOLLOW changes a symlink's own owner.
+        check(unsafe {
+            libc::fchownat(self.at.dir().as_raw_fd(), self.c.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW)
+        })
     }
     fn chmod(&self, mode: u32) -> io::Result<()> {
         // SAFETY: as above.
-        check(unsafe { libc::chmod(self.c.as_ptr(), mode as libc::mode_t) })
+        check(unsafe { libc::fchmodat(self.at.dir().as_raw_fd(), self.c.as_ptr(), mode as libc::mode_t, 0) })
     }
     fn set_times(&self, times: &[libc::timespec; 2]) -> io::Result<()> {
         // SAFETY: as above; AT_SYMLINK_NOFOLLOW sets a symlink's own times.
-        check(unsafe { libc::utimensat(libc::AT_FDCWD, self.c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })
+        check(unsafe {
+            libc::utimensat(self.at.dir().as_raw_fd(), self.c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW)
+        })
     }
     fn list_xattrs(&self) -> io::Result<Vec<OsString>> {
-        Ok(xattr::list(self.path)?.collect())
+        Ok(xattr::list(&self.xattr_path)?.collect())
     }
     fn get_xattr(&self, name: &OsStr) -> io::Result<Option<Vec<u8>>> {
-        xattr::get(self.path, name)
+        xattr::get(&self.xattr_path, name)
     }
     fn set_xattr(&self, name: &OsStr, value: &[u8]) -> io::Result<()> {
-        xattr::set(self.path, name, value)
+        xattr::set(&self.xattr_path, name, value)
     }
     fn remove_xattr(&self, name: &OsStr) -> io::Result<()> {
-        xattr::remove(self.path, name)
+        xattr::remove(&self.xattr_path, name)
     }
 }
 
@@ -188,8 +205,9 @@ pub fn apply_to_file(file: &File, node: &Node, is_root: bool, created: Option<u3
 
 /// Applies `node`'s metadata to `path` (never followed), unless it already matches.
 pub fn apply_to_path(path: &Path, node: &Node, is_root: bool) -> io::Result<()> {
-    let t = PathTarget { path, c: cstring(path)? };
-    if matches(&t, &Status::from(&std::fs::symlink_metadata(path)?), node, is_root)? {
+    let t = PathTarget::new(path)?;
+    let st = rustix::fs::statat(t.at.dir(), t.at.name(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+    if matches(&t, &Status::from(&st), node, is_root)? {
         return Ok(());
     }
     apply(&t, node, is_root, None)
@@ -203,8 +221,8 @@ pub fn file_matches(file: &File, st: &Status, node: &Node, is_root: bool) -> boo
 
 /// [`file_matches`] for an entry at `path` (never followed).
 pub fn path_matches(path: &Path, st: &Status, node: &Node, is_root: bool) -> bool {
-    let Ok(c) = cstring(path) else { return false };
-    matches(&PathTarget { path, c }, st, node, is_root).unwrap_or(false)
+    let Ok(t) = PathTarget::new(path) else { return false };
+    matches(&t, st, node, is_root).unwrap_or(false)
 }
 
 /// Whether the entry whose status is `st` already carries exactly the node's metadata.
