@@ -38,3 +38,10 @@ pub mod storage;
 pub mod tree;
 
 pub use error::{Error, Result};
+
+/// Internals that the fuzz targets (`fuzz/`) and property tests exercise directly. Not a stable
+/// interface.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::restore::chunk_offsets;
+}

@@ -31,6 +31,8 @@ use crossbeam_channel::bounded;
 
 pub use check::Overwrite;
 pub use dump::{dump, DumpStats};
+#[doc(hidden)]
+pub use plan::chunk_offsets; // for cairn_core::fuzzing (fuzz targets and property tests)
 pub use plan::{Filter, Plan};
 pub use profile::{StageTimes, STAGE_NAMES};
 
