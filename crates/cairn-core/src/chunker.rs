@@ -212,4 +212,68 @@ mod tests {
         d[3] = 1;
         assert!(!is_zero(&d));
     }
+
+    mod proptests {
+        use super::super::*;
+        use super::Trickle;
+        use proptest::prelude::*;
+
+        fn params() -> impl Strategy<Value = ChunkerParams> {
+            (64u32..2048, 0u32..3, 0u32..3, any::<u64>()).prop_map(|(min, a, m, seed)| {
+                let avg = (min.max(256) << a).min(fastcdc::v2020::AVERAGE_MAX);
+                let max = (avg.max(1024) << m).min(fastcdc::v2020::MAXIMUM_MAX);
+                ChunkerParams { min_size: min, avg_size: avg, max_size: max, seed }
+            })
+        }
+
+        /// Random bytes with runs of one byte value (which force cuts at the largest size).
+        fn data() -> impl Strategy<Value = Vec<u8>> {
+            proptest::collection::vec(
+                prop_oneof![
+                    3 => proptest::collection::vec(any::<u8>(), 0..20_000),
+                    1 => (any::<u8>(), 0usize..20_000).prop_map(|(b, n)| vec![b; n]),
+                ],
+                0..6,
+            )
+            .prop_map(|parts| parts.concat())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+
+            /// The Cairn chunker cuts where the reference implementation (fastcdc's FastCDC
+            /// 2020 over the whole input) cuts, whatever the reader hands out per call.
+            #[test]
+            fn cuts_equal_the_reference(p in params(), data in data(), trickle in any::<bool>()) {
+                prop_assert!(p.validate().is_ok());
+                let mut ours = Vec::new();
+                let each = |c: Vec<u8>| -> std::io::Result<()> {
+                    ours.push(c);
+                    Ok(())
+                };
+                if trickle {
+                    ChunkerKind::Cdc(p).chunk(Trickle(&data), u64::MAX, each).unwrap();
+                } else {
+                    ChunkerKind::Cdc(p).chunk(&data[..], data.len() as u64, each).unwrap();
+                }
+                let reference: Vec<Vec<u8>> = FastCDC::with_level_and_seed(&data, p.min_size, p.avg_size, p.max_size, Normalization::Level1, p.seed)
+                    .map(|c| data[c.offset..c.offset + c.length].to_vec())
+                    .collect();
+                // fastcdc yields nothing for empty input; a lone short tail is one chunk in both.
+                prop_assert_eq!(ours.concat(), data.clone());
+                prop_assert_eq!(ours, reference);
+            }
+
+            #[test]
+            fn fixed_chunks_cover_the_input(size in 1u32..5000, data in data()) {
+                let mut sizes = Vec::new();
+                ChunkerKind::Fixed(size).chunk(&data[..], data.len() as u64, |c| -> std::io::Result<()> {
+                    sizes.push(c.len());
+                    Ok(())
+                }).unwrap();
+                prop_assert_eq!(sizes.iter().sum::<usize>(), data.len());
+                prop_assert!(sizes.iter().rev().skip(1).all(|&s| s == size as usize));
+            }
+        }
+    }
 }

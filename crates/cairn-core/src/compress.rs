@@ -67,6 +67,19 @@ impl Codec {
         (out.len() < data.len()).then_some(out)
     }
 
+    /// The most plaintext that `stored_len` bytes of this codec can decompress to: the bound a
+    /// declared length must keep before it is allocated. None stores bytes as they are; an LZ4
+    /// sequence produces at most 255 bytes per input byte (each 255 of a length extension);
+    /// the densest zstd block is an RLE block, 4 bytes for at most 128 KiB.
+    pub fn max_raw_len(self, stored_len: usize) -> u64 {
+        let n = stored_len as u64;
+        match self {
+            Codec::None => n,
+            Codec::Lz4 => n.saturating_mul(255).saturating_add(64),
+            Codec::Zstd(_) => n.saturating_mul(32 * 1024).saturating_add(128 * 1024),
+        }
+    }
+
     /// Decompresses `data` whose plaintext is exactly `raw_len` bytes.
     pub fn decompress(self, data: &[u8], raw_len: usize) -> std::result::Result<Vec<u8>, String> {
         let mut out = Vec::new();
@@ -77,6 +90,9 @@ impl Codec {
     /// [`Codec::decompress`] into `out` (replacing its content), reusing its memory.
     pub fn decompress_into(self, data: &[u8], raw_len: usize, out: &mut Vec<u8>) -> std::result::Result<(), String> {
         out.clear();
+        if raw_len as u64 > self.max_raw_len(data.len()) {
+            return Err(format!("{} stored bytes cannot decompress to the {raw_len} bytes declared", data.len()));
+        }
         out.reserve_exact(raw_len);
         match self {
             Codec::None => out.extend_from_slice(data),
@@ -161,5 +177,60 @@ mod tests {
             assert_eq!(Codec::from_bytes(a, b), Some(c));
         }
         assert_eq!(Codec::from_bytes(9, 0), None);
+    }
+
+    mod proptests {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn codec() -> impl Strategy<Value = Codec> {
+            prop_oneof![
+                Just(Codec::None),
+                Just(Codec::Lz4),
+                (-7i8..=22).prop_filter("0 is not a level", |l| *l != 0).prop_map(Codec::Zstd)
+            ]
+        }
+
+        fn data() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..5000),
+                (proptest::collection::vec(any::<u8>(), 1..30), 1usize..500).prop_map(|(v, n)| v.repeat(n)),
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn every_codec_round_trips(codec in codec(), data in data(), off in 1usize..1000) {
+                match codec.compress(&data) {
+                    Some(c) => {
+                        prop_assert!(c.len() < data.len());
+                        prop_assert_eq!(codec.decompress(&c, data.len()).unwrap(), data.clone());
+                        // Reusing a buffer gives the same, and a wrong length is an error.
+                        let mut out = vec![1u8; off];
+                        codec.decompress_into(&c, data.len(), &mut out).unwrap();
+                        prop_assert_eq!(&out, &data);
+                        prop_assert!(codec.decompress(&c, data.len() + off).is_err());
+                        prop_assert!(codec.decompress(&c, data.len().saturating_sub(off)).is_err());
+                    }
+                    None => prop_assert!(codec == Codec::None || data.len() < 200 || codec.compress(&data).is_none()),
+                }
+                prop_assert_eq!(Codec::None.decompress(&data, data.len()).unwrap(), data.clone());
+            }
+
+            /// Any bytes under any declared length: an error or exactly that many bytes.
+            #[test]
+            fn any_bytes_decompress_or_fail(codec in codec(), data in proptest::collection::vec(any::<u8>(), 0..300), raw_len in 0usize..100_000) {
+                if let Ok(out) = codec.decompress(&data, raw_len) {
+                    prop_assert_eq!(out.len(), raw_len);
+                }
+            }
+
+            #[test]
+            fn codec_bytes_and_names_round_trip(codec in codec()) {
+                let (c, l) = codec.to_bytes();
+                prop_assert_eq!(Codec::from_bytes(c, l), Some(codec));
+                prop_assert_eq!(codec.to_string().parse::<Codec>().unwrap(), codec);
+            }
+        }
     }
 }

@@ -102,4 +102,26 @@ mod tests {
         assert_eq!(id.short().len(), 8);
         assert!(PackId::from_hex("zz").is_err());
     }
+
+    mod proptests {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #[test]
+            fn hex_round_trips(b in any::<[u8; 32]>(), upper in any::<bool>()) {
+                let id = SnapshotId(b);
+                let hex = if upper { id.to_hex().to_uppercase() } else { id.to_hex() };
+                prop_assert_eq!(SnapshotId::from_hex(&hex).unwrap(), id);
+                prop_assert_eq!(id.short(), &id.to_hex()[..8]);
+            }
+
+            #[test]
+            fn any_name_parses_or_fails(s in ".{0,70}") {
+                if let Ok(id) = PackId::from_hex(&s) {
+                    prop_assert_eq!(id.to_hex(), s.to_ascii_lowercase());
+                }
+            }
+        }
+    }
 }

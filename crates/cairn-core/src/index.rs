@@ -232,4 +232,56 @@ mod tests {
         assert!(Index::default().get(&id(1)).is_none());
         assert!(!Index::from_packs(Vec::new()).contains(&id(1)));
     }
+
+    mod proptests {
+        use super::super::*;
+        use crate::pack::tests::proptests::entry;
+        use proptest::prelude::*;
+
+        fn pack() -> impl Strategy<Value = IndexedPack> {
+            (any::<[u8; 32]>(), any::<[u8; 32]>(), proptest::collection::vec(entry(), 0..20))
+                .prop_map(|(id, salt, blobs)| IndexedPack { id: PackId(id), salt, blobs })
+        }
+
+        proptest! {
+            #[test]
+            fn index_files_round_trip(packs in proptest::collection::vec(pack(), 0..6), cut in 1usize..100) {
+                let bytes = encode(&packs);
+                prop_assert_eq!(decode("i", &bytes).unwrap(), packs.clone());
+                // Cut short, it is damaged, unless the cut falls between pack records (then it
+                // lists the packs before the cut; the sealed envelope authenticates the length).
+                let at = bytes.len() - cut.min(bytes.len());
+                let mut end = 0;
+                let mut before = None;
+                for (i, p) in packs.iter().enumerate() {
+                    if end == at {
+                        before = Some(i);
+                    }
+                    end += ID_LEN + SALT_LEN + 4 + p.blobs.len() * ENTRY_LEN;
+                }
+                match before {
+                    Some(n) => prop_assert_eq!(decode("i", &bytes[..at]).unwrap(), packs[..n].to_vec()),
+                    None if at < bytes.len() => prop_assert!(decode("i", &bytes[..at]).is_err()),
+                    None => {}
+                }
+                // Every blob is found, with an entry that a pack listing it has.
+                let idx = Index::from_packs(packs.clone());
+                for b in packs.iter().flat_map(|p| &p.blobs) {
+                    let found = idx.get(&b.id).unwrap();
+                    let from = packs.iter().find(|p| p.id == found.pack && p.salt == found.salt).unwrap();
+                    prop_assert!(from.blobs.contains(&found.entry));
+                    prop_assert_eq!(found.entry.id, b.id);
+                }
+                let distinct: std::collections::HashSet<_> = packs.iter().flat_map(|p| &p.blobs).map(|b| b.id).collect();
+                prop_assert_eq!(idx.len(), distinct.len());
+            }
+
+            #[test]
+            fn any_bytes_decode_or_fail(b in proptest::collection::vec(any::<u8>(), 0..400)) {
+                if let Ok(packs) = decode("i", &b) {
+                    prop_assert_eq!(encode(&packs).len(), b.len());
+                }
+            }
+        }
+    }
 }

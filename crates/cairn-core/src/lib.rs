@@ -46,3 +46,10 @@ pub mod tree;
 pub mod trees;
 
 pub use error::{Error, Result};
+
+/// Internals that the fuzz targets (`fuzz/`) and property tests exercise directly. Not a stable
+/// interface.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::restore::chunk_offsets;
+}

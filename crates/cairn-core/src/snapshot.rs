@@ -67,3 +67,64 @@ impl Snapshot {
         postcard::from_bytes(bytes).map_err(|e| Error::invalid(name, format!("not a snapshot: {e}")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn snapshot() -> impl Strategy<Value = Snapshot> {
+        (
+            (any::<i64>(), 0u32..1_000_000_000, any::<[u8; 32]>()),
+            proptest::collection::vec(".{0,20}", 0..4),
+            (".{0,10}", ".{0,10}", any::<u32>(), any::<u32>()),
+            proptest::collection::vec(".{0,6}", 0..3),
+            proptest::option::of(any::<[u8; 32]>()),
+            ".{0,8}",
+            proptest::array::uniform9(any::<u64>()),
+        )
+            .prop_map(
+                |((secs, nanos, tree), paths, (hostname, username, uid, gid), tags, parent, program_version, s)| {
+                    Snapshot {
+                        time: Timestamp { secs, nanos },
+                        tree: BlobId(tree),
+                        paths,
+                        hostname,
+                        username,
+                        uid,
+                        gid,
+                        tags,
+                        parent: parent.map(SnapshotId),
+                        program_version,
+                        summary: Summary {
+                            files_new: s[0],
+                            files_changed: s[1],
+                            files_unmodified: s[2],
+                            dirs: s[3],
+                            bytes_read: s[4],
+                            bytes_added: s[5],
+                            bytes_stored: s[6],
+                            errors: s[7],
+                            duration_ms: s[8],
+                        },
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn snapshots_round_trip(s in snapshot(), cut in 1usize..50) {
+            let b = s.to_bytes();
+            prop_assert_eq!(Snapshot::from_bytes("s", &b).unwrap(), s);
+            prop_assert!(Snapshot::from_bytes("s", &b[..b.len().saturating_sub(cut)]).is_err());
+        }
+
+        #[test]
+        fn any_bytes_parse_or_fail(b in proptest::collection::vec(any::<u8>(), 0..300)) {
+            if let Ok(s) = Snapshot::from_bytes("s", &b) {
+                prop_assert_eq!(Snapshot::from_bytes("s", &s.to_bytes()).unwrap(), s);
+            }
+        }
+    }
+}

@@ -183,7 +183,15 @@ impl Tree {
             if n.kind != NodeKind::File && !n.content.is_empty() {
                 return Err(Error::invalid(what, format!("entry {:?}: content on a non-file", n.name_lossy())));
             }
-            let total: u64 = n.content.iter().map(Chunk::len).fold(0u64, u64::saturating_add);
+            // Checked, not saturating: chunks of a hostile tree that add up to more than 2^64
+            // bytes would otherwise pass as a file of 2^64 - 1 bytes and overflow the restore's
+            // chunk offsets.
+            let Some(total) = n.content.iter().try_fold(0u64, |sum, c| sum.checked_add(c.len())) else {
+                return Err(Error::invalid(
+                    what,
+                    format!("entry {:?}: chunks add up to more than 2^64 bytes", n.name_lossy()),
+                ));
+            };
             if n.kind == NodeKind::File && total != n.size {
                 return Err(Error::invalid(
                     what,
@@ -233,5 +241,130 @@ mod tests {
         short.size = 11;
         assert!(Tree::from_bytes("t", &Tree { nodes: vec![short] }.to_bytes()).is_err());
         assert!(Tree::from_bytes("t", b"\xff\xff\xff").is_err());
+    }
+
+    pub(crate) mod proptests {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn ts() -> impl Strategy<Value = Timestamp> {
+            (any::<i64>(), 0u32..1_000_000_000).prop_map(|(secs, nanos)| Timestamp { secs, nanos })
+        }
+
+        fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
+            proptest::collection::vec(any::<u8>(), 0..max)
+        }
+
+        fn chunk() -> impl Strategy<Value = Chunk> {
+            prop_oneof![
+                (any::<[u8; 32]>(), any::<u32>()).prop_map(|(id, len)| Chunk::Data { id: BlobId(id), len }),
+                (0u64..1 << 40).prop_map(|len| Chunk::Zero { len }),
+            ]
+        }
+
+        fn node(name: Vec<u8>) -> impl Strategy<Value = Node> {
+            let kind = prop_oneof![
+                Just(NodeKind::File),
+                Just(NodeKind::Dir),
+                Just(NodeKind::Symlink),
+                Just(NodeKind::CharDevice),
+                Just(NodeKind::BlockDevice),
+                Just(NodeKind::Fifo),
+            ];
+            (
+                kind,
+                (any::<u32>(), any::<u32>(), any::<u32>(), ".{0,8}", ".{0,8}"),
+                (ts(), ts(), ts()),
+                (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
+                bytes(40),
+                proptest::collection::vec((bytes(20), bytes(20)).prop_map(|(name, value)| Xattr { name, value }), 0..3),
+                (proptest::option::of(bytes(30)), proptest::option::of(bytes(30))),
+                proptest::collection::vec(chunk(), 0..6),
+                any::<[u8; 32]>(),
+            )
+                .prop_map(
+                    move |(
+                        kind,
+                        (mode, uid, gid, user, group),
+                        (atime, mtime, ctime),
+                        (inode, device_id, links, rdev),
+                        target,
+                        xattrs,
+                        (acl_access, acl_default),
+                        content,
+                        sub,
+                    )| {
+                        let content = if kind == NodeKind::File { content } else { Vec::new() };
+                        Node {
+                            name: name.clone(),
+                            kind,
+                            mode,
+                            uid,
+                            gid,
+                            user,
+                            group,
+                            atime,
+                            mtime,
+                            ctime,
+                            size: if kind == NodeKind::File {
+                                content.iter().map(Chunk::len).sum()
+                            } else {
+                                target.len() as u64
+                            },
+                            inode,
+                            device_id,
+                            links,
+                            rdev,
+                            target,
+                            xattrs,
+                            acl_access,
+                            acl_default,
+                            content,
+                            subtree: (kind == NodeKind::Dir).then_some(BlobId(sub)),
+                        }
+                    },
+                )
+        }
+
+        /// Valid trees: unique safe names in order, content matching the kind.
+        pub(crate) fn tree() -> impl Strategy<Value = Tree> {
+            let name =
+                proptest::collection::vec(any::<u8>().prop_filter("no / or NUL", |b| *b != b'/' && *b != 0), 1..12)
+                    .prop_filter("not . or ..", |n| n != b"." && n != b"..");
+            proptest::collection::btree_set(name, 0..6)
+                .prop_flat_map(|names| names.into_iter().map(node).collect::<Vec<_>>().prop_map(|nodes| Tree { nodes }))
+        }
+
+        proptest! {
+            #[test]
+            fn trees_round_trip(t in tree()) {
+                prop_assert_eq!(Tree::from_bytes("t", &t.to_bytes()).unwrap(), t);
+            }
+
+            /// Out of order or duplicated names, and sizes that do not match, are refused.
+            #[test]
+            fn invalid_trees_are_refused(t in tree(), extra in 1u64..1000) {
+                if t.nodes.len() >= 2 {
+                    let mut swapped = t.clone();
+                    swapped.nodes.swap(0, 1);
+                    prop_assert!(Tree::from_bytes("t", &swapped.to_bytes()).is_err());
+                    let mut dup = t.clone();
+                    dup.nodes[1].name = dup.nodes[0].name.clone();
+                    prop_assert!(Tree::from_bytes("t", &dup.to_bytes()).is_err());
+                }
+                if let Some(f) = t.nodes.iter().position(|n| n.kind == NodeKind::File) {
+                    let mut wrong = t.clone();
+                    wrong.nodes[f].size = wrong.nodes[f].size.wrapping_add(extra);
+                    prop_assert!(Tree::from_bytes("t", &wrong.to_bytes()).is_err());
+                }
+            }
+
+            #[test]
+            fn any_bytes_parse_or_fail(b in proptest::collection::vec(any::<u8>(), 0..300)) {
+                if let Ok(t) = Tree::from_bytes("t", &b) {
+                    prop_assert_eq!(Tree::from_bytes("t", &t.to_bytes()).unwrap(), t);
+                }
+            }
+        }
     }
 }

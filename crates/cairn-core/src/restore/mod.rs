@@ -41,6 +41,8 @@ pub use options::{
 };
 pub use plan::Filter;
 pub use types::Plan;
+#[doc(hidden)]
+pub use types::chunk_offsets; // for cairn_core::fuzzing (fuzz targets and property tests)
 
 use crate::error::{Error, Result};
 use crate::profile::StageClock;
