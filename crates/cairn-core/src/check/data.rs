@@ -65,12 +65,16 @@ pub fn read(
     repo: &Repository,
     chosen: &[&IndexedPackInfo],
     opts: &CheckOptions,
-    record: Option<&mut Record>,
+    mut record: Option<&mut Record>,
     deadline: Option<Instant>,
     report: &mut CheckReport,
     progress: &Progress,
 ) -> Result<()> {
-    let picked = pick(chosen, &opts.read_data, opts.resume.then_some(()).and(record.as_deref()));
+    let picked = match (&opts.read_data, opts.resume, record.as_deref_mut()) {
+        // A full check resumes its cycle: the packs not read since it began.
+        (ReadData::All, true, Some(rec)) => rec.pending(chosen, |p| p.id),
+        (what, resume, rec) => pick(chosen, what, rec.filter(|_| resume).map(|r| &*r)),
+    };
     let reads = plan(&picked, opts.max_memory);
     progress.phase("data", picked.len() as u64);
     progress.bytes_to_read.store(picked.iter().map(|p| p.size).sum(), Ordering::Relaxed);

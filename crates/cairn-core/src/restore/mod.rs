@@ -40,9 +40,9 @@ pub use options::{
     STAGE_NAMES,
 };
 pub use plan::Filter;
-pub use types::Plan;
 #[doc(hidden)]
-pub use types::chunk_offsets; // for cairn_core::fuzzing (fuzz targets and property tests)
+pub use types::chunk_offsets;
+pub use types::Plan; // for cairn_core::fuzzing (fuzz targets and property tests)
 
 use crate::error::{Error, Result};
 use crate::profile::StageClock;
