@@ -149,6 +149,16 @@ impl Repository {
         Ok(files.into_iter().map(|obj| obj.path).zip(read).collect())
     }
 
+    /// The packs in `data/` and their sizes (stray names left out).
+    pub fn list_packs(&self) -> Result<crate::id::IdMap<crate::id::PackId, u64>> {
+        Ok(self
+            .storage
+            .list(Dir::Data.name())?
+            .into_iter()
+            .filter_map(|o| layout::parse_pack_path(&o.path).map(|id| (id, o.size)))
+            .collect())
+    }
+
     /// Replaces the in-memory index with one of `packs`.
     pub fn set_index(&self, packs: Vec<IndexedPack>) {
         *self.index.write().expect("index lock") = Index::from_packs(packs);

@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Result};
 use cairn_core::id::PackId;
-use cairn_core::layout::{self, Dir};
 use cairn_core::lock::LockKind;
 use cairn_core::repair;
 use clap::{Args as ClapArgs, Subcommand};
@@ -115,12 +114,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         Args::Packs(a) => {
             let _lock = lock(&repo, LockKind::Exclusive)?;
             repo.load_index()?;
-            let listed: Vec<PackId> = repo
-                .storage()
-                .list(Dir::Data.name())?
-                .into_iter()
-                .filter_map(|o| layout::parse_pack_path(&o.path))
-                .collect();
+            let listed: Vec<PackId> = repo.list_packs()?.into_keys().collect();
             let mut ids = Vec::new();
             for spec in &a.ids {
                 let spec = spec.to_ascii_lowercase();

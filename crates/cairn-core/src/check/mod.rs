@@ -281,7 +281,7 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
             let mut found = Vec::new();
             files::snapshots(repo, &opts.filter, &mut found).map(|s| (s, found))
         });
-        let listed = s.spawn(|| structure::list_packs(repo));
+        let listed = s.spawn(|| repo.list_packs());
         let mut found = Vec::new();
         let index = files::index(repo, &mut found, progress).map(|p| (p, found));
         let panicked = "a check thread panicked";

@@ -8,7 +8,7 @@ use super::{CheckOptions, CheckReport, Finding, FindingKind, Progress};
 use crate::crypto::SALT_LEN;
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap, IdSet, PackId, SnapshotId};
-use crate::layout::{self, pack_path, Dir};
+use crate::layout::pack_path;
 use crate::pack::{header_tail_len, read_header_tail, BlobEntry, BlobKind};
 use crate::parallel::in_parallel;
 use crate::repository::Repository;
@@ -29,16 +29,6 @@ pub struct IndexedPackInfo {
     pub size: u64,
     /// The index file that lists it.
     pub index_file: String,
-}
-
-/// The packs in `data/` and their sizes.
-pub fn list_packs(repo: &Repository) -> Result<IdMap<PackId, u64>> {
-    Ok(repo
-        .storage()
-        .list(Dir::Data.name())?
-        .into_iter()
-        .filter_map(|o| layout::parse_pack_path(&o.path).map(|id| (id, o.size)))
-        .collect())
 }
 
 /// Blobs that more than one pack holds: one notice with their count.

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use crate::error::{Error, Result};
 use crate::id::{IdMap, IdSet, PackId};
 use crate::index::IndexedPack;
-use crate::layout::{self, pack_path, Dir};
+use crate::layout::{self, pack_path};
 use crate::pack::{decode_blob, read_header, read_header_tail, TRAILER_LEN};
 use crate::parallel::in_parallel;
 use crate::repository::Repository;
@@ -42,12 +42,7 @@ pub struct IndexRepair {
 /// Rebuilds the index on `threads` requests at once. The caller holds the exclusive lock.
 pub fn repair_index(repo: &Repository, read_all: bool, threads: usize) -> Result<IndexRepair> {
     let mut out = IndexRepair::default();
-    let listed: IdMap<PackId, u64> = repo
-        .storage()
-        .list(Dir::Data.name())?
-        .into_iter()
-        .filter_map(|o| layout::parse_pack_path(&o.path).map(|id| (id, o.size)))
-        .collect();
+    let listed: IdMap<PackId, u64> = repo.list_packs()?;
     let files = repo.index_files()?;
     let mut kept: IdMap<PackId, IndexedPack> = IdMap::default();
     let mut damaged = 0;
