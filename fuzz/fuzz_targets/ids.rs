@@ -1,5 +1,5 @@
 //! Names from storage listings: object paths parsed as IDs by `layout` (snapshots/, index/,
-//! keys/, data/xx/) and the IDs' hex parsers; every accepted name must be exactly the one the
+//! keys/, deletions/, data/xx/) and the IDs' hex parsers; every accepted name must be exactly the one the
 //! writer makes for that ID.
 #![no_main]
 
@@ -20,6 +20,9 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Some(id) = layout::parse_key_path(path) {
         assert_eq!(layout::key_path(&id), path);
+    }
+    if let Some(id) = layout::parse_deletion_path(path) {
+        assert_eq!(layout::deletion_path(&id), path);
     }
     let name = layout::file_name(path);
     let lower = name.to_ascii_lowercase();

@@ -86,6 +86,10 @@ enum Command {
     Repair(commands::repair::Args),
     /// Remove stale locks (of processes that are gone), or with --remove-all every lock
     Unlock(commands::unlock::Args),
+    /// Delete data no snapshot needs (never blocks a backup)
+    Prune(commands::prune::Args),
+    /// Store data with another codec (e.g. lz4 for faster restores), removing the old packs
+    Recompress(commands::recompress::Args),
 }
 
 /// Runs the command; returns the exit code.
@@ -102,5 +106,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Unlock(a) => commands::unlock::run(g, a),
         Command::Check(a) => commands::check::run(g, a),
         Command::Repair(a) => commands::repair::run(g, a),
+        Command::Prune(a) => commands::prune::run(g, a),
+        Command::Recompress(a) => commands::recompress::run(g, a),
     }
 }

@@ -112,6 +112,10 @@ pub enum Error {
     /// bug, never the user's input or the repository's state.
     #[error("internal error: {0}; please report this")]
     Internal(String),
+    /// The repository is in a state the operation will not work on (it says what to run
+    /// first), e.g. a prune when a snapshot's tree cannot be read.
+    #[error("{0}")]
+    Refused(String),
     /// The operation was cancelled (for example by SIGINT).
     #[error("interrupted")]
     Interrupted,

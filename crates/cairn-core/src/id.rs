@@ -90,6 +90,11 @@ typed_id!(
     KeyId,
     "key"
 );
+typed_id!(
+    /// Identifies a deletion manifest: BLAKE3 of its stored bytes.
+    DeletionId,
+    "deletion"
+);
 
 #[cfg(test)]
 mod tests {

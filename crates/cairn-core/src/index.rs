@@ -7,7 +7,7 @@
 
 use crate::crypto::SALT_LEN;
 use crate::error::{Error, Result};
-use crate::id::{BlobId, IdMap, PackId, ID_LEN};
+use crate::id::{BlobId, IdMap, IdSet, PackId, ID_LEN};
 use crate::pack::{BlobEntry, ENTRY_LEN};
 
 /// One pack as listed in an index file.
@@ -84,9 +84,16 @@ pub struct BlobLocation {
 }
 
 /// The in-memory index of every blob in the repository.
+///
+/// Packs a pending prune is about to delete (FORMAT.md §13) are *doomed*: where a blob is in a
+/// doomed pack and another, the other copy is the one found, and [`Index::contains_live`] says
+/// whether a blob has a copy that is not doomed (a backup stores a blob again rather than
+/// deduplicate against one about to be deleted).
 #[derive(Default)]
 pub struct Index {
     packs: Vec<(PackId, [u8; SALT_LEN])>,
+    /// Whether each pack (by number) is doomed.
+    doomed: Vec<bool>,
     sorted: Vec<Slot>,
     /// `starts[b]` is the first slot whose ID's top `bucket_bits` bits are `b` or more (and
     /// `starts[2^bits]` the number of slots): a lookup goes straight to its few candidates
@@ -99,13 +106,21 @@ pub struct Index {
 impl Index {
     /// Builds an index from decoded index files.
     pub fn from_packs(all: impl IntoIterator<Item = IndexedPack>) -> Self {
+        Self::with_doomed(all, &IdSet::default())
+    }
+
+    /// Builds an index from decoded index files, the packs in `doomed` about to be deleted.
+    pub fn with_doomed(all: impl IntoIterator<Item = IndexedPack>, doomed: &IdSet<PackId>) -> Self {
         let mut idx = Index::default();
         for p in all {
             let pack = idx.packs.len() as u32;
             idx.packs.push((p.id, p.salt));
+            idx.doomed.push(doomed.contains(&p.id));
             idx.sorted.extend(p.blobs.into_iter().map(|entry| Slot { entry, pack }));
         }
-        idx.sorted.sort_unstable_by_key(|s| s.entry.id);
+        // Of several copies of a blob, the first is kept: one in a pack that stays, if any.
+        let flags = &idx.doomed;
+        idx.sorted.sort_unstable_by_key(|s| (s.entry.id, flags[s.pack as usize]));
         idx.sorted.dedup_by(|a, b| a.entry.id == b.entry.id);
         // About one slot per bucket: 4 bytes per blob next to the slots' 52.
         idx.bucket_bits = (idx.sorted.len().max(1).next_power_of_two().trailing_zeros()).max(1);
@@ -125,6 +140,7 @@ impl Index {
     pub fn add_pack(&mut self, p: &IndexedPack) {
         let pack = self.packs.len() as u32;
         self.packs.push((p.id, p.salt));
+        self.doomed.push(false);
         for &entry in &p.blobs {
             self.recent.entry(entry.id).or_insert(Slot { entry, pack });
         }
@@ -143,6 +159,19 @@ impl Index {
     /// Whether the repository holds this blob.
     pub fn contains(&self, id: &BlobId) -> bool {
         self.find_sorted(id).is_some() || self.recent.contains_key(id)
+    }
+
+    /// Whether the repository holds this blob in a pack no pending prune is about to delete.
+    pub fn contains_live(&self, id: &BlobId) -> bool {
+        match self.find_sorted(id) {
+            Some(s) => !self.doomed[s.pack as usize],
+            None => self.recent.contains_key(id),
+        }
+    }
+
+    /// Whether pack number `pack_no` (of a [`BlobLocation`]) is about to be deleted.
+    pub fn is_doomed(&self, pack_no: u32) -> bool {
+        self.doomed.get(pack_no as usize).copied().unwrap_or(false)
     }
 
     /// Finds an ID among the loaded slots: a restore looks up every chunk of the tree (binary
@@ -210,6 +239,26 @@ mod tests {
         idx.add_pack(&IndexedPack { id: PackId([4; 32]), salt: [0; 32], blobs: vec![entry(4)] });
         assert!(idx.contains(&BlobId([4; 32])));
         assert_eq!(idx.len(), 4);
+    }
+
+    #[test]
+    fn a_copy_in_a_pack_that_stays_is_preferred_to_a_doomed_one() {
+        let (a, b) = (PackId([1; 32]), PackId([2; 32]));
+        let doomed_pack = IndexedPack { id: a, salt: [0; 32], blobs: vec![entry(5), entry(6)] };
+        let live_pack = IndexedPack { id: b, salt: [0; 32], blobs: vec![entry(5)] };
+        let doomed: IdSet<PackId> = [a].into_iter().collect();
+        for packs in [vec![doomed_pack.clone(), live_pack.clone()], vec![live_pack, doomed_pack]] {
+            let idx = Index::with_doomed(packs, &doomed);
+            let found = idx.get(&BlobId([5; 32])).unwrap();
+            assert_eq!(found.pack, b);
+            assert!(!idx.is_doomed(found.pack_no));
+            assert!(idx.contains_live(&BlobId([5; 32])));
+            // Only in the doomed pack: found (a restore may still read it), but not live.
+            let only = idx.get(&BlobId([6; 32])).unwrap();
+            assert!(idx.is_doomed(only.pack_no));
+            assert!(idx.contains(&BlobId([6; 32])));
+            assert!(!idx.contains_live(&BlobId([6; 32])));
+        }
     }
 
     #[test]

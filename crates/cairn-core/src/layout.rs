@@ -1,7 +1,7 @@
 //! Where each kind of file lives in a repository, and how names in a listing are parsed
 //! (FORMAT.md §1). Every path a command reads, writes, lists or deletes is made here.
 
-use crate::id::{IndexId, KeyId, PackId, SnapshotId};
+use crate::id::{DeletionId, IndexId, KeyId, PackId, SnapshotId};
 
 /// The config file.
 pub const CONFIG: &str = "config";
@@ -19,11 +19,13 @@ pub enum Dir {
     Snapshots,
     /// `locks/`: locks.
     Locks,
+    /// `deletions/`: deletion manifests of prunes not yet finished (FORMAT.md §13).
+    Deletions,
 }
 
 impl Dir {
     /// Every directory, in the order `init`'s check reports them.
-    pub const ALL: [Dir; 5] = [Dir::Keys, Dir::Index, Dir::Snapshots, Dir::Data, Dir::Locks];
+    pub const ALL: [Dir; 6] = [Dir::Keys, Dir::Index, Dir::Snapshots, Dir::Data, Dir::Locks, Dir::Deletions];
 
     /// The directory's name, as given to [`crate::storage::Storage::list`].
     pub fn name(self) -> &'static str {
@@ -33,6 +35,7 @@ impl Dir {
             Dir::Index => "index",
             Dir::Snapshots => "snapshots",
             Dir::Locks => "locks",
+            Dir::Deletions => "deletions",
         }
     }
 }
@@ -56,6 +59,11 @@ pub fn index_path(id: &IndexId) -> String {
 /// `snapshots/<id>`.
 pub fn snapshot_path(id: &SnapshotId) -> String {
     format!("snapshots/{}", id.to_hex())
+}
+
+/// `deletions/<id>`.
+pub fn deletion_path(id: &DeletionId) -> String {
+    format!("deletions/{}", id.to_hex())
 }
 
 /// `locks/<name>` (a lock's name is random, not a hash).
@@ -97,6 +105,11 @@ pub fn parse_snapshot_path(path: &str) -> Option<SnapshotId> {
     parse_flat(path, Dir::Snapshots, SnapshotId::from_hex)
 }
 
+/// The deletion manifest a listed `deletions/<id>` path names.
+pub fn parse_deletion_path(path: &str) -> Option<DeletionId> {
+    parse_flat(path, Dir::Deletions, DeletionId::from_hex)
+}
+
 /// The key file a listed `keys/<id>` path names.
 pub fn parse_key_path(path: &str) -> Option<KeyId> {
     parse_flat(path, Dir::Keys, KeyId::from_hex)
@@ -116,6 +129,8 @@ mod tests {
         assert_eq!(parse_index_path(&index_path(&i)), Some(i));
         let k = KeyId::hash_of(b"k");
         assert_eq!(parse_key_path(&key_path(&k)), Some(k));
+        let d = DeletionId::hash_of(b"d");
+        assert_eq!(parse_deletion_path(&deletion_path(&d)), Some(d));
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! Repository locks (FORMAT.md §12): backups and restores hold shared locks, operations that
-//! delete data hold an exclusive one, so nothing is deleted under a running backup or restore.
+//! Repository locks (FORMAT.md §12): backups and restores hold shared locks, repairs an
+//! exclusive one. A prune holds a *prune* lock, which excludes other prunes and exclusive locks
+//! but not shared ones: it never blocks a backup, and deletes nothing a lock held when it
+//! decided still needs (docs/DESIGN.md, "Prune beside backups").
 //!
 //! A lock is a small JSON object `locks/<random id>`. Taking one writes it first and then lists
 //! the others, so of two processes that race, the later one always sees the earlier. A lock is
@@ -21,13 +23,23 @@ pub const REFRESH_EVERY: Duration = Duration::from_secs(5 * 60);
 /// A lock not refreshed for this long belongs to a process that is gone or cut off.
 pub const STALE_AFTER: Duration = Duration::from_secs(30 * 60);
 
-/// Shared (backup, restore) or exclusive (anything that deletes).
+/// Shared (backup, restore), prune, or exclusive (repairs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockKind {
     /// Many holders at once; excludes only exclusive locks.
     Shared,
+    /// One prune at a time beside any number of shared locks; excludes other prune locks and
+    /// exclusive locks.
+    Prune,
     /// One holder; excludes every other lock.
     Exclusive,
+}
+
+impl LockKind {
+    fn conflicts(self, other: LockKind) -> bool {
+        use LockKind::*;
+        matches!((self, other), (Exclusive, _) | (_, Exclusive) | (Prune, Prune))
+    }
 }
 
 /// The content of a lock object.
@@ -37,6 +49,9 @@ pub struct LockInfo {
     pub version: u32,
     /// Whether the lock is exclusive.
     pub exclusive: bool,
+    /// Whether the lock is a prune's (absent in locks of older versions: false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prune: bool,
     /// Host of the holding process.
     pub hostname: String,
     /// User of the holding process.
@@ -50,8 +65,27 @@ pub struct LockInfo {
 }
 
 impl LockInfo {
-    fn describe(&self) -> String {
-        let kind = if self.exclusive { "exclusive" } else { "shared" };
+    /// The kind of lock this is.
+    pub fn kind(&self) -> LockKind {
+        match (self.exclusive, self.prune) {
+            (true, _) => LockKind::Exclusive,
+            (false, true) => LockKind::Prune,
+            (false, false) => LockKind::Shared,
+        }
+    }
+
+    /// Who holds the lock: the same across refreshes (which rename the lock object).
+    pub fn holder(&self) -> Holder {
+        Holder { hostname: self.hostname.clone(), pid: self.pid, created: self.created }
+    }
+
+    /// E.g. "shared lock of process 42 (alice@host), taken 10s ago".
+    pub fn describe(&self) -> String {
+        let kind = match self.kind() {
+            LockKind::Exclusive => "exclusive",
+            LockKind::Prune => "prune",
+            LockKind::Shared => "shared",
+        };
         format!(
             "{kind} lock of process {} ({}@{}), taken {}s ago",
             self.pid,
@@ -69,6 +103,17 @@ impl LockInfo {
         let idle = age(self.refreshed);
         (idle > STALE_AFTER.as_secs()).then(|| format!("not refreshed for {} minutes", idle / 60))
     }
+}
+
+/// The process holding a lock, which stays the same when the lock is refreshed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Holder {
+    /// Its host.
+    pub hostname: String,
+    /// Its process ID on that host.
+    pub pid: u32,
+    /// When it took the lock (Unix seconds).
+    pub created: u64,
 }
 
 /// A lock object found in the repository.
@@ -127,6 +172,7 @@ pub struct Lock {
     stop: Arc<(Mutex<bool>, Condvar)>,
     refresher: Option<JoinHandle<()>>,
     stale: Vec<FoundLock>,
+    holder: Holder,
 }
 
 impl Lock {
@@ -137,6 +183,7 @@ impl Lock {
         let info = LockInfo {
             version: 1,
             exclusive: kind == LockKind::Exclusive,
+            prune: kind == LockKind::Prune,
             hostname: crate::platform::hostname(),
             username: crate::platform::username(),
             pid: std::process::id(),
@@ -158,7 +205,7 @@ impl Lock {
                 continue;
             }
             let Ok(theirs) = &other.info else { continue };
-            if theirs.exclusive || kind == LockKind::Exclusive {
+            if kind.conflicts(theirs.kind()) {
                 let _ = storage.delete(&path);
                 return Err(Error::Locked {
                     repo: storage.location().to_string(),
@@ -166,6 +213,7 @@ impl Lock {
                 });
             }
         }
+        let holder = info.holder();
         let path = Arc::new(Mutex::new(path));
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let refresher = {
@@ -175,7 +223,12 @@ impl Lock {
                 .spawn(move || refresh_until_stopped(&*storage, info, &path, &stop, REFRESH_EVERY))
                 .map_err(|e| Error::io("lock refresher", "cannot start a thread", e))?
         };
-        Ok(Lock { storage, path, stop, refresher: Some(refresher), stale })
+        Ok(Lock { storage, path, stop, refresher: Some(refresher), stale, holder })
+    }
+
+    /// This lock's holder (to tell it from the others in a listing).
+    pub fn holder(&self) -> &Holder {
+        &self.holder
     }
 
     /// Stale locks seen (and ignored) while taking this one.
@@ -271,6 +324,7 @@ mod tests {
         let info = LockInfo {
             version: 1,
             exclusive,
+            prune: false,
             hostname: crate::platform::hostname(),
             username: "someone".into(),
             pid,
@@ -295,6 +349,26 @@ mod tests {
         // The failed attempt left nothing behind.
         assert_eq!(s.list("locks").unwrap().len(), 1);
         drop(x);
+    }
+
+    #[test]
+    fn a_prune_lock_excludes_prunes_and_exclusive_locks_but_not_backups() {
+        let (_d, s) = storage();
+        let backup = Lock::acquire(s.clone(), LockKind::Shared).unwrap();
+        let prune = Lock::acquire(s.clone(), LockKind::Prune).expect("a prune runs beside a backup");
+        let another = Lock::acquire(s.clone(), LockKind::Shared).expect("a backup starts beside a prune");
+        let e = Lock::acquire(s.clone(), LockKind::Prune).err().expect("two prunes must not run at once");
+        assert!(e.to_string().contains("prune lock of process"), "{e}");
+        assert!(Lock::acquire(s.clone(), LockKind::Exclusive).is_err());
+        drop((backup, another));
+        assert!(Lock::acquire(s.clone(), LockKind::Exclusive).is_err(), "a prune excludes repairs");
+        drop(prune);
+        let x = Lock::acquire(s.clone(), LockKind::Exclusive).unwrap();
+        assert!(Lock::acquire(s.clone(), LockKind::Prune).is_err());
+        drop(x);
+        // A lock of an older version (no "prune" field) reads as shared.
+        let old = br#"{"version":1,"exclusive":false,"hostname":"h","username":"u","pid":1,"created":1,"refreshed":1}"#;
+        assert_eq!(serde_json::from_slice::<LockInfo>(old).unwrap().kind(), LockKind::Shared);
     }
 
     #[test]
@@ -326,6 +400,7 @@ mod tests {
         let info = LockInfo {
             version: 1,
             exclusive: false,
+            prune: false,
             hostname: "h".into(),
             username: "u".into(),
             pid: 1,

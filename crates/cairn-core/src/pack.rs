@@ -247,6 +247,30 @@ pub fn decode_blob_into(
     Ok(None)
 }
 
+/// Decrypts a blob in place and verifies it (decompressing into `scratch`, whose memory is
+/// reused), but returns where its *stored* bytes lie in `sealed`: still compressed, ready to be
+/// written into another pack as they are (a repack).
+pub fn verify_stored(
+    master: &MasterKey,
+    key: &ObjectKey,
+    entry: &BlobEntry,
+    sealed: &mut [u8],
+    file: &str,
+    scratch: &mut Vec<u8>,
+) -> Result<std::ops::Range<usize>> {
+    let range = open_blob(key, entry, sealed, file)?;
+    if entry.codec == Codec::None {
+        verify_blob(master, entry, &sealed[range.clone()], file)?;
+    } else {
+        entry
+            .codec
+            .decompress_into(&sealed[range.clone()], entry.raw_length as usize, scratch)
+            .map_err(|why| Error::corrupt(file, format!("blob {}: {why}", entry.id.short())))?;
+        verify_blob(master, entry, scratch, file)?;
+    }
+    Ok(range)
+}
+
 /// Decrypts a blob in place; returns where its (still compressed) plaintext lies.
 fn open_blob(key: &ObjectKey, entry: &BlobEntry, sealed: &mut [u8], file: &str) -> Result<std::ops::Range<usize>> {
     key.open_in_place(&entry.id.0, sealed)

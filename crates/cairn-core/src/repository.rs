@@ -7,8 +7,9 @@ use crate::cache::Cache;
 use crate::compress::Codec;
 use crate::config::{Config, FORMAT_VERSION};
 use crate::crypto::{MasterKey, ObjectKey};
+use crate::deletion::Deletion;
 use crate::error::{Error, Result};
-use crate::id::{BlobId, IndexId, KeyId, SnapshotId};
+use crate::id::{BlobId, DeletionId, IdSet, IndexId, KeyId, PackId, SnapshotId};
 use crate::index::{self, Index, IndexedPack};
 use crate::keyfile::{KdfParams, KeyFile};
 use crate::layout::{self, pack_path, Dir, CONFIG};
@@ -130,14 +131,46 @@ impl Repository {
     }
 
     /// Reads every index file into memory, several at once (each is read, decrypted and
-    /// decoded on its own, and a remote one waits a round trip).
+    /// decoded on its own, and a remote one waits a round trip), and the deletion manifests of
+    /// pending prunes beside them: their packs are doomed (see [`Index`]).
     pub fn load_index(&self) -> Result<()> {
+        let (files, deletions) = std::thread::scope(|s| {
+            let deletions = s.spawn(|| self.deletions());
+            (self.index_files(), deletions.join().expect("deletion reader panicked"))
+        });
         let mut packs = Vec::new();
-        for (_, file) in self.index_files()? {
+        for (_, file) in files? {
             packs.extend(file?);
         }
-        self.set_index(packs);
+        let mut doomed = IdSet::default();
+        for (_, d) in deletions? {
+            match d {
+                Ok(d) => doomed.extend(d.packs),
+                // Only a prune deletes what a manifest names, and it cannot read this one
+                // either: its packs are treated as staying.
+                Err(e) => tracing::warn!("ignoring a deletion manifest: {e}"),
+            }
+        }
+        self.set_index_doomed(packs, &doomed);
         Ok(())
+    }
+
+    /// Every deletion manifest of a pending prune, each read on its own (a damaged one is its
+    /// own error).
+    pub fn deletions(&self) -> Result<Vec<(DeletionId, Result<Deletion>)>> {
+        let listed = self.storage.list(Dir::Deletions.name())?;
+        let ids: Vec<DeletionId> = listed.iter().filter_map(|o| layout::parse_deletion_path(&o.path)).collect();
+        let threads = crate::parallel::cores().max(self.storage.default_concurrency());
+        let read = map_parallel(&ids, threads, |id| {
+            let path = layout::deletion_path(id);
+            Deletion::from_bytes(&path, &self.read_sealed(&path, SealedKind::Deletion)?)
+        });
+        Ok(ids.into_iter().zip(read).collect())
+    }
+
+    /// Writes a deletion manifest; returns its ID.
+    pub fn save_deletion(&self, d: &Deletion) -> Result<DeletionId> {
+        self.write_sealed(SealedKind::Deletion, &d.to_bytes(), DeletionId, layout::deletion_path)
     }
 
     /// Reads and decodes every index file, each on its own (on as many threads as the storage
@@ -161,7 +194,12 @@ impl Repository {
 
     /// Replaces the in-memory index with one of `packs`.
     pub fn set_index(&self, packs: Vec<IndexedPack>) {
-        *self.index.write().expect("index lock") = Index::from_packs(packs);
+        self.set_index_doomed(packs, &IdSet::default());
+    }
+
+    /// Replaces the in-memory index with one of `packs`, those in `doomed` about to be deleted.
+    pub fn set_index_doomed(&self, packs: Vec<IndexedPack>, doomed: &IdSet<PackId>) {
+        *self.index.write().expect("index lock") = Index::with_doomed(packs, doomed);
     }
 
     fn read_index_file(&self, path: &str) -> Result<Vec<IndexedPack>> {
@@ -429,6 +467,7 @@ fn repository_objects(storage: &dyn Storage) -> Result<String> {
             Dir::Snapshots => ("snapshot", "snapshots"),
             Dir::Data => ("pack", "packs"),
             Dir::Locks => ("lock", "locks"),
+            Dir::Deletions => ("deletion manifest", "deletion manifests"),
         };
         match storage.list(dir.name())?.len() {
             0 => {}

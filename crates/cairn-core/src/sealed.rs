@@ -26,6 +26,8 @@ pub enum SealedKind {
     Index = 2,
     /// A snapshot.
     Snapshot = 3,
+    /// A prune's deletion manifest.
+    Deletion = 4,
 }
 
 /// Encrypts `body` as a sealed file of `kind`, compressing it with zstd when that helps.
@@ -115,7 +117,12 @@ mod tests {
         use proptest::prelude::*;
 
         fn kind() -> impl Strategy<Value = SealedKind> {
-            prop_oneof![Just(SealedKind::Config), Just(SealedKind::Index), Just(SealedKind::Snapshot)]
+            prop_oneof![
+                Just(SealedKind::Config),
+                Just(SealedKind::Index),
+                Just(SealedKind::Snapshot),
+                Just(SealedKind::Deletion)
+            ]
         }
 
         proptest! {

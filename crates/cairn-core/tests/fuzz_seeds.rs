@@ -19,7 +19,7 @@ use cairn_core::keyfile::KeyFile;
 use cairn_core::pack::{read_header, BlobKind, ENTRY_LEN, TRAILER_LEN};
 use cairn_core::sealed::{self, SealedKind};
 
-const TARGETS: [&str; 12] = [
+const TARGETS: [&str; 13] = [
     "keyfile",
     "lock",
     "sealed",
@@ -28,6 +28,7 @@ const TARGETS: [&str; 12] = [
     "index",
     "tree",
     "snapshot",
+    "deletion",
     "config",
     "decompress",
     "blob_decode",
@@ -107,6 +108,18 @@ fn generate_fuzz_seeds() {
     let (snap_name, snap_file) = only_file(&repo.join("snapshots"));
     let snap = sealed::open(&master, SealedKind::Snapshot, "s", &snap_file).unwrap();
     out.put("snapshot", "golden-v1", &snap);
+    // Deletion manifests have no golden repository yet (a prune leaves none behind when it ends).
+    let manifest = |packs: Vec<[u8; 32]>, index: Vec<[u8; 32]>| {
+        cairn_core::deletion::Deletion {
+            version: cairn_core::deletion::VERSION,
+            created: if packs.is_empty() { 0 } else { 1_700_000_000 },
+            packs: packs.into_iter().map(cairn_core::id::PackId).collect(),
+            index_files: index.into_iter().map(cairn_core::id::IndexId).collect(),
+        }
+        .to_bytes()
+    };
+    out.put("deletion", "two-packs-v1", &manifest(vec![[1; 32], [3; 32]], vec![[2; 32]]));
+    out.put("deletion", "empty-v1", &manifest(vec![], vec![]));
     let (pack_name, pack) = only_file(&repo.join("data"));
     let (salt, entries) = read_header(&master, "p", &pack).unwrap();
     let okey = master.object_key(&salt);

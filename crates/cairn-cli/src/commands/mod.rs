@@ -18,6 +18,8 @@ pub mod dump;
 pub mod init;
 pub mod key;
 pub mod ls;
+pub mod prune;
+pub mod recompress;
 pub mod repair;
 pub mod restore;
 pub mod snapshots;

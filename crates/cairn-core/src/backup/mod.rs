@@ -8,15 +8,13 @@
 //!
 //! `walk` stats entries and reuses unchanged files from the parent snapshot ([`parent`]);
 //! `read` reads the rest; `chunk` cuts, hashes and looks each chunk up on the reader's thread;
-//! `store` drops known and in-flight blobs; `packer` compresses and encrypts into packs;
-//! `upload` stores packs; `commit` writes index files as packs are stored and the snapshot
-//! last. Directory trees complete asynchronously ([`pending`]): a reader moves on as soon as
+//! `store` drops known and in-flight blobs; the shared pack writer ([`crate::packwrite`])
+//! compresses and encrypts into packs, stores them and writes index files as packs are stored;
+//! the snapshot is written last. Directory trees complete asynchronously ([`pending`]): a reader moves on as soon as
 //! its file is read. Standard input ([`stdin`]) replaces `walk` and `read` with one stream.
 
 mod chunk;
-mod commit;
 mod links;
-mod packer;
 mod parent;
 mod pending;
 mod progress;
@@ -24,13 +22,11 @@ mod read;
 mod select;
 mod stdin;
 mod store;
-mod upload;
 mod walk;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
-use std::thread::ScopedJoinHandle;
 use std::time::Instant;
 
 use crossbeam_channel::bounded;
@@ -44,15 +40,14 @@ use crate::chunker::ChunkerKind;
 use crate::compress::Codec;
 use crate::error::{Error, Result};
 use crate::id::{BlobId, SnapshotId};
-use crate::index::IndexedPack;
-use crate::pack::FinishedPack;
+use crate::packwrite::{join_all, write_packs, WriteOptions, Written};
 use crate::platform;
 use crate::repository::Repository;
 use crate::snapshot::{Snapshot, Summary};
 use links::Links;
 use progress::Counters;
 use select::{Filter, Selection};
-use store::{BlobStore, Job, StoreStats};
+use store::{BlobStore, StoreStats};
 
 /// Files read at once unless `--read-concurrency` says otherwise; measured in docs/DESIGN.md
 /// ("Backup: read concurrency").
@@ -230,11 +225,6 @@ pub fn backup(
     })
 }
 
-/// Joins stage workers; the first error wins.
-fn join_all(workers: Vec<ScopedJoinHandle<'_, Result<()>>>) -> Result<()> {
-    workers.into_iter().map(|w| w.join().expect("backup worker panicked")).fold(Ok(()), Result::and)
-}
-
 /// Runs the stages after `produce` (walk and read, or standard input), which fills the root
 /// tree through the [`Shared`] it is given; then writes the snapshot.
 fn run(
@@ -261,51 +251,32 @@ fn run(
     let stats = StoreStats::default();
     let counters = Counters::default();
     let warnings = Mutex::new(Vec::new());
-    let uploads = opts.upload_concurrency.max(1);
-    let threads = opts.threads.max(1);
-
-    let root = std::thread::scope(|s| -> Result<BlobId> {
-        let (stored_tx, stored_rx) = bounded::<IndexedPack>(uploads * 2);
-        let (packs_tx, packs_rx) = bounded::<FinishedPack>(uploads);
-        let (jobs_tx, jobs_rx) = bounded::<Job>(threads * 4);
-        let indexer = s.spawn(move || commit::index_packs(repo, stored_rx, opts.index_every));
-        let stats = &stats;
-        let uploaders: Vec<_> = (0..uploads)
-            .map(|_| {
-                let (rx, tx) = (packs_rx.clone(), stored_tx.clone());
-                s.spawn(move || upload::run(repo, rx, tx, stats))
-            })
-            .collect();
-        drop((stored_tx, packs_rx));
-        let packers: Vec<_> = (0..threads)
-            .map(|_| {
-                let (rx, tx) = (jobs_rx.clone(), packs_tx.clone());
-                s.spawn(move || packer::run(repo, rx, tx, codec))
-            })
-            .collect();
-        drop((packs_tx, jobs_rx));
-        let produced = {
-            // Dropping the store at the end of this block tells the packers to finish.
-            let store = BlobStore::new(repo, jobs_tx, stats, opts.dry_run);
-            let sh = Shared {
-                repo,
-                store: &store,
-                chunker,
-                counters: &counters,
-                progress,
-                warnings: &warnings,
-                links: Links::default(),
-                root: Mutex::new(None),
-            };
-            produce(&sh).map(|()| sh.root.into_inner().expect("root lock"))
+    let write = WriteOptions {
+        codec,
+        threads: opts.threads.max(1),
+        uploads: opts.upload_concurrency.max(1),
+        index_every: opts.index_every,
+    };
+    let written = Written::default();
+    let root = write_packs(repo, &write, &written, |jobs| {
+        // Dropping the store at the end of this closure tells the packers to finish.
+        let store = BlobStore::new(repo, jobs, &stats, opts.dry_run);
+        let sh = Shared {
+            repo,
+            store: &store,
+            chunker,
+            counters: &counters,
+            progress,
+            warnings: &warnings,
+            links: Links::default(),
+            root: Mutex::new(None),
         };
-        // The most downstream failure is the cause: upstream stages only saw it stop.
-        let packed = join_all(packers);
-        let uploaded = join_all(uploaders);
-        let indexed = indexer.join().expect("indexer panicked");
-        indexed.and(uploaded).and(packed)?;
+        produce(&sh)?;
         // Every source completes its root directory; this is a bug if it happens.
-        produced?.ok_or_else(|| Error::Internal("the backup ended without a root tree".into()))
+        sh.root
+            .into_inner()
+            .expect("root lock")
+            .ok_or_else(|| Error::Internal("the backup ended without a root tree".into()))
     })?;
 
     let get = Counters::get;
@@ -327,7 +298,7 @@ fn run(
             dirs: get(&counters.dirs_new) + get(&counters.dirs_changed) + get(&counters.dirs_unmodified),
             bytes_read: get(&counters.bytes_read),
             bytes_added: stats.bytes_added.load(Ordering::Relaxed),
-            bytes_stored: stats.bytes_stored.load(Ordering::Relaxed),
+            bytes_stored: written.bytes(),
             errors: get(&counters.errors),
             duration_ms: started.elapsed().as_millis() as u64,
         },

@@ -105,7 +105,8 @@ fn load(repo: &Repository, id: BlobId) -> Loaded {
 }
 
 /// Whether `now` is the parent's file `old` unchanged: same size, modification and status
-/// change times, inode and device, and every chunk still in the index.
+/// change times, inode and device, and every chunk still in the index, in a pack no pending
+/// prune is about to delete (FORMAT.md §13).
 pub(super) fn unchanged(old: &Node, now: &Node, repo: &Repository) -> bool {
     old.kind == NodeKind::File
         && old.size == now.size
@@ -116,7 +117,7 @@ pub(super) fn unchanged(old: &Node, now: &Node, repo: &Repository) -> bool {
         && {
             let index = repo.index();
             old.content.iter().all(|c| match c {
-                crate::tree::Chunk::Data { id, .. } => index.contains(id),
+                crate::tree::Chunk::Data { id, .. } => index.contains_live(id),
                 crate::tree::Chunk::Zero { .. } => true,
             })
         }

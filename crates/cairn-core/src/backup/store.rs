@@ -11,22 +11,14 @@ use super::stopped;
 use crate::error::Result;
 use crate::id::{BlobId, IdSet};
 use crate::pack::BlobKind;
+use crate::packwrite::{Job, Payload};
 use crate::repository::Repository;
-
-/// A new blob on its way to a packer.
-pub(super) struct Job {
-    pub id: BlobId,
-    pub kind: BlobKind,
-    pub data: Vec<u8>,
-}
 
 /// Byte counts of what a backup added.
 #[derive(Debug, Default)]
 pub struct StoreStats {
     /// Plaintext bytes of new blobs.
     pub bytes_added: AtomicU64,
-    /// Bytes of new packs written.
-    pub bytes_stored: AtomicU64,
 }
 
 /// The store stage's entry point, shared by every worker.
@@ -49,12 +41,12 @@ impl<'a> BlobStore<'a> {
     /// Stores a blob unless the repository has it or it is already on its way. Returns its ID.
     pub fn save(&self, kind: BlobKind, data: Vec<u8>) -> Result<BlobId> {
         let id = self.repo.key().blob_id(&data);
-        if self.repo.index().contains(&id) || !self.seen.lock().expect("dedup lock").insert(id) {
+        if self.repo.index().contains_live(&id) || !self.seen.lock().expect("dedup lock").insert(id) {
             return Ok(id);
         }
         self.stats.bytes_added.fetch_add(data.len() as u64, Ordering::Relaxed);
         if !self.dry_run {
-            self.jobs.send(Job { id, kind, data }).map_err(|_| stopped("pack"))?;
+            self.jobs.send(Job { id, kind, payload: Payload::Plain(data) }).map_err(|_| stopped("pack"))?;
         }
         Ok(id)
     }

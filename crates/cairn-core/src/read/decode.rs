@@ -14,8 +14,9 @@ use super::buffers::Buf;
 use super::fetch::Fetched;
 use super::{Reader, Sink};
 use crate::id::BlobId;
-use crate::pack::decode_blob_into;
+use crate::pack::{decode_blob_into, verify_stored, BlobEntry};
 use crate::profile::work;
+use crate::repository::retry_damaged;
 
 /// A verified blob's plaintext.
 pub struct Decoded<'b> {
@@ -73,7 +74,11 @@ pub fn decode_worker<'s, S: Sink<'s>>(r: &'s Reader<'_>, input: Receiver<Fetched
             clock.blocked(t);
             continue;
         }
-        let batch = work(clock, || decode_read(r, f, &sink));
+        let batch = if sink.stored_only() {
+            work(clock, || stored_read(r, f, &sink))
+        } else {
+            work(clock, || decode_read(r, f, &sink))
+        };
         if batch.is_empty() {
             continue;
         }
@@ -102,6 +107,43 @@ fn verify_read<'s, S: Sink<'s>>(r: &'s Reader<'_>, mut f: Fetched<'s>, sink: &S)
         }
     }
     count
+}
+
+/// Verifies the blobs of one read (each decoded into one reused buffer) and hands on their
+/// stored bytes inside the read, in the read's order; a blob that fails even when read again is
+/// recorded as failed.
+fn stored_read<'s, S: Sink<'s>>(r: &'s Reader<'_>, mut f: Fetched<'s>, sink: &S) -> Vec<Decoded<'s>> {
+    sink.fetched(f.read, &f.range);
+    let mut scratch = Vec::new();
+    let mut done = Vec::with_capacity(f.read.blobs.len());
+    for b in &f.read.blobs {
+        let start = (u64::from(b.offset) - f.read.offset) as usize;
+        let sealed = &mut f.range[start..start + b.length as usize];
+        match verify_stored(r.repo.key(), &f.key, b, sealed, &f.pack, &mut scratch) {
+            Ok(stored) => done.push((b.id, Ok(start + stored.start..start + stored.end))),
+            Err(_) => match reread_stored(r, &f, b, &mut scratch) {
+                Ok(own) => done.push((b.id, Err(own))),
+                Err(e) => sink.failed(f.read, b, &e),
+            },
+        }
+    }
+    let read = Arc::new(DecodedRead { buf: f.range, _reservation: f.range_reservation });
+    done.into_iter()
+        .map(|(id, d)| match d {
+            Ok(range) => Decoded { id, data: Plain::InRead(read.clone(), range), _reservation: None },
+            Err(own) => Decoded { id, data: Plain::Own(own), _reservation: None },
+        })
+        .collect()
+}
+
+/// Reads one blob again (its copy in the read failed: perhaps a damaged transfer) and returns
+/// its verified stored bytes.
+fn reread_stored(r: &Reader<'_>, f: &Fetched<'_>, b: &BlobEntry, scratch: &mut Vec<u8>) -> crate::Result<Vec<u8>> {
+    retry_damaged(|| {
+        let mut sealed = r.repo.read_pack_range(&f.pack, u64::from(b.offset), u64::from(b.length))?;
+        let range = verify_stored(r.repo.key(), &f.key, b, &mut sealed, &f.pack, scratch)?;
+        Ok(sealed[range].to_vec())
+    })
 }
 
 /// Decodes the blobs of one read, in the read's order; a blob that cannot be decoded is

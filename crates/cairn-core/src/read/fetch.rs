@@ -26,8 +26,8 @@ pub struct Fetched<'b> {
     /// uncompressed are handed on inside it, once they are dropped).
     pub range_reservation: Reservation<'b>,
     /// Budget for each blob's plaintext, in the order of `read.blobs`; released as each blob is
-    /// dropped by the sink (none for a verify-only sink: the range's reservation covers its
-    /// one decoded blob at a time).
+    /// dropped by the sink (none for a verify-only or stored-only sink: the range's reservation
+    /// covers its one decoded blob at a time).
     pub blob_reservations: Vec<Reservation<'b>>,
 }
 
@@ -47,7 +47,7 @@ pub fn fetch_worker<'s, S: Sink<'s>>(
             return;
         }
         // A sink that keeps no plaintext needs room for one decoded blob at a time.
-        let verify_only = sink.verify_only();
+        let verify_only = sink.verify_only() || sink.stored_only();
         let plain = if verify_only {
             read.blobs.iter().map(|b| u64::from(b.raw_length)).max().unwrap_or(0)
         } else {

@@ -137,6 +137,14 @@ pub trait Sink<'r>: Clone + Send + 'r {
         false
     }
 
+    /// Whether the sink wants each verified blob's *stored* bytes (decrypted but still
+    /// compressed, to copy them into a new pack as they are) instead of its plaintext. Each blob
+    /// is still decompressed and its ID recomputed (into one reused buffer) before it is handed
+    /// on; a read reserves its range and its largest blob, as for [`Sink::verify_only`].
+    fn stored_only(&self) -> bool {
+        false
+    }
+
     /// With [`Sink::verify_only`]: this many blobs of `read` verified. Returns false to stop.
     fn verified(&self, _read: &'r PackRead, _count: usize) -> bool {
         true

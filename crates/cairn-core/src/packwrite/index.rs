@@ -1,14 +1,14 @@
-//! Commit stage: index files, then the snapshot (FORMAT.md §8, §10).
+//! Index stage: index files for stored packs (FORMAT.md §8).
 //!
-//! The order is what makes a killed backup harmless: a pack is indexed only after it is
-//! stored, and the snapshot is written only after the index files covering all its blobs.
-//! Index files are written every few packs during the backup, not only at the end, so the
-//! next backup reuses what a killed one had stored.
+//! A pack is indexed only after it is stored, and a backup writes its snapshot only after the
+//! index files covering all its blobs, so a killed writer is harmless. Index files are written
+//! every few packs, not only at the end, so the next backup reuses what a killed one stored.
 
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
+use super::Written;
 use crate::error::Result;
 use crate::index::IndexedPack;
 use crate::repository::Repository;
@@ -18,9 +18,19 @@ const INDEX_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Writes an index file for every `every` stored packs (or every [`INDEX_INTERVAL`]) and one
 /// for the rest when the uploaders are done.
-pub(super) fn index_packs(repo: &Repository, packs: Receiver<IndexedPack>, every: usize) -> Result<()> {
+pub(super) fn index_packs(
+    repo: &Repository,
+    packs: Receiver<IndexedPack>,
+    every: usize,
+    written: &Written,
+) -> Result<()> {
     let mut batch = Vec::new();
     let mut last = Instant::now();
+    let save = |batch: &mut Vec<IndexedPack>| -> Result<()> {
+        let id = repo.save_index(batch)?;
+        written.index_files.lock().expect("written lock").push((id, std::mem::take(batch)));
+        Ok(())
+    };
     loop {
         match packs.recv_timeout(INDEX_INTERVAL) {
             Ok(p) => batch.push(p),
@@ -28,13 +38,12 @@ pub(super) fn index_packs(repo: &Repository, packs: Receiver<IndexedPack>, every
             Err(RecvTimeoutError::Disconnected) => break,
         }
         if batch.len() >= every.max(1) || (!batch.is_empty() && last.elapsed() >= INDEX_INTERVAL) {
-            repo.save_index(&batch)?;
-            batch.clear();
+            save(&mut batch)?;
             last = Instant::now();
         }
     }
     if !batch.is_empty() {
-        repo.save_index(&batch)?;
+        save(&mut batch)?;
     }
     Ok(())
 }

@@ -1,16 +1,15 @@
-//! Pack stage: a pool of workers compresses and encrypts new blobs. Each worker fills its
-//! own pack, so no single thread encrypts for everyone; a full pack goes to the uploaders.
+//! Pack stage: a pool of workers compresses and encrypts blobs. Each worker fills its own
+//! pack, so no single thread encrypts for everyone; a full pack goes to the uploaders.
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::stopped;
-use super::store::Job;
+use super::{stopped, Job, Payload};
 use crate::compress::Codec;
 use crate::error::Result;
 use crate::pack::{BlobKind, FinishedPack, PackWriter};
 use crate::repository::Repository;
 
-/// Runs one packer until the store stage closes; flushes its last, partly full packs. Trees and
+/// Runs one packer until the job sender is dropped; flushes its last, partly full packs. Trees and
 /// file data go to packs of their own (as in restic): loading a snapshot's trees never reads
 /// file data, tree packs can be cached whole, and losing a data pack never loses a directory.
 pub(super) fn run(repo: &Repository, jobs: Receiver<Job>, packs: Sender<FinishedPack>, codec: Codec) -> Result<()> {
@@ -22,10 +21,15 @@ pub(super) fn run(repo: &Repository, jobs: Receiver<Job>, packs: Sender<Finished
     for job in jobs {
         let slot = usize::from(job.kind == BlobKind::Tree);
         let writer = &mut writers[slot];
-        let raw_length = job.data.len() as u32;
-        match codec.compress(&job.data) {
-            Some(c) => writer.add(job.id, job.kind, codec, raw_length, &c),
-            None => writer.add(job.id, job.kind, Codec::None, raw_length, &job.data),
+        match job.payload {
+            Payload::Plain(data) => {
+                let raw_length = data.len() as u32;
+                match codec.compress(&data) {
+                    Some(c) => writer.add(job.id, job.kind, codec, raw_length, &c),
+                    None => writer.add(job.id, job.kind, Codec::None, raw_length, &data),
+                }
+            }
+            Payload::Stored { codec, raw_length, bytes } => writer.add(job.id, job.kind, codec, raw_length, &bytes),
         }
         if writer.len() >= target {
             let full = std::mem::replace(writer, new_writer(job.kind));

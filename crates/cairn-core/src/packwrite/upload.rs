@@ -1,12 +1,11 @@
-//! Upload stage: `--upload-concurrency` workers write finished packs to the storage, then
-//! pass them on to be indexed. A pack is indexed only once it is stored.
+//! Upload stage: workers write finished packs to the storage, then pass them on to be indexed.
+//! A pack is indexed only once it is stored.
 
 use std::sync::atomic::Ordering;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::stopped;
-use super::store::StoreStats;
+use super::{stopped, Written};
 use crate::error::Result;
 use crate::index::IndexedPack;
 use crate::layout::pack_path;
@@ -18,11 +17,13 @@ pub(super) fn run(
     repo: &Repository,
     packs: Receiver<FinishedPack>,
     stored: Sender<IndexedPack>,
-    stats: &StoreStats,
+    written: &Written,
 ) -> Result<()> {
     for pack in packs {
-        stats.bytes_stored.fetch_add(pack.bytes.len() as u64, Ordering::Relaxed);
+        let len = pack.bytes.len() as u64;
         repo.storage().write(&pack_path(&pack.id), pack.bytes)?;
+        written.bytes_stored.fetch_add(len, Ordering::Relaxed);
+        written.packs.fetch_add(1, Ordering::Relaxed);
         let indexed = IndexedPack { id: pack.id, salt: pack.salt, blobs: pack.entries };
         repo.index_pack(&indexed);
         stored.send(indexed).map_err(|_| stopped("index"))?;

@@ -1,0 +1,179 @@
+//! `cairn prune`: delete what no snapshot needs, beside running backups (it never blocks one).
+
+use std::process::ExitCode;
+use std::sync::Mutex;
+
+use anyhow::Result;
+use cairn_core::lock::LockKind;
+use cairn_core::packwrite::WriteOptions;
+use cairn_core::prune::{self, Limit, PlanOptions, PruneOptions, PruneReport, RepackOptions};
+use cairn_core::repository::Repository;
+use clap::Args as ClapArgs;
+
+use super::{cancel_on_sigint, lock, open, parse_size, Global};
+use crate::output::bytes;
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Unused space to tolerate: a percentage of the repository (5%), a size (2G) or `unlimited`
+    #[arg(long, value_name = "LIMIT", default_value = "5%")]
+    max_unused: String,
+    /// Repack at most this many bytes of packs (e.g. 10G)
+    #[arg(long, value_name = "SIZE")]
+    max_repack_size: Option<String>,
+    /// Merge small packs even if there are only a few
+    #[arg(long)]
+    repack_small: bool,
+    /// Compress blobs stored uncompressed (with the repository's default codec)
+    #[arg(long)]
+    repack_uncompressed: bool,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// What prune and recompress share: how to run, not what to do.
+#[derive(ClapArgs, Debug)]
+pub struct RunArgs {
+    /// Show what would be deleted and repacked, and how much space it frees; change nothing
+    #[arg(long, short = 'n')]
+    pub dry_run: bool,
+    /// Wait at most this long for backups and restores that started before the prune decided
+    /// (e.g. 30m); after that the deletion is left for the next prune
+    #[arg(long, value_name = "DURATION", default_value = "24h")]
+    pub max_wait: String,
+    /// Bytes held in flight while repacking
+    #[arg(long, value_name = "SIZE", default_value = "256M")]
+    pub max_memory: String,
+    /// Pack reads in flight while repacking [default: 8, or the remote backend's concurrency]
+    #[arg(long, value_name = "N")]
+    pub fetch_concurrency: Option<usize>,
+}
+
+pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
+    let plan = PlanOptions {
+        max_unused: a.max_unused.parse::<Limit>()?,
+        max_repack: a.max_repack_size.as_deref().map(parse_size).transpose()?,
+        repack_small: a.repack_small,
+        repack_uncompressed: a.repack_uncompressed,
+        recompress: None,
+    };
+    let repo = open(g)?;
+    run_plan(g, &repo, plan, &a.run)
+}
+
+/// Runs a prune with `plan` on `repo` (taking the prune lock) and prints its report.
+pub(crate) fn run_plan(g: &Global, repo: &Repository, plan: PlanOptions, a: &RunArgs) -> Result<ExitCode> {
+    let held = lock(repo, LockKind::Prune)?;
+    repo.load_index()?;
+    let cancel = cancel_on_sigint()?;
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let codec = plan.recompress.as_ref().map_or_else(|| repo.config().codec(), |r| r.to);
+    let opts = PruneOptions {
+        plan,
+        repack: RepackOptions {
+            max_memory: parse_size(&a.max_memory)?,
+            fetchers: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency().max(8)).max(1),
+            decoders: threads,
+            write: WriteOptions {
+                codec,
+                threads,
+                uploads: repo.storage().default_concurrency().clamp(2, 8),
+                index_every: cairn_core::backup::DEFAULT_INDEX_EVERY,
+            },
+        },
+        dry_run: a.dry_run,
+        max_wait: cairn_core::platform::parse_duration(&a.max_wait)?,
+    };
+    let last = Mutex::new(String::new());
+    let say = |msg: &str| {
+        if !g.json {
+            eprintln!("{msg}");
+        }
+        *last.lock().expect("say lock") = msg.to_string();
+    };
+    let report = match prune::prune(repo, &held, &opts, &say, cancel) {
+        Err(cairn_core::Error::Interrupted) => {
+            eprintln!("cairn: prune interrupted; the next prune finishes its work");
+            return Ok(ExitCode::from(130));
+        }
+        other => other?,
+    };
+    print(&report, a.dry_run, g.json);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print(r: &PruneReport, dry_run: bool, json: bool) {
+    if json {
+        let mut v = serde_json::to_value(r).expect("a report serializes");
+        v["message_type"] = "summary".into();
+        v["dry_run"] = dry_run.into();
+        v["freed_bytes"] = r.size_before.saturating_sub(r.size_after).into();
+        outln!("{v}");
+        return;
+    }
+    for e in &r.earlier {
+        outln!("finished an earlier prune: deleted {} packs ({})", e.deleted_packs, bytes(e.deleted_bytes));
+    }
+    let p = &r.plan;
+    if p.packs > 0 {
+        outln!("{} snapshots need {} blobs, {} stored", r.snapshots, p.used_blobs, bytes(p.used_bytes));
+        outln!(
+            "{} packs, {}: {} unused ({:.1}%)",
+            p.packs,
+            bytes(p.size),
+            bytes(p.unused_bytes),
+            percent(p.unused_bytes, p.size)
+        );
+        for (codec, c) in &p.by_codec {
+            outln!("  {codec:<8} {:>9} blobs {:>12} stored {:>12} raw", c.blobs, bytes(c.stored), bytes(c.raw));
+        }
+        let verb = if dry_run { "would delete" } else { "delete" };
+        outln!(
+            "{verb} {} packs ({}){}, repack {} packs ({}, copying {}{})",
+            p.delete_packs,
+            bytes(p.delete_bytes),
+            if p.unindexed_packs > 0 {
+                format!(" of which {} no index names", p.unindexed_packs)
+            } else {
+                String::new()
+            },
+            p.repack_packs,
+            bytes(p.repack_bytes),
+            bytes(p.copy_bytes),
+            if p.reencode_blobs > 0 { format!(", re-encoding {} blobs", p.reencode_blobs) } else { String::new() },
+        );
+        outln!(
+            "after: {} packs + new ones, about {}, {} unused ({:.1}%)",
+            p.keep_packs,
+            bytes(p.size_after),
+            bytes(p.unused_after),
+            percent(p.unused_after, p.size_after)
+        );
+    }
+    if r.deferred {
+        outln!("operations that started before this prune decided still run: the deletion is left for the next `cairn prune`");
+    }
+    if let Some(f) = &r.finished {
+        if f.rescued_packs > 0 {
+            outln!("kept {} packs that snapshots written meanwhile need", f.rescued_packs);
+        }
+    }
+    if !dry_run {
+        let secs: f64 = r.phases.iter().map(|(_, s)| s).sum();
+        let phases: Vec<String> = r.phases.iter().map(|(n, s)| format!("{n} {s:.1}s")).collect();
+        outln!(
+            "freed {} of {} in {secs:.1}s ({})",
+            bytes(r.size_before.saturating_sub(r.size_after)),
+            bytes(r.size_before),
+            phases.join(", ")
+        );
+    }
+}
+
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}

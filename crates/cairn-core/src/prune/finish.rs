@@ -1,0 +1,197 @@
+//! Finish stage: once no lock that was held when a deletion manifest was written remains,
+//! keep what snapshots written meanwhile still need, replace the index files, delete the
+//! packs, then the manifest (FORMAT.md §13; docs/DESIGN.md, "Prune beside backups").
+//!
+//! Each step may be interrupted (kill -9) and the next prune repeats the finish from the
+//! start: index files are replaced before packs are deleted, and the manifest goes last.
+
+use std::time::{Duration, Instant};
+
+use crate::deletion::Deletion;
+use crate::error::Result;
+use crate::id::{BlobId, DeletionId, IdSet, IndexId, PackId, SnapshotId};
+use crate::index::IndexedPack;
+use crate::layout::{self, pack_path};
+use crate::lock::{self, Holder};
+use crate::parallel::map_parallel;
+use crate::repository::Repository;
+use crate::trees::Loading;
+
+/// Blobs per index file a prune writes.
+const INDEX_FILE_BLOBS: usize = 50_000;
+
+/// How often the locks a prune waits for are listed again.
+const POLL_EVERY: Duration = Duration::from_secs(2);
+
+/// What the snapshots the plan counted need: blobs that have a copy outside the doomed packs
+/// by construction (they were claimed in kept packs or copied into new ones).
+pub struct Known<'a> {
+    /// The snapshots counted.
+    pub snapshots: &'a IdSet<SnapshotId>,
+    /// The blobs they need.
+    pub used: &'a IdSet<BlobId>,
+}
+
+/// What finishing a manifest did.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Finished {
+    /// Packs deleted.
+    pub deleted_packs: u64,
+    /// Their bytes.
+    pub deleted_bytes: u64,
+    /// Packs kept after all because a snapshot written meanwhile needs them.
+    pub rescued_packs: u64,
+    /// Snapshots written while the prune ran that were checked for what they need.
+    pub new_snapshots: u64,
+    /// Index files written and removed.
+    pub index_written: u64,
+    /// See `index_written`.
+    pub index_removed: u64,
+}
+
+/// The locks other than `mine` that are not stale: the holders a prune waits for.
+pub fn holders(repo: &Repository, mine: &Holder) -> Result<Vec<(Holder, String)>> {
+    Ok(lock::list(&**repo.storage())?
+        .into_iter()
+        .filter(|l| l.stale_reason().is_none())
+        .filter_map(|l| l.info.ok())
+        .map(|i| (i.holder(), i.describe()))
+        .filter(|(h, _)| h != mine)
+        .collect())
+}
+
+/// Waits until none of `waiting` holds a lock any more (or its lock went stale), at most
+/// `max_wait`; `say` hears whom it waits for. Returns whether they are all gone.
+pub fn wait_for(
+    repo: &Repository,
+    mine: &Holder,
+    mut waiting: Vec<(Holder, String)>,
+    max_wait: Duration,
+    say: &dyn Fn(&str),
+    loading: &Loading,
+) -> Result<bool> {
+    let start = Instant::now();
+    let mut told = 0;
+    loop {
+        let now: Vec<Holder> = holders(repo, mine)?.into_iter().map(|(h, _)| h).collect();
+        waiting.retain(|(h, _)| now.contains(h));
+        if waiting.is_empty() {
+            return Ok(true);
+        }
+        if waiting.len() != told {
+            told = waiting.len();
+            say(&format!(
+                "waiting for {} operation(s) that started before the prune decided, e.g. {}",
+                waiting.len(),
+                waiting[0].1
+            ));
+        }
+        if start.elapsed() >= max_wait {
+            return Ok(false);
+        }
+        if loading.cancel.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(crate::Error::Interrupted);
+        }
+        std::thread::sleep(POLL_EVERY.min(max_wait.saturating_sub(start.elapsed())).max(Duration::from_millis(50)));
+    }
+}
+
+/// Finishes manifest `id`: every lock held when it was written is gone. `known` is what the
+/// snapshots the prune counted need (`None` when finishing another prune's manifest: then every
+/// snapshot is checked).
+pub fn finish(
+    repo: &Repository,
+    id: DeletionId,
+    d: &Deletion,
+    known: Option<Known<'_>>,
+    loading: &Loading,
+) -> Result<Finished> {
+    let mut out = Finished::default();
+    let mut doomed: IdSet<PackId> = d.packs.iter().copied().collect();
+    let replaced: IdSet<IndexId> = d.index_files.iter().copied().collect();
+
+    // Everything indexed now, including what backups wrote while the prune ran.
+    let mut files: Vec<(IndexId, Vec<IndexedPack>)> = Vec::new();
+    for (path, file) in repo.index_files()? {
+        let Some(file_id) = layout::parse_index_path(&path) else { continue };
+        files.push((file_id, file?));
+    }
+    // A doomed pack that an index file written since names is not ours to delete.
+    for (file_id, packs) in &files {
+        if !replaced.contains(file_id) {
+            for p in packs {
+                if doomed.remove(&p.id) {
+                    out.rescued_packs += 1;
+                }
+            }
+        }
+    }
+    // Snapshots the plan did not count may need blobs only doomed packs hold (a backup that
+    // was running deduplicated against them): those packs stay.
+    let snapshots = repo.snapshots()?;
+    let new: Vec<_> = match &known {
+        Some(k) => snapshots.into_iter().filter(|(sid, _)| !k.snapshots.contains(sid)).collect(),
+        None => snapshots,
+    };
+    out.new_snapshots = new.len() as u64;
+    if !new.is_empty() {
+        // Their trees are in packs indexed since the prune loaded the index.
+        repo.set_index_doomed(files.iter().flat_map(|(_, p)| p.iter().cloned()).collect(), &doomed);
+        let needed = super::mark::mark(repo, &new, loading)?;
+        let index = repo.index();
+        for blob in needed.iter().filter(|b| known.as_ref().is_none_or(|k| !k.used.contains(*b))) {
+            if let Some(loc) = index.get(blob) {
+                if index.is_doomed(loc.pack_no) && doomed.remove(&loc.pack) {
+                    out.rescued_packs += 1;
+                }
+            }
+        }
+    }
+
+    // Replace the index files, unless an interrupted finish already did (it removes them
+    // only after writing their replacements).
+    let present: IdSet<IndexId> = files.iter().map(|(f, _)| *f).collect();
+    if replaced.iter().all(|f| present.contains(f)) {
+        let mut seen = IdSet::default();
+        let keep: Vec<IndexedPack> = files
+            .iter()
+            .filter(|(f, _)| replaced.contains(f))
+            .flat_map(|(_, p)| p.iter().cloned())
+            .filter(|p| !doomed.contains(&p.id) && seen.insert(p.id))
+            .collect();
+        out.index_written = write_index_files(repo, keep)?;
+    }
+    let threads = repo.storage().default_concurrency().max(4);
+    let removed = map_parallel(&d.index_files, threads, |f| repo.storage().delete(&layout::index_path(f)));
+    removed.into_iter().collect::<Result<Vec<()>>>()?;
+    out.index_removed = d.index_files.len() as u64;
+
+    let doomed: Vec<PackId> = d.packs.iter().filter(|p| doomed.contains(*p)).copied().collect();
+    let sizes = repo.list_packs()?;
+    out.deleted_bytes = doomed.iter().filter_map(|p| sizes.get(p)).sum();
+    let deleted = map_parallel(&doomed, threads, |p| repo.storage().delete(&pack_path(p)));
+    deleted.into_iter().collect::<Result<Vec<()>>>()?;
+    out.deleted_packs = doomed.len() as u64;
+    repo.storage().delete(&layout::deletion_path(&id))?;
+    Ok(out)
+}
+
+/// Writes `packs` into index files of about [`INDEX_FILE_BLOBS`] blobs each, several at once;
+/// returns how many.
+fn write_index_files(repo: &Repository, packs: Vec<IndexedPack>) -> Result<u64> {
+    let mut groups: Vec<Vec<IndexedPack>> = vec![Vec::new()];
+    let mut blobs = 0;
+    for p in packs {
+        if blobs + p.blobs.len() > INDEX_FILE_BLOBS && !groups.last().expect("one group").is_empty() {
+            groups.push(Vec::new());
+            blobs = 0;
+        }
+        blobs += p.blobs.len();
+        groups.last_mut().expect("one group").push(p);
+    }
+    groups.retain(|g| !g.is_empty());
+    let threads = repo.storage().default_concurrency().max(2);
+    let written = map_parallel(&groups, threads, |g| repo.save_index(g));
+    written.into_iter().collect::<Result<Vec<_>>>()?;
+    Ok(groups.len() as u64)
+}

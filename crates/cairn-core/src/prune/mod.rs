@@ -1,0 +1,222 @@
+//! Prune: delete what no snapshot needs, beside running backups (docs/DESIGN.md, "Prune
+//! beside backups"; FORMAT.md §13).
+//!
+//! ```text
+//! finish earlier ─▶ mark ─▶ plan ─▶ repack ─▶ manifest ─▶ wait ─▶ finish
+//! (their manifests)  (trees)  (fates)  (read path →   (deletions/)  (locks held   (rescue, index,
+//!                                       pack writer)                 at manifest)  delete)
+//! ```
+//!
+//! A prune holds a prune lock, which backups ignore. Before deleting anything it writes a
+//! deletion manifest; backups that start later do not deduplicate against the packs it names,
+//! and the packs are deleted once every lock held when it was written is gone, except those a
+//! snapshot written meanwhile needs. `cairn recompress` is a prune whose plan re-encodes blobs.
+
+mod finish;
+mod mark;
+mod plan;
+mod repack;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+pub use finish::Finished;
+pub use plan::{CodecUse, Fate, Limit, Plan, PlanOptions, PlanStats, PlannedPack, Recompress};
+pub use repack::RepackOptions;
+
+use crate::deletion::{self, Deletion};
+use crate::error::{Error, Result};
+use crate::id::{BlobId, IdSet, IndexId, SnapshotId};
+use crate::layout;
+use crate::lock::Lock;
+use crate::packwrite::Written;
+use crate::repository::Repository;
+use crate::snapshot::Snapshot;
+use crate::trees::Loading;
+
+/// How to prune.
+#[derive(Clone, Debug)]
+pub struct PruneOptions {
+    /// What the plan may do.
+    pub plan: PlanOptions,
+    /// How repacking reads and writes.
+    pub repack: RepackOptions,
+    /// Plan and report only.
+    pub dry_run: bool,
+    /// Longest to wait for operations that started before the prune decided; after that the
+    /// deletion is left for the next prune.
+    pub max_wait: Duration,
+}
+
+/// What a prune did.
+#[derive(Debug, Default, Serialize)]
+pub struct PruneReport {
+    /// Earlier prunes' deletions finished first.
+    pub earlier: Vec<Finished>,
+    /// Snapshots whose needs were counted.
+    pub snapshots: u64,
+    /// The plan's numbers.
+    pub plan: PlanStats,
+    /// New packs written by repacking, and their bytes.
+    pub written_packs: u64,
+    /// See `written_packs`.
+    pub written_bytes: u64,
+    /// The deletion, once finished.
+    pub finished: Option<Finished>,
+    /// Whether the deletion was left for the next prune (operations that started before it
+    /// decided still ran after `max_wait`).
+    pub deferred: bool,
+    /// Bytes of packs before and after.
+    pub size_before: u64,
+    /// See `size_before`.
+    pub size_after: u64,
+    /// Seconds per phase, in order.
+    pub phases: Vec<(String, f64)>,
+}
+
+/// Prunes `repo`, whose index is loaded, under the prune lock `lock`. `say` hears what the
+/// prune is doing (for a status line).
+pub fn prune(
+    repo: &Repository,
+    lock: &Lock,
+    opts: &PruneOptions,
+    say: &dyn Fn(&str),
+    cancel: Arc<AtomicBool>,
+) -> Result<PruneReport> {
+    let loading = Loading { cancel: cancel.clone(), ..Loading::default() };
+    let mut report = PruneReport::default();
+    let mut clock = Phases::start();
+    let mine = lock.holder();
+
+    if !opts.dry_run {
+        let pending = pending(repo)?;
+        if !pending.is_empty() {
+            say(&format!("finishing {} earlier prune(s)", pending.len()));
+            let waiting = finish::holders(repo, mine)?;
+            if !finish::wait_for(repo, mine, waiting, opts.max_wait, say, &loading)? {
+                report.deferred = true;
+                return Ok(report);
+            }
+            for (id, d) in &pending {
+                report.earlier.push(finish::finish(repo, *id, d, None, &loading)?);
+            }
+            repo.load_index()?;
+            clock.end("finish earlier");
+        }
+    }
+
+    say("reading snapshots and index");
+    let (snapshots, damaged) = repo.read_snapshots()?;
+    if let Some((path, e)) = damaged.into_iter().next() {
+        return Err(Error::Refused(format!(
+            "{path} cannot be read ({e}); prune deletes nothing while a snapshot cannot be read: \
+             run `cairn repair snapshots --forget` or restore the file"
+        )));
+    }
+    report.snapshots = snapshots.len() as u64;
+    let mut files: Vec<(IndexId, Vec<crate::index::IndexedPack>)> = Vec::new();
+    for (path, file) in repo.index_files()? {
+        let file = file.map_err(|e| {
+            Error::Refused(format!(
+                "{e}; prune deletes nothing while an index file cannot be read: run `cairn repair index`"
+            ))
+        })?;
+        if let Some(id) = layout::parse_index_path(&path) {
+            files.push((id, file));
+        }
+    }
+    let stored = repo.list_packs()?;
+    report.size_before = stored.values().sum();
+    clock.end("list");
+
+    say(&format!("marking what {} snapshots need", snapshots.len()));
+    let used = mark::mark(repo, &snapshots, &loading)?;
+    clock.end("mark");
+    let plan = plan::plan(files, &stored, &used, &opts.plan, u64::from(repo.config().pack_size))?;
+    report.plan = plan.stats.clone();
+    report.size_after = report.size_before;
+    if opts.dry_run || (plan.stats.delete_packs == 0 && plan.stats.repack_packs == 0) {
+        report.phases = clock.done;
+        return Ok(report);
+    }
+
+    let written = Written::default();
+    let repacks: Vec<&PlannedPack> = plan.with_fate(Fate::Repack).collect();
+    if !repacks.is_empty() {
+        say(&format!("repacking {} packs", repacks.len()));
+        repack::repack(repo, &repacks, &opts.plan, &opts.repack, &written, cancel.clone())?;
+        clock.end("repack");
+    }
+    report.written_packs = written.packs.load(std::sync::atomic::Ordering::Relaxed);
+    report.written_bytes = written.bytes();
+
+    let mut index_files = plan.index_files.clone();
+    index_files.extend(written.index_files.lock().expect("written lock").iter().map(|(id, _)| *id));
+    let d = Deletion {
+        version: deletion::VERSION,
+        created: crate::platform::now_secs(),
+        packs: plan.packs.iter().filter(|p| p.fate != Fate::Keep).map(|p| p.pack.id).collect(),
+        index_files,
+    };
+    let id = repo.save_deletion(&d)?;
+    // Listed after the manifest is stored: a lock taken later belongs to an operation that
+    // reads the manifest (each takes its lock before reading the index).
+    let waiting = finish::holders(repo, mine)?;
+    clock.end("manifest");
+    if !finish::wait_for(repo, mine, waiting, opts.max_wait, say, &loading)? {
+        report.deferred = true;
+        report.phases = clock.done;
+        return Ok(report);
+    }
+    clock.end("wait");
+    say("deleting");
+    let counted: IdSet<SnapshotId> = snapshots.iter().map(|(id, _)| *id).collect();
+    let known = finish::Known { snapshots: &counted, used: &used };
+    report.finished = Some(finish::finish(repo, id, &d, Some(known), &loading)?);
+    report.size_after = repo.list_packs()?.values().sum();
+    clock.end("delete");
+    report.phases = clock.done;
+    Ok(report)
+}
+
+/// The blobs `snapshots` need (their trees and the chunks they name); the index must be loaded.
+pub fn needed_blobs(repo: &Repository, snapshots: &[(SnapshotId, Snapshot)]) -> Result<IdSet<BlobId>> {
+    mark::mark(repo, snapshots, &Loading::default())
+}
+
+/// The deletion manifests of earlier prunes. One that cannot be read is removed: a manifest
+/// only ever allows a deletion, so without it its packs stay (and the next plan counts them).
+fn pending(repo: &Repository) -> Result<Vec<(crate::id::DeletionId, Deletion)>> {
+    let mut out = Vec::new();
+    for (id, d) in repo.deletions()? {
+        match d {
+            Ok(d) => out.push((id, d)),
+            Err(e) => {
+                tracing::warn!("removing unreadable deletion manifest ({e}); its packs are kept");
+                repo.storage().delete(&layout::deletion_path(&id))?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Wall time per phase.
+struct Phases {
+    last: Instant,
+    done: Vec<(String, f64)>,
+}
+
+impl Phases {
+    fn start() -> Self {
+        Phases { last: Instant::now(), done: Vec::new() }
+    }
+
+    fn end(&mut self, name: &str) {
+        let now = Instant::now();
+        self.done.push((name.to_string(), (now - self.last).as_secs_f64()));
+        self.last = now;
+    }
+}
