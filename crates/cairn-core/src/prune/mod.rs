@@ -128,6 +128,9 @@ pub fn prune(
             files.push((id, file));
         }
     }
+    // Listed after the snapshots, the index files cover every blob they need (a backup writes
+    // its index files before its snapshot); the marking reads trees through this index.
+    repo.set_index(files.iter().flat_map(|(_, p)| p.iter().cloned()).collect());
     let stored = repo.list_packs()?;
     report.size_before = stored.values().sum();
     clock.end("list");

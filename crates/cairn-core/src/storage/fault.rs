@@ -23,13 +23,19 @@ pub struct Faults {
     pub corrupt_every: u64,
     /// Ranged reads of objects whose path contains this string hang for `stall_for`.
     pub stall_path: Option<String>,
-    /// How long a stalled read hangs.
+    /// Writes of objects whose path contains this string hang for `stall_for` first (a test
+    /// holds a process at a chosen moment, e.g. a backup just before its snapshot is written).
+    pub stall_write: Option<String>,
+    /// Deletes of objects whose path contains this string hang for `stall_for` first.
+    pub stall_delete: Option<String>,
+    /// How long a stalled request hangs.
     pub stall_for: Duration,
 }
 
 impl Faults {
     /// Parses `key=value` pairs separated by commas: `latency=50ms`, `fail-every=N`,
-    /// `truncate-every=N`, `corrupt-every=N`, `stall=PATH-SUBSTRING`, `stall-for=10s`.
+    /// `truncate-every=N`, `corrupt-every=N`, `stall=PATH-SUBSTRING` (ranged reads),
+    /// `stall-write=PATH-SUBSTRING`, `stall-delete=PATH-SUBSTRING`, `stall-for=10s`.
     pub fn parse(spec: &str) -> Result<Self> {
         let mut f = Faults::default();
         let bad = |what: &str| Error::Usage(format!("bad fault spec {what:?}"));
@@ -43,6 +49,8 @@ impl Faults {
                 "truncate-every" => f.truncate_every = num()?,
                 "corrupt-every" => f.corrupt_every = num()?,
                 "stall" => f.stall_path = Some(v.to_string()),
+                "stall-write" => f.stall_write = Some(v.to_string()),
+                "stall-delete" => f.stall_delete = Some(v.to_string()),
                 _ => return Err(bad(part)),
             }
         }
@@ -73,6 +81,12 @@ impl<S: Storage> FaultyStorage<S> {
     fn delay(&self) {
         if !self.faults.latency.is_zero() {
             std::thread::sleep(self.faults.latency);
+        }
+    }
+
+    fn stall(&self, at: &Option<String>, path: &str) {
+        if at.as_deref().is_some_and(|p| path.contains(p)) {
+            std::thread::sleep(self.faults.stall_for);
         }
     }
 
@@ -113,15 +127,14 @@ impl<S: Storage> Storage for FaultyStorage<S> {
     // Faults land in the caller's buffer, so the layer keeps the backend's own way of reading.
     fn read_range_into(&self, path: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
         self.delay();
-        if self.faults.stall_path.as_deref().is_some_and(|p| path.contains(p)) {
-            std::thread::sleep(self.faults.stall_for);
-        }
+        self.stall(&self.faults.stall_path, path);
         self.inner.read_range_into(path, offset, len, buf)?;
         self.mangle(path, buf, true)
     }
 
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {
         self.delay();
+        self.stall(&self.faults.stall_write, path);
         self.inner.write(path, data)
     }
 
@@ -132,6 +145,7 @@ impl<S: Storage> Storage for FaultyStorage<S> {
 
     fn delete(&self, path: &str) -> Result<()> {
         self.delay();
+        self.stall(&self.faults.stall_delete, path);
         self.inner.delete(path)
     }
 
@@ -165,7 +179,8 @@ mod tests {
 
     #[test]
     fn parse_spec() {
-        let f = Faults::parse("latency=50ms, fail-every=3,stall=data/,stall-for=2s").unwrap();
+        let f = Faults::parse("latency=50ms, fail-every=3,stall=data/,stall-for=2s,stall-write=snapshots/").unwrap();
+        assert_eq!(f.stall_write.as_deref(), Some("snapshots/"));
         assert_eq!(f.latency, Duration::from_millis(50));
         assert_eq!(f.fail_every, 3);
         assert_eq!(f.stall_path.as_deref(), Some("data/"));
