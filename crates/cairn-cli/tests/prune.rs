@@ -298,10 +298,10 @@ fn backups_beside_prunes_finish_and_every_snapshot_restores() {
         let running = spawn(&fx.cairn, &[("CAIRN_INJECT_FAULTS", "latency=10ms")], &["--json", "prune"]);
         let mut pruning = Some(running);
         for step in 0..2u64 {
-            // Bring back a file of the forgotten generation (dedups against doomed blobs) and
-            // change another.
+            // Bring back a file as the first, forgotten generation had it (it dedups against
+            // blobs the prune is deleting) and add another.
             let i = (round * 2 + step) % 12;
-            fs::write(fx.src.join(format!("f{i:02}")), Rng(round - 1 + 1000 * 0 + i + 1).bytes(150_000)).unwrap();
+            fs::write(fx.src.join(format!("f{i:02}")), Rng(i + 1).bytes(200_000 + (i as usize % 5) * 37_000)).unwrap();
             fs::write(fx.src.join(format!("new{round}-{step}")), Rng(77 + round * 10 + step).bytes(100_000)).unwrap();
             fx.backup();
             if let Some(p) = pruning.as_mut() {
