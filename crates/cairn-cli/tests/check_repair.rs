@@ -361,7 +361,7 @@ const ERROR_KINDS: [&str; 11] = [
     "damaged_blob",
     "unreadable_pack",
 ];
-const NOTICE_KINDS: [&str; 2] = ["unindexed_pack", "duplicate_blob"];
+const NOTICE_KINDS: [&str; 3] = ["unindexed_pack", "duplicate_blob", "damaged_deletion"];
 
 /// One `cairn --json check` run, its output validated against the contract.
 struct CheckRun {
@@ -474,7 +474,7 @@ fn check_env(cairn: &Cairn, env: &[(&str, &str)], args: &[&str]) -> CheckRun {
         }
         assert!(f["file"].is_null() || f["file"].is_string(), "{f}\n{shown}");
         if let Some(file) = f["file"].as_str() {
-            let ok = ["data/", "index/", "snapshots/", "keys/"].iter().any(|d| file.starts_with(d));
+            let ok = ["data/", "index/", "snapshots/", "keys/", "deletions/"].iter().any(|d| file.starts_with(d));
             assert!(ok, "finding names no repository file: {f}\n{shown}");
         }
         match f["blob"].as_str() {

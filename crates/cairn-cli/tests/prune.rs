@@ -502,3 +502,25 @@ fn plant_lock(repo: &Path, pid: u32) {
     });
     fs::write(repo.join("locks").join(format!("{:032x}", u128::from(pid) * 7919)), info.to_string()).unwrap();
 }
+
+/// A deletion manifest that cannot be read only ever withholds a deletion: check notes it,
+/// backups and restores ignore it, and the next prune removes it.
+#[test]
+fn a_damaged_manifest_is_noted_ignored_and_removed() {
+    let mut fx = forgotten_half();
+    let junk = b"not a sealed file at all".to_vec();
+    let name = cairn_core::id::DeletionId::hash_of(&junk).to_hex();
+    fs::create_dir_all(fx.cairn.repo.join("deletions")).unwrap();
+    fs::write(fx.cairn.repo.join("deletions").join(&name), &junk).unwrap();
+    let (code, s) = check(&fx.cairn, &[]);
+    assert_eq!(code, 0, "{s}");
+    let kinds: Vec<&str> = s["findings"].as_array().unwrap().iter().map(|f| f["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["damaged_deletion"], "{s}");
+    fs::write(fx.src.join("extra"), b"more").unwrap();
+    fx.backup();
+    fx.all_restore("junk");
+    prune(&fx.cairn, &[]);
+    assert!(files_in(&fx.cairn.repo.join("deletions")).is_empty());
+    assert_checks(&fx.cairn, true);
+    fx.all_restore("junk-pruned");
+}

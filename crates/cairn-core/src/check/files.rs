@@ -1,12 +1,13 @@
-//! Every key, index and snapshot file decrypts and parses; each one that does not is a finding.
+//! Every key, index, snapshot and deletion manifest decrypts and parses; each one that does not
+//! is a finding.
 
 use super::structure::IndexedPackInfo;
 use super::{Finding, FindingKind, Progress};
 use crate::error::Result;
-use crate::id::{IdMap, PackId, SnapshotId};
+use crate::id::{IdMap, IdSet, PackId, SnapshotId};
 use crate::index::IndexedPack;
 use crate::keyfile::KeyFile;
-use crate::layout::Dir;
+use crate::layout::{deletion_path, Dir};
 use crate::pack::header_tail_len;
 use crate::parallel::map_parallel;
 use crate::repository::{check_name, Repository};
@@ -30,19 +31,34 @@ pub fn keys(repo: &Repository, threads: usize) -> Result<Vec<Finding>> {
 }
 
 /// Reads every index file; the good ones become the repository's in-memory index and the packs
-/// they list are returned (the first listing of a pack counts).
+/// they list are returned (the first listing of a pack counts), except packs a running or
+/// interrupted prune is deleting (FORMAT.md §13), returned apart: they may vanish while the
+/// check runs, and nothing needs them that another pack does not hold (or the prune keeps them).
 pub fn index(
     repo: &Repository,
     findings: &mut Vec<Finding>,
     progress: &Progress,
-) -> Result<IdMap<PackId, IndexedPackInfo>> {
+) -> Result<(IdMap<PackId, IndexedPackInfo>, IdSet<PackId>)> {
+    // Manifests first: a prune removes its manifest only after the index files it replaces, so
+    // index files read after the manifests name no pack deleted in between unnoticed.
+    let mut doomed = IdSet::default();
+    for (id, d) in repo.deletions()? {
+        match d {
+            Ok(d) => doomed.extend(d.packs),
+            Err(e) => findings.push(Finding::new(
+                FindingKind::DamagedDeletion,
+                Some(deletion_path(&id)),
+                format!("{e}; ignored (its packs stay), and the next prune removes it"),
+            )),
+        }
+    }
     let mut good: Vec<IndexedPack> = Vec::new();
     let mut packs: IdMap<PackId, IndexedPackInfo> = IdMap::default();
     for (path, file) in repo.index_files()? {
         progress.step();
         match file {
             Ok(list) => {
-                for p in &list {
+                for p in list.iter().filter(|p| !doomed.contains(&p.id)) {
                     packs.entry(p.id).or_insert_with(|| IndexedPackInfo::new(p, &path));
                 }
                 good.extend(list);
@@ -50,8 +66,8 @@ pub fn index(
             Err(e) => findings.push(Finding::new(FindingKind::DamagedIndex, Some(path), e.to_string())),
         }
     }
-    repo.set_index(good);
-    Ok(packs)
+    repo.set_index_doomed(good, &doomed);
+    Ok((packs, doomed))
 }
 
 impl IndexedPackInfo {

@@ -58,6 +58,9 @@ pub enum FindingKind {
     /// A pack no index lists (a notice: an interrupted backup leaves these; `repair index`
     /// indexes it).
     UnindexedPack,
+    /// A prune's deletion manifest does not decrypt or parse (a notice: it is ignored, its packs
+    /// stay, and the next prune removes it).
+    DamagedDeletion,
     /// Blobs stored in more than one pack (a notice: concurrent backups do this).
     DuplicateBlob,
     /// A blob some snapshot needs is in no index.
@@ -114,7 +117,7 @@ pub struct Finding {
 impl Finding {
     fn new(kind: FindingKind, file: Option<String>, message: String) -> Self {
         let severity = match kind {
-            FindingKind::UnindexedPack | FindingKind::DuplicateBlob => Severity::Notice,
+            FindingKind::UnindexedPack | FindingKind::DuplicateBlob | FindingKind::DamagedDeletion => Severity::Notice,
             _ => Severity::Error,
         };
         Finding { kind, severity, file, blob: None, message, affected: Vec::new(), blobs: Vec::new() }
@@ -288,7 +291,7 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
         (keys.join().expect(panicked), index, snapshots.join().expect(panicked), listed.join().expect(panicked))
     });
     report.findings.extend(keys?);
-    let (packs, found) = index?;
+    let ((packs, doomed), found) = index?;
     report.findings.extend(found);
     let (snapshots, found) = snapshots?;
     report.findings.extend(found);
@@ -303,7 +306,7 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
     let present = structure::packs(repo, &in_scope, &listed, threads, &mut report, progress);
     if needed.is_none() {
         structure::duplicates(&packs, &mut report);
-        structure::unindexed(&packs, &listed, &mut report);
+        structure::unindexed(&packs, &doomed, &listed, &mut report);
     }
     let chosen: Vec<&structure::IndexedPackInfo> = in_scope.into_iter().filter(|p| present.contains(&p.id)).collect();
     report.packs = chosen.len() as u64;

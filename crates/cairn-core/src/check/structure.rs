@@ -94,9 +94,15 @@ pub fn packs(
     present
 }
 
-/// Packs in `data/` that no index lists: notices.
-pub fn unindexed(packs: &IdMap<PackId, IndexedPackInfo>, listed: &IdMap<PackId, u64>, report: &mut CheckReport) {
-    let mut unindexed: Vec<(&PackId, &u64)> = listed.iter().filter(|(id, _)| !packs.contains_key(id)).collect();
+/// Packs in `data/` that no index lists (and no prune is deleting): notices.
+pub fn unindexed(
+    packs: &IdMap<PackId, IndexedPackInfo>,
+    doomed: &IdSet<PackId>,
+    listed: &IdMap<PackId, u64>,
+    report: &mut CheckReport,
+) {
+    let mut unindexed: Vec<(&PackId, &u64)> =
+        listed.iter().filter(|(id, _)| !packs.contains_key(id) && !doomed.contains(id)).collect();
     unindexed.sort_unstable();
     for (id, size) in unindexed {
         let file = pack_path(id);
