@@ -461,6 +461,9 @@ fn recompress_changes_the_codec_and_everything_still_restores() {
     let s = last_json(&fx.cairn.ok(["--json", "recompress", "--to", "lz4"]));
     assert_eq!(s["plan"]["reencode_blobs"].as_u64().unwrap(), compressed as u64, "{s}");
     assert_eq!(codecs(&fx), ["lz4"], "every compressed blob is lz4 now");
+    let after: Vec<&String> = s["by_codec_after"].as_object().unwrap().keys().collect();
+    assert!(after.iter().all(|c| *c == "lz4" || *c == "none"), "{s}");
+    assert!(s["plan"]["by_codec"].as_object().unwrap().keys().any(|c| c.starts_with("zstd")), "{s}");
     assert_checks(&fx.cairn, true);
     fx.all_restore("lz4");
     let again = last_json(&fx.cairn.ok(["--json", "recompress", "--to", "lz4"]));

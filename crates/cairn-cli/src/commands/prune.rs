@@ -153,6 +153,12 @@ fn print(r: &PruneReport, dry_run: bool, json: bool) {
     if r.deferred {
         outln!("operations that started before this prune decided still run: the deletion is left for the next `cairn prune`");
     }
+    if let Some(after) = &r.by_codec_after {
+        outln!("stored after:");
+        for (codec, c) in after {
+            outln!("  {codec:<8} {:>9} blobs {:>12} stored {:>12} raw", c.blobs, bytes(c.stored), bytes(c.raw));
+        }
+    }
     if let Some(f) = &r.finished {
         if f.rescued_packs > 0 {
             outln!("kept {} packs that snapshots written meanwhile need", f.rescued_packs);

@@ -69,6 +69,9 @@ pub struct PruneReport {
     /// Whether the deletion was left for the next prune (operations that started before it
     /// decided still ran after `max_wait`).
     pub deferred: bool,
+    /// The needed blobs by codec after the prune (when it repacked anything): with
+    /// `plan.by_codec`, what a recompress changed.
+    pub by_codec_after: Option<std::collections::BTreeMap<String, CodecUse>>,
     /// Bytes of packs before and after.
     pub size_before: u64,
     /// See `size_before`.
@@ -180,6 +183,15 @@ pub fn prune(
     let known = finish::Known { snapshots: &counted, used: &used };
     report.finished = Some(finish::finish(repo, id, &d, Some(known), &loading)?);
     report.size_after = repo.list_packs()?.values().sum();
+    if !repacks.is_empty() {
+        repo.load_index()?;
+        let index = repo.index();
+        let mut after = std::collections::BTreeMap::new();
+        for loc in used.iter().filter_map(|b| index.get(b)) {
+            plan::count_codec(&mut after, &loc.entry);
+        }
+        report.by_codec_after = Some(after);
+    }
     clock.end("delete");
     report.phases = clock.done;
     Ok(report)

@@ -338,6 +338,14 @@ fn decide(packs: &mut [PlannedPack], opts: &PlanOptions, pack_size: u64) {
     }
 }
 
+/// Adds blob `b` to the per-codec totals.
+pub fn count_codec(by_codec: &mut BTreeMap<String, CodecUse>, b: &BlobEntry) {
+    let c = by_codec.entry(b.codec.to_string()).or_default();
+    c.blobs += 1;
+    c.stored += u64::from(b.length);
+    c.raw += u64::from(b.raw_length);
+}
+
 fn stats(packs: &[PlannedPack], unindexed: &[PlannedPack], used_blobs: u64, opts: &PlanOptions) -> PlanStats {
     let mut s = PlanStats { used_blobs, ..PlanStats::default() };
     for p in packs.iter().chain(unindexed) {
@@ -346,10 +354,7 @@ fn stats(packs: &[PlannedPack], unindexed: &[PlannedPack], used_blobs: u64, opts
         s.used_bytes += p.used_bytes();
         s.unused_bytes += p.unused_bytes();
         for b in &p.claimed {
-            let c = s.by_codec.entry(b.codec.to_string()).or_default();
-            c.blobs += 1;
-            c.stored += u64::from(b.length);
-            c.raw += u64::from(b.raw_length);
+            count_codec(&mut s.by_codec, b);
         }
         match p.fate {
             Fate::Keep => {
