@@ -1,5 +1,5 @@
-"""Data sets: the prepared ones (bench/datasets.sh), a tiny generated set for --quick, and the
-changes the in-place restore scenarios make to a restored tree."""
+"""Data sets: the prepared ones (bench/datasets.sh), a tiny generated set for --quick, the
+changes the in-place restore scenarios make to a restored tree, and the lifecycle's edits."""
 import os, subprocess, sys
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,17 +62,32 @@ def damage(root):
             deleted += 1
         elif i % 4 == 1:
             st = os.stat(f)
-            if st.st_size == 0:
-                continue
-            n, off = min(4096, st.st_size), max(0, st.st_size // 2 - 2048)
-            with open(f, "r+b") as fh:
-                fh.seek(off)
-                old = fh.read(n)
-                fh.seek(off)
-                fh.write(bytes(b ^ 0xFF for b in old))  # every byte changes
-            os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
-            overwritten += 1
+            if invert_middle(f):
+                os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+                overwritten += 1
     return deleted, overwritten
+
+
+def invert_middle(f):
+    """Inverts up to 4 KiB in the middle of file f (every byte changes); False for an empty file."""
+    size = os.stat(f).st_size
+    if size == 0:
+        return False
+    n, off = min(4096, size), max(0, size // 2 - 2048)
+    with open(f, "r+b") as fh:
+        fh.seek(off)
+        old = fh.read(n)
+        fh.seek(off)
+        fh.write(bytes(b ^ 0xFF for b in old))
+    return True
+
+
+def mutate(files, k, every=10):
+    """The lifecycle change (bench/harness/lifecycle.py): of files (regular files sorted by path,
+    from regular_files), every tenth starting at the k-th gets damage()'s overwrite, 4 KiB in the
+    middle inverted; here the mtime moves on, as an edit's would, so every tool sees the change.
+    Each k from 0 to 9 changes a different 10% of the files. Returns the files changed."""
+    return sum(invert_middle(f) for f in files[k::every])
 
 
 def age(root):

@@ -1,7 +1,9 @@
 """Results as a CSV, the raw runs as a CSV, and a markdown report: one table per data set with
-ratios to the baseline and to the best peer, the lead's restore targets as pass/fail, and the
-concurrency sweep."""
+ratios to the baseline and to the best peer, the lead's restore targets as pass/fail, the
+concurrency sweep, and the lifecycle's tables (forget and prune, backup during prune,
+recompress; lifecycle.py)."""
 import csv, os
+from . import lifecycle
 from .scenarios import (CHECK, CHECK_DATA, CHECK_DATA_LAT, CHECK_LAT, CHECK_SUBSET, CHECKS, FULL, IMG_RESTORE,
                         NOOP, PARTIAL, SERIAL)
 
@@ -14,6 +16,10 @@ CORES = os.cpu_count() or 1
 
 def is_check(scenario):
     return scenario in CHECKS
+
+
+def is_prune(scenario):
+    return scenario in lifecycle.SCENARIOS
 
 
 def floor_s(results, ds):
@@ -105,6 +111,10 @@ def evaluate_targets(results, max_memory_mib):
             if fast:
                 r = fast.min() / res.min()  # the same work: throughput ratio = inverse time ratio
                 judge(res, f"≥ 70% of the 0 ms throughput: {r:.0%}", r >= 0.7)
+    # The prune targets of issue 14.
+    for ds, scenario, text, ok in lifecycle.targets(results):
+        res = results[(ds, scenario, "cairn")]
+        judge(res, text, ok)
     return out
 
 
@@ -119,6 +129,8 @@ def ordered(results):
 
 def rows(results):
     for res in ordered(results):
+        if is_prune(res.scenario):
+            continue
         base, peer = baseline_of(results, res), (best_peer(results, res) if res.tool == "cairn" else None)
         runs = res.runs
         yield {
@@ -137,7 +149,12 @@ def rows(results):
             "check": res.error or ("ok" if runs and not res.baseline else ""),
             "target": res.extra.get("target", ""),
             "target_pass": res.extra.get("target_pass", ""),
+            "repo_mib": None, "detail": "",
         }
+    for row in lifecycle.rows(results):
+        res = results[(row["dataset"], row["scenario"], row["tool"])]
+        row["target"], row["target_pass"] = res.extra.get("target", ""), res.extra.get("target_pass", "")
+        yield row
 
 
 def write_csv(path, records):
@@ -198,12 +215,17 @@ def markdown(path, header, results, targets, sweep, charts):
     records = list(rows(results))
     order = {}
     for r in records:
-        order.setdefault(r["dataset"], []).append(r)
+        if not is_prune(r["scenario"]):
+            order.setdefault(r["dataset"], []).append(r)
     parts = [header]
     for ds, recs in order.items():
         parts.append(f"### {ds}\n\n{table(recs)}\n")
-    for title, mine in (("Restore targets (issue 3)", [t for t in targets if not is_check(t[1])]),
-                        ("Check targets (issue 13)", [t for t in targets if is_check(t[1])])):
+    prune_tables = lifecycle.markdown(results)
+    if prune_tables:
+        parts.append(prune_tables)
+    for title, mine in (("Restore targets (issue 3)", [t for t in targets if not is_check(t[1]) and not is_prune(t[1])]),
+                        ("Check targets (issue 13)", [t for t in targets if is_check(t[1])]),
+                        ("Prune targets (issue 14)", [t for t in targets if is_prune(t[1])])):
         if mine:
             parts.append(f"### {title}\n\n| data set | scenario | target | result |\n| --- | --- | --- | --- |\n"
                          + "\n".join(f"| {d} | {s} | {cell(t)} | {'**PASS**' if ok else '**FAIL**'} |"

@@ -45,6 +45,31 @@ class Tool:
     # spelling (--read-data, --read-data-subset P%), which Cairn shares.
     check_cmd = None
 
+    # The lifecycle scenario (lifecycle.py): tools that can forget and prune define
+    # forget_cmd(repo, keep) (keep the last `keep` snapshots) and prune_cmd(repo, watch) (delete
+    # what no snapshot needs; with watch, print progress that repack_marker finds when the
+    # repacking starts, else a summary the scenario can parse). state_vars: environment variables
+    # naming the tool's cache or state directory, copied along with a repository (fork).
+    forget_cmd = None
+    prune_cmd = None
+    repack_marker = None
+    prune_lock = None  # a file the prune's exclusive lock creates in the repository, if it has one
+    state_vars = ()
+
+    def fork(self, repo, copy, tag):
+        """Copies repo to copy, and the tool's cache and state directories beside theirs; returns
+        the environment to run the tool on the copy with (the same state the original has)."""
+        subprocess.run(["cp", "-a", repo, copy], check=True)
+        env = dict(self.env)
+        for var in self.state_vars:
+            src = env.get(var)
+            if src:
+                env[var] = f"{src}-{tag}"
+                shutil.rmtree(env[var], ignore_errors=True)
+                if os.path.isdir(src):
+                    subprocess.run(["cp", "-a", src, env[var]], check=True)
+        return env
+
 
 class Cairn(Tool):
     name, binary = "cairn", "cairn"
@@ -66,6 +91,19 @@ class Cairn(Tool):
 
     def check_cmd(self, repo, options=()):
         return [self.path, "-r", repo, "--json", "check", *options]
+
+    def forget_cmd(self, repo, keep):
+        return [self.path, "-r", repo, "forget", "--keep-last", str(keep)]
+
+    def prune_cmd(self, repo, watch=False):
+        # --json prints the summary with the plan and per-phase seconds; without it the progress
+        # lines ("repacking N packs") go to stderr and the last line names the phases.
+        return [self.path, "-r", repo, "prune"] if watch else [self.path, "-r", repo, "--json", "prune"]
+
+    repack_marker = re.compile(r"^repacking \d+ packs")
+
+    def recompress_cmd(self, repo, to):
+        return [self.path, "-r", repo, "--json", "recompress", "--to", to]
 
     def summary(self, run):
         for line in reversed(run.stdout.splitlines()):
@@ -103,6 +141,15 @@ class Restic(Tool):
     def check_cmd(self, repo, options=()):
         return [self.path, "-r", repo, "check", *options]
 
+    def forget_cmd(self, repo, keep):
+        return [self.path, "-r", repo, "forget", "--keep-last", str(keep)]
+
+    def prune_cmd(self, repo, watch=False):
+        return [self.path, "-r", repo, "prune"]
+
+    repack_marker = re.compile(r"^repacking packs")
+    state_vars = ("RESTIC_CACHE_DIR",)
+
 
 class Rustic(Tool):
     name, binary = "rustic", "rustic"
@@ -119,6 +166,14 @@ class Rustic(Tool):
 
     def restore_cmd(self, repo, target, options=()):
         return [self.path, "-r", repo, "restore", "latest", target, *options]
+
+    def forget_cmd(self, repo, keep):
+        return [self.path, "-r", repo, "forget", "--keep-last", str(keep)]
+
+    def prune_cmd(self, repo, watch=False):
+        return [self.path, "-r", repo, "prune"]
+
+    state_vars = ("RUSTIC_CACHE_DIR",)
 
 
 class Borg(Tool):
@@ -145,6 +200,17 @@ class Borg(Tool):
 
     def restore_cmd(self, repo, target, options=()):
         return [self.path, "extract", "--sparse", f"{repo}::{self.archives[repo]}", *options]
+
+    # borg's forget is `prune` (it removes archives), and its prune is `compact` (it frees the
+    # space); both take the repository's exclusive lock.
+    def forget_cmd(self, repo, keep):
+        return [self.path, "prune", "--keep-last", str(keep), repo]
+
+    def prune_cmd(self, repo, watch=False):
+        return [self.path, "compact", repo]
+
+    prune_lock = "lock.exclusive"
+    state_vars = ("BORG_BASE_DIR",)
 
 
 ALL = [Cairn, Rustic, Restic, Borg]
