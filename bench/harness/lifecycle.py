@@ -389,9 +389,9 @@ def markdown(results):
                 f"| {_f(r.min() / restic.min()) + '×' if vs else ''} | {_rss(r):.0f} "
                 f"| {_f(_rss(r) / _rss(restic)) + '×' if vs else ''} | {_repo(r) / MIB:.1f} "
                 f"| {_f(_repo(r) / _repo(restic), '.3f') + '×' if vs else ''} | {_cell(r.error or 'ok')} |")
-        names = {"borg": "borg prune + compact", "cairn": "cairn forget + prune", "restic": "restic forget + prune"}
-        lines.append("\n(" + "; ".join(f"{t}: {names.get(t, t + ' forget + prune')}" for t in tools)
-                     + f"; repository size by `du -sb`, smallest of the rounds; each tool's default compression.)\n")
+        what = {"borg": "borg prune + compact", "cairn": "cairn forget + prune", "restic": "restic forget + prune"}
+        lines.append("\n(" + "; ".join(f"{t}: {what.get(t, t + ' forget + prune')}" for t in tools)
+                     + "; repository size by `du -sb`, smallest of the rounds; each tool's default compression.)\n")
         cairn = _get(results, ds, FORGET_PRUNE, "cairn")
         if cairn and cairn.extra.get("phases"):
             names = list(dict.fromkeys(n for ph in cairn.extra["phases"] for n, _ in ph))
