@@ -25,6 +25,7 @@ pub mod compress;
 pub mod config;
 pub mod crypto;
 pub mod error;
+pub mod forget;
 pub mod id;
 pub mod index;
 pub mod keyfile;
@@ -42,6 +43,7 @@ pub mod sealed;
 pub mod select;
 pub mod snapshot;
 pub mod storage;
+pub mod tag;
 pub mod tree;
 pub mod trees;
 
