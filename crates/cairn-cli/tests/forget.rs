@@ -505,3 +505,62 @@ fn backup_time_is_recorded_and_restores_as_usual() {
     let now = fx.cairn.backup(&[&fx.src], &[])["snapshot_id"].as_str().unwrap().to_string();
     assert_eq!(fx.cairn.snapshots().last().unwrap()["id"].as_str(), Some(now.as_str()));
 }
+
+/// A local storage that lists one snapshot more than it holds, as a listing taken just before
+/// `forget` or `tag` removed that snapshot would.
+struct ListsARemovedSnapshot(cairn_core::storage::OpendalStorage);
+
+impl cairn_core::storage::Storage for ListsARemovedSnapshot {
+    fn location(&self) -> &str {
+        self.0.location()
+    }
+    fn read(&self, path: &str) -> cairn_core::Result<Vec<u8>> {
+        self.0.read(path)
+    }
+    fn read_range_into(&self, path: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> cairn_core::Result<()> {
+        self.0.read_range_into(path, offset, len, buf)
+    }
+    fn write(&self, path: &str, data: Vec<u8>) -> cairn_core::Result<()> {
+        self.0.write(path, data)
+    }
+    fn list(&self, dir: &str) -> cairn_core::Result<Vec<cairn_core::storage::ObjectInfo>> {
+        let mut listed = self.0.list(dir)?;
+        if dir == "snapshots" {
+            listed.push(cairn_core::storage::ObjectInfo { path: format!("snapshots/{}", "ab".repeat(32)), size: 200 });
+        }
+        Ok(listed)
+    }
+    fn delete(&self, path: &str) -> cairn_core::Result<()> {
+        self.0.delete(path)
+    }
+    fn exists(&self, path: &str) -> cairn_core::Result<bool> {
+        self.0.exists(path)
+    }
+    fn create(&self) -> cairn_core::Result<()> {
+        self.0.create()
+    }
+    fn default_concurrency(&self) -> usize {
+        self.0.default_concurrency()
+    }
+    fn is_remote(&self) -> bool {
+        false
+    }
+    fn remove_stale_temporaries(&self, age: std::time::Duration) -> cairn_core::Result<usize> {
+        self.0.remove_stale_temporaries(age)
+    }
+}
+
+#[test]
+fn a_snapshot_removed_while_others_list_them_is_not_damage() {
+    // A backup choosing its parent, a check or another forget lists the snapshots and then
+    // reads them: one that forget or tag removed in between is gone, not damaged.
+    let fx = Fx::new();
+    let kept = fx.backup_at("2024-07-01 10:00:00", &[]);
+    let local = cairn_core::storage::OpendalStorage::local(fx.cairn.repo.to_str().unwrap()).unwrap();
+    let storage = std::sync::Arc::new(ListsARemovedSnapshot(local));
+    let repo = cairn_core::repository::Repository::open(storage, PASSWORD.as_bytes()).unwrap();
+    let (snaps, damaged) = repo.read_snapshots().unwrap();
+    assert!(damaged.is_empty(), "{damaged:?}");
+    assert_eq!(snaps.iter().map(|(id, _)| id.to_hex()).collect::<Vec<_>>(), [kept]);
+    assert_eq!(repo.snapshots().unwrap().len(), 1);
+}
