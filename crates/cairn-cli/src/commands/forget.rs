@@ -24,8 +24,6 @@ pub struct Args {
     /// Snapshots to remove whatever the policy says (ID prefixes or `latest`)
     #[arg(value_name = "ID")]
     ids: Vec<String>,
-    #[command(flatten)]
-    policy: PolicyArgs,
     /// Apply the policy to each group of snapshots with the same host, paths and/or tags
     /// (comma-separated; '' for one group of all)
     #[arg(long, value_name = "GROUP", default_value = "host,paths")]
@@ -39,10 +37,14 @@ pub struct Args {
     /// keeps no snapshot of a group
     #[arg(long)]
     allow_remove_all: bool,
+    // Last: its help heading applies to the options after it.
+    #[command(flatten)]
+    policy: PolicyArgs,
 }
 
 /// The retention policy, applied to each group.
 #[derive(ClapArgs, Debug)]
+#[command(next_help_heading = "Policy (a snapshot any rule keeps stays; counts and durations are per group)")]
 struct PolicyArgs {
     /// Keep the N newest snapshots (-1 or unlimited: all)
     #[arg(long, short = 'l', value_name = "N", allow_negative_numbers = true)]
