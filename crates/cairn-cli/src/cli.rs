@@ -79,6 +79,10 @@ enum Command {
     /// Manage the key files that unlock the repository
     #[command(subcommand)]
     Key(commands::key::Args),
+    /// Remove snapshots by ID or by a retention policy (--keep-*), group by group
+    Forget(commands::forget::Args),
+    /// Add, remove or replace the tags of snapshots
+    Tag(commands::tag::Args),
     /// Check the repository: structure, and with --read-data(-subset) the pack data
     Check(commands::check::Args),
     /// Repair the index, snapshots or damaged packs
@@ -104,6 +108,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Dump(a) => commands::dump::run(g, a),
         Command::Key(a) => commands::key::run(g, a),
         Command::Unlock(a) => commands::unlock::run(g, a),
+        Command::Forget(a) => commands::forget::run(g, a),
+        Command::Tag(a) => commands::tag::run(g, a),
         Command::Check(a) => commands::check::run(g, a),
         Command::Repair(a) => commands::repair::run(g, a),
         Command::Prune(a) => commands::prune::run(g, a),

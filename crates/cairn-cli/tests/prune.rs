@@ -72,12 +72,7 @@ impl Fx {
 
     /// Forgets snapshot `id`.
     fn forget(&mut self, id: &str) {
-        // TEMPORARY until `cairn forget` lands: remove the snapshot file.
-        if self.cairn.repo.is_dir() {
-            fs::remove_file(self.cairn.repo.join("snapshots").join(id)).unwrap();
-        } else {
-            self.cairn.ok(["forget", id]);
-        }
+        self.cairn.ok(["forget", id]);
         self.snaps.retain(|(s, _)| s != id);
     }
 
@@ -219,6 +214,27 @@ fn prune_frees_what_forgotten_snapshots_held_and_the_rest_restores() {
     assert_eq!(again["freed_bytes"], 0, "{again}");
     assert_eq!(again["plan"]["delete_packs"], 0, "{again}");
     assert_eq!(again["plan"]["repack_packs"], 0, "{again}");
+}
+
+#[test]
+fn forget_with_prune_forgets_then_frees_the_space() {
+    let mut fx = Fx::new();
+    for gen in 0..4 {
+        fx.generation(gen, 9);
+    }
+    let before = fx.data_bytes();
+    let out = fx.cairn.ok(["--json", "forget", "--keep-last", "2", "--prune"]);
+    let mut lines = out.lines().filter(|l| !l.trim().is_empty());
+    let groups: Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert_eq!(groups[0]["remove"].as_array().unwrap().len(), 2, "{out}");
+    let s: Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert_eq!(s["message_type"], "summary", "{out}");
+    assert!(s["freed_bytes"].as_u64().unwrap() > 0, "{out}");
+    assert_eq!(fx.cairn.snapshots().len(), 2);
+    assert!(fx.data_bytes() < before);
+    fx.snaps.drain(..2);
+    assert_checks(&fx.cairn, true);
+    fx.all_restore("forget-prune");
 }
 
 #[test]

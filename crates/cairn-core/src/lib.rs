@@ -26,6 +26,7 @@ pub mod config;
 pub mod crypto;
 pub mod deletion;
 pub mod error;
+pub mod forget;
 pub mod id;
 pub mod index;
 pub mod keyfile;
@@ -45,6 +46,7 @@ pub mod sealed;
 pub mod select;
 pub mod snapshot;
 pub mod storage;
+pub mod tag;
 pub mod tree;
 pub mod trees;
 

@@ -87,6 +87,20 @@ pub fn format_local(t: Timestamp) -> String {
     }
 }
 
+/// Parses a local time written `YYYY-MM-DD HH:MM:SS` (as [`format_local`] writes it). A time
+/// that occurs twice (when clocks go back) is the first of the two; one that never occurs (when
+/// clocks go forward) is an error.
+pub fn parse_local(s: &str) -> crate::Result<Timestamp> {
+    use chrono::TimeZone;
+    let naive = chrono::NaiveDateTime::parse_from_str(s.trim(), "%Y-%m-%d %H:%M:%S")
+        .map_err(|_| crate::Error::Usage(format!("invalid time {s:?}: use YYYY-MM-DD HH:MM:SS (local time)")))?;
+    let t = chrono::Local
+        .from_local_datetime(&naive)
+        .earliest()
+        .ok_or_else(|| crate::Error::Usage(format!("time {s:?} does not exist here (clocks skip it)")))?;
+    Ok(Timestamp { secs: t.timestamp(), nanos: 0 })
+}
+
 /// Whether `path` is on a file system where reserving a file's blocks before writing them
 /// costs little and changes nothing else: ext4 or XFS (false when that cannot be told).
 pub fn reserves_cheaply(path: &Path) -> bool {
@@ -475,6 +489,17 @@ pub fn cstring(path: &Path) -> io::Result<CString> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn local_times_parse_as_they_are_written() {
+        for s in ["2019-09-01 11:00:00", "1999-12-31 23:59:59", "2024-02-29 00:00:00"] {
+            assert_eq!(format_local(parse_local(s).unwrap()), s);
+        }
+        for bad in ["2019-09-01", "2019-09-01T11:00:00", "2019-02-30 11:00:00", "yesterday", ""] {
+            let e = parse_local(bad).unwrap_err().to_string();
+            assert!(e.contains("YYYY-MM-DD HH:MM:SS"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn only_enxio_means_no_more_data() {

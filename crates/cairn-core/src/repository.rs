@@ -378,7 +378,8 @@ impl Repository {
     }
 
     /// Every snapshot that can be read, oldest first, and the files that cannot (with why);
-    /// read several at once (a remote one waits a round trip).
+    /// read several at once (a remote one waits a round trip). A snapshot listed but gone when
+    /// read was removed meanwhile and is left out.
     pub fn read_snapshots(&self) -> Result<(Vec<(SnapshotId, Snapshot)>, DamagedFiles)> {
         let listed = self.storage.list(Dir::Snapshots.name())?;
         let threads = crate::parallel::cores().max(self.storage.default_concurrency());
@@ -390,6 +391,8 @@ impl Repository {
         for (obj, r) in listed.into_iter().zip(read) {
             match r {
                 Ok(s) => good.push(s),
+                // Removed since the listing (by `forget`, or `tag` replacing it): not damage.
+                Err(Error::NotFound(_)) => {}
                 Err(e) => bad.push((obj.path, e)),
             }
         }

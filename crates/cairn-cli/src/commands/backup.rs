@@ -28,6 +28,9 @@ pub struct Args {
     /// Host name to record instead of this machine's
     #[arg(long, value_name = "NAME")]
     pub host: Option<String>,
+    /// Time to record instead of now (local time, "YYYY-MM-DD HH:MM:SS")
+    #[arg(long, value_name = "TIME", value_parser = cairn_core::platform::parse_local)]
+    pub time: Option<cairn_core::tree::Timestamp>,
     /// Chunking: cdc (content-defined, the repository's parameters) or fixed:SIZE (bytes, with
     /// an optional K or M suffix; for disk images)
     #[arg(long, default_value = "cdc", value_name = "CHUNKER")]
@@ -93,6 +96,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         tags: a.tags,
         compression: a.compression.as_deref().map(parse_codec).transpose()?,
         hostname: a.host,
+        time: a.time,
         fixed_chunk_size: parse_chunker(&a.chunker)?,
         read_concurrency: a.read_concurrency.max(1),
         threads: a.threads.unwrap_or(defaults.threads).max(1),

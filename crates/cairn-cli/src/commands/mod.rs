@@ -15,6 +15,7 @@ use crate::password;
 pub mod backup;
 pub mod check;
 pub mod dump;
+pub mod forget;
 pub mod init;
 pub mod key;
 pub mod ls;
@@ -23,6 +24,7 @@ pub mod recompress;
 pub mod repair;
 pub mod restore;
 pub mod snapshots;
+pub mod tag;
 pub mod unlock;
 
 pub(crate) fn storage(global: &Global) -> Result<Arc<dyn Storage>> {
@@ -120,12 +122,35 @@ pub(crate) fn parse_size(s: &str) -> Result<u64> {
     Ok(cairn_core::platform::parse_size(s)?)
 }
 
+/// `1 snapshot`, `2 snapshots`.
+pub(crate) fn plural(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
 /// The snapshot filters of commands that work on several snapshots.
 #[derive(clap::Args, Debug, Default)]
 pub struct SnapshotArgs {
     /// Only this snapshot (an ID prefix or `latest`; repeatable)
     #[arg(long = "snapshot", value_name = "ID")]
     pub ids: Vec<String>,
+    #[command(flatten)]
+    pub filters: FilterArgs,
+}
+
+impl SnapshotArgs {
+    /// The library's filter.
+    pub fn filter(&self) -> cairn_core::select::SnapshotFilter {
+        self.filters.filter(&self.ids)
+    }
+}
+
+/// The host, tag and path filters (commands that take snapshot IDs as arguments add these).
+#[derive(clap::Args, Debug, Default)]
+pub struct FilterArgs {
     /// Only snapshots of this host (repeatable)
     #[arg(long = "host", value_name = "HOST")]
     pub hosts: Vec<String>,
@@ -137,11 +162,11 @@ pub struct SnapshotArgs {
     pub paths: Vec<String>,
 }
 
-impl SnapshotArgs {
-    /// The library's filter.
-    pub fn filter(&self) -> cairn_core::select::SnapshotFilter {
+impl FilterArgs {
+    /// The library's filter choosing `ids` (none: every snapshot) narrowed by these filters.
+    pub fn filter(&self, ids: &[String]) -> cairn_core::select::SnapshotFilter {
         cairn_core::select::SnapshotFilter {
-            ids: self.ids.clone(),
+            ids: ids.to_vec(),
             hosts: self.hosts.clone(),
             tags: self.tags.clone(),
             paths: self.paths.clone(),

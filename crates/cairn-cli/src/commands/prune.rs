@@ -49,6 +49,13 @@ pub struct RunArgs {
     pub fetch_concurrency: Option<usize>,
 }
 
+impl RunArgs {
+    /// The defaults (those of `cairn prune`), for `forget --prune`.
+    pub fn defaults(dry_run: bool) -> Self {
+        RunArgs { dry_run, max_wait: "24h".into(), max_memory: "256M".into(), fetch_concurrency: None }
+    }
+}
+
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let plan = PlanOptions {
         max_unused: a.max_unused.parse::<Limit>()?,

@@ -3,6 +3,8 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
+use cairn_core::id::SnapshotId;
+use cairn_core::snapshot::Snapshot;
 
 use super::{open, Global};
 
@@ -22,17 +24,22 @@ pub fn run(g: &Global) -> Result<ExitCode> {
         outln!("{}", serde_json::Value::Array(list));
         return Ok(ExitCode::SUCCESS);
     }
-    outln!("{:<10} {:<19}  {:<16} {:<16} paths", "ID", "time", "host", "tags");
+    outln!("{}", line("ID", "time", "host", "tags", "", "paths"));
     for (id, s) in &snaps {
-        outln!(
-            "{:<10} {:<19}  {:<16} {:<16} {}",
-            id.short(),
-            cairn_core::platform::format_local(s.time),
-            s.hostname,
-            s.tags.join(","),
-            s.paths.join(" ")
-        );
+        outln!("{}", row(id, s, ""));
     }
     outln!("{} snapshots", snaps.len());
     Ok(ExitCode::SUCCESS)
+}
+
+/// One line of a snapshot table: ID, time, host and tags in columns, then `extra` (more
+/// columns, each padded by the caller) and the paths.
+pub(crate) fn line(id: &str, time: &str, host: &str, tags: &str, extra: &str, paths: &str) -> String {
+    format!("{id:<10} {time:<19}  {host:<16} {tags:<16} {extra}{paths}")
+}
+
+/// [`line`] for snapshot `s`.
+pub(crate) fn row(id: &SnapshotId, s: &Snapshot, extra: &str) -> String {
+    let time = cairn_core::platform::format_local(s.time);
+    line(&id.short(), &time, &s.hostname, &s.tags.join(","), extra, &s.paths.join(" "))
 }

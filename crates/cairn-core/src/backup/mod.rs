@@ -78,6 +78,8 @@ pub struct BackupOptions {
     pub index_every: usize,
     /// Host name to record (`None`: this machine's).
     pub hostname: Option<String>,
+    /// The snapshot's time (`None`: when the backup starts).
+    pub time: Option<crate::tree::Timestamp>,
     /// Which snapshot unchanged files are taken from.
     pub parent: ParentChoice,
     /// What to leave out.
@@ -106,6 +108,7 @@ impl Default for BackupOptions {
             upload_concurrency: DEFAULT_UPLOAD_CONCURRENCY,
             index_every: DEFAULT_INDEX_EVERY,
             hostname: None,
+            time: None,
             parent: ParentChoice::Auto,
             select: SelectOptions::default(),
             dry_run: false,
@@ -236,7 +239,7 @@ fn run(
     produce: impl FnOnce(&Shared<'_>) -> Result<()>,
 ) -> Result<BackupOutcome> {
     let started = Instant::now();
-    let time = platform::now();
+    let time = opts.time.unwrap_or_else(platform::now);
     if !opts.dry_run {
         // Temporary objects of killed processes; a failed write removed its own.
         if let Err(e) = repo.storage().remove_stale_temporaries(crate::storage::STALE_TEMPORARY_AGE) {

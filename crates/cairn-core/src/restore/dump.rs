@@ -51,8 +51,9 @@ fn stream_reads(index: &Index, wanted: &[BlobId], gap: u64) -> Result<Vec<PackRe
         let (start, end) = (u64::from(b.offset), u64::from(b.offset) + u64::from(b.length));
         if let Some(r) = reads.last_mut().filter(|r| r.pack == loc.pack) {
             let r_end = r.offset + r.length;
-            let fits = end - r.offset <= MAX_READ && r.raw_bytes() + u64::from(b.raw_length) <= MAX_READ;
-            if start >= r_end && start - r_end <= gap && fits {
+            // Only a blob after the read can join it (one before it starts a read of its own).
+            let after = start >= r_end && start - r_end <= gap;
+            if after && end - r.offset <= MAX_READ && r.raw_bytes() + u64::from(b.raw_length) <= MAX_READ {
                 r.length = end - r.offset;
                 r.blobs.push(b);
                 continue;
@@ -359,4 +360,31 @@ fn write_tar(entries: &[Entry], stream: &mut Stream<'_>, out: &mut dyn Write) ->
     }
     tar.finish().map_err(io_err)?;
     Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::Codec;
+    use crate::id::PackId;
+    use crate::index::IndexedPack;
+    use crate::pack::{BlobEntry, BlobKind};
+
+    #[test]
+    fn a_blob_before_the_current_read_in_its_pack_starts_a_read_of_its_own() {
+        let blob = |n: u8, offset: u32| BlobEntry {
+            id: BlobId([n; 32]),
+            kind: BlobKind::Data,
+            codec: Codec::None,
+            offset,
+            length: 100,
+            raw_length: 84,
+        };
+        let pack = IndexedPack { id: PackId([1; 32]), salt: [0; 32], blobs: vec![blob(1, 0), blob(2, 1000)] };
+        let index = Index::from_packs(vec![pack]);
+        // The stream wants the later blob first (this used to underflow computing the length).
+        let reads = stream_reads(&index, &[BlobId([2; 32]), BlobId([1; 32]), BlobId([2; 32])], 4096).unwrap();
+        let shape: Vec<(u64, u64)> = reads.iter().map(|r| (r.offset, r.length)).collect();
+        assert_eq!(shape, [(1000, 100), (0, 1100)]);
+    }
 }

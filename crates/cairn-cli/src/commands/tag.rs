@@ -1,0 +1,70 @@
+//! `cairn tag`: add, remove or replace the tags of snapshots (`cairn_core::tag`).
+//!
+//! Tag takes a **shared** lock: each changed snapshot is written as a new file before the old
+//! one is deleted, so a backup choosing its parent or a restore finding its snapshot meanwhile
+//! always finds one of the two.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use cairn_core::lock::LockKind;
+use cairn_core::tag::{self, TagChange};
+use clap::{ArgGroup, Args as ClapArgs};
+
+use super::{lock, open, plural, FilterArgs, Global};
+
+#[derive(ClapArgs, Debug)]
+#[command(group(ArgGroup::new("change").required(true).multiple(true).args(["add", "remove", "set"])))]
+pub struct Args {
+    /// Snapshots to change (ID prefixes or `latest`) [default: every snapshot the filters select]
+    #[arg(value_name = "ID")]
+    ids: Vec<String>,
+    #[command(flatten)]
+    filters: FilterArgs,
+    /// Add these tags (repeatable; `a,b` adds both)
+    #[arg(long = "add", value_name = "TAGS")]
+    add: Vec<String>,
+    /// Remove these tags (repeatable; `a,b` removes both)
+    #[arg(long = "remove", value_name = "TAGS")]
+    remove: Vec<String>,
+    /// Replace every tag with these (repeatable; '' removes all tags)
+    #[arg(long = "set", value_name = "TAGS", conflicts_with_all = ["add", "remove"])]
+    set: Vec<String>,
+}
+
+pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
+    let change = if a.set.is_empty() {
+        match TagChange::edit(split(&a.add), split(&a.remove)) {
+            Ok(c) => c,
+            Err(e) => {
+                // Invalid arguments: exit code 2, as for any other.
+                eprintln!("cairn: {e}");
+                return Ok(ExitCode::from(2));
+            }
+        }
+    } else {
+        TagChange::Set(split(&a.set))
+    };
+    let repo = open(g)?;
+    let _lock = lock(&repo, LockKind::Shared)?;
+    let snaps = a.filters.filter(&a.ids).select(&repo)?;
+    let done = tag::retag(&repo, &snaps, &change)?;
+    if g.json {
+        let changed: Vec<_> = done
+            .iter()
+            .map(|r| serde_json::json!({"old": r.old.to_hex(), "new": r.new.to_hex(), "tags": r.tags}))
+            .collect();
+        outln!("{}", serde_json::json!({"modified": done.len(), "snapshots": changed}));
+        return Ok(ExitCode::SUCCESS);
+    }
+    for r in &done {
+        outln!("{} -> {}: tags {}", r.old.short(), r.new.short(), r.tags.join(","));
+    }
+    outln!("modified {}", plural(done.len(), "snapshot"));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The tags of `a,b` arguments, one each.
+fn split(args: &[String]) -> Vec<String> {
+    args.iter().flat_map(|a| a.split(',')).filter(|t| !t.is_empty()).map(String::from).collect()
+}
