@@ -429,8 +429,11 @@ def markdown(results):
                 dur = "cannot start | | "
             else:
                 dur = " | | "
-            check = (d.error if d and d.error else
-                     f"cannot start: {ex['cannot_start'][0]}" if ex.get("cannot_start") else "ok" if d and d.runs else "")
+            ran, refused = len(d.runs) if d else 0, len(ex.get("cannot_start", []))
+            check = d.error if d and d.error else "ok" if ran else ""
+            if refused:
+                check = (f"{check}; " if check else "") + (
+                    f"cannot start in {refused} of {ran + refused} rounds: {ex['cannot_start'][0]}")
             if ex.get("note"):
                 check += f" ({ex['note']})"
             lines.append(f"| {t} | {_f(a.min()) if a and a.runs else ''} | {_f(a.median()) if a and a.runs else ''} "
