@@ -57,7 +57,13 @@ pub struct RunArgs {
 impl RunArgs {
     /// The defaults (those of `cairn prune`), for `forget --prune`.
     pub fn defaults(dry_run: bool) -> Self {
-        RunArgs { dry_run, max_wait: "24h".into(), max_memory: "64M".into(), fetch_concurrency: None, foreground: false }
+        RunArgs {
+            dry_run,
+            max_wait: "24h".into(),
+            max_memory: "64M".into(),
+            fetch_concurrency: None,
+            foreground: false,
+        }
     }
 }
 
