@@ -263,11 +263,11 @@ fn a_backup_running_while_prune_decides_keeps_what_it_deduplicated() {
     let mut fx = Fx::new();
     let first = fx.generation(0, 9);
     fx.generation(1, 9);
-    // The next backup brings back generation 0's files 0, 3 and 6, which only the first
-    // snapshot holds; then that snapshot is forgotten.
+    // The next backup brings back generation 0's files 1, 4 and 7, which only the first
+    // snapshot holds (generation 1 changed them); then that snapshot is forgotten.
     let old = |i: u64| Rng(i + 1).bytes(200_000 + (i as usize % 5) * 37_000);
     fx.forget(&first);
-    for i in [0, 3, 6] {
+    for i in [1, 4, 7] {
         fs::write(fx.src.join(format!("f{i:02}")), old(i)).unwrap();
     }
     let want = scan_source(&fx.src);
@@ -276,21 +276,21 @@ fn a_backup_running_while_prune_decides_keeps_what_it_deduplicated() {
         &[("CAIRN_INJECT_FAULTS", "stall-write=snapshots/,stall-for=6s")],
         &["--json", "backup", fx.src.to_str().unwrap()],
     );
-    // Its lock is taken and the index loaded once it has written packs and an index file.
-    let index_dir = fx.cairn.repo.join("index");
-    let indexed = files_in(&index_dir).len();
+    // It takes its lock, then loads the index (before the prune's manifest exists).
     let locks = fx.cairn.repo.join("locks");
     wait_until(Duration::from_secs(60), "the backup's lock", || !files_in(&locks).is_empty());
     std::thread::sleep(Duration::from_millis(1500));
-    let _ = indexed;
     let start = Instant::now();
-    let s = prune(&fx.cairn, &[]);
+    // No unused space tolerated: every pack holding one of those blobs is to be deleted.
+    let s = prune(&fx.cairn, &["--max-unused", "0%"]);
     let out = finish(held, "held backup");
     assert!(out.status.success(), "backup failed: {}", String::from_utf8_lossy(&out.stderr));
     assert!(start.elapsed() >= Duration::from_secs(2), "the prune did not wait for the running backup: {s}");
     let backup = last_json(&String::from_utf8_lossy(&out.stdout));
-    // The backup deduplicated the old files against the doomed packs (it added nothing for them).
+    // The backup deduplicated the old files against blobs the prune had planned to delete (it
+    // added nothing for them); the restore below shows the prune kept them.
     assert!(backup["bytes_added"].as_u64().unwrap_or(0) < 200_000, "{backup}");
+    assert!(s["plan"]["delete_packs"].as_u64().unwrap() + s["plan"]["repack_packs"].as_u64().unwrap() > 0, "{s}");
     assert!(s["finished"]["rescued_packs"].as_u64().unwrap() > 0, "the prune kept nothing for the backup: {s}");
     assert_eq!(s["finished"]["new_snapshots"], 1, "{s}");
     fx.snaps.push((backup["snapshot_id"].as_str().unwrap().to_string(), want));
@@ -428,14 +428,16 @@ fn a_prune_waits_for_older_operations_and_leaves_the_deletion_for_the_next() {
     let mut sleeper = Command::new("sleep").arg("600").spawn().unwrap();
     plant_lock(&fx.cairn.repo, sleeper.id());
     let before = files_in(&fx.cairn.repo.join("data"));
-    let s = prune(&fx.cairn, &["--max-wait", "1s"]);
+    // No unused space tolerated: every pack holding a blob no snapshot needs is doomed.
+    let s = prune(&fx.cairn, &["--max-wait", "1s", "--max-unused", "0%"]);
     assert_eq!(s["deferred"], true, "{s}");
     assert!(s["finished"].is_null(), "{s}");
     assert_eq!(files_in(&fx.cairn.repo.join("deletions")).len(), 1, "the manifest stays for the next prune");
     let now = files_in(&fx.cairn.repo.join("data"));
     assert!(before.iter().all(|p| now.contains(p)), "a deferred prune deleted a pack");
     // A backup now does not deduplicate against doomed packs: generation 0's files come back
-    // and are stored again.
+    // and those only the forgotten snapshots held (f01 and f02; f00 was unchanged until
+    // generation 3) are stored again.
     for i in 0..3u64 {
         fs::write(fx.src.join(format!("f{i:02}")), Rng(i + 1).bytes(200_000 + (i as usize % 5) * 37_000)).unwrap();
     }

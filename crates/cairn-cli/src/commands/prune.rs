@@ -41,9 +41,14 @@ pub struct RunArgs {
     /// (e.g. 30m); after that the deletion is left for the next prune
     #[arg(long, value_name = "DURATION", default_value = "24h")]
     pub max_wait: String,
-    /// Bytes held in flight while repacking
-    #[arg(long, value_name = "SIZE", default_value = "256M")]
+    /// Bytes held in flight while repacking (reads; new packs being filled and stored come on
+    /// top)
+    #[arg(long, value_name = "SIZE", default_value = "64M")]
     pub max_memory: String,
+    /// Run at normal CPU priority (by default a prune lowers its own, so that backups running
+    /// beside it keep their speed)
+    #[arg(long)]
+    pub foreground: bool,
     /// Pack reads in flight while repacking [default: 8, or the remote backend's concurrency]
     #[arg(long, value_name = "N")]
     pub fetch_concurrency: Option<usize>,
@@ -52,7 +57,13 @@ pub struct RunArgs {
 impl RunArgs {
     /// The defaults (those of `cairn prune`), for `forget --prune`.
     pub fn defaults(dry_run: bool) -> Self {
-        RunArgs { dry_run, max_wait: "24h".into(), max_memory: "256M".into(), fetch_concurrency: None }
+        RunArgs {
+            dry_run,
+            max_wait: "24h".into(),
+            max_memory: "64M".into(),
+            fetch_concurrency: None,
+            foreground: false,
+        }
     }
 }
 
@@ -73,8 +84,15 @@ pub(crate) fn run_plan(g: &Global, repo: &Repository, plan: PlanOptions, a: &Run
     let held = lock(repo, LockKind::Prune)?;
     repo.load_index()?;
     let cancel = cancel_on_sigint()?;
+    if !a.foreground {
+        background_priority();
+    }
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let codec = plan.recompress.as_ref().map_or_else(|| repo.config().codec(), |r| r.to);
+    // Copying stored blobs only encrypts (one thread keeps up with the reads and holds one pack
+    // in memory); re-encoding compresses, on every core.
+    let reencodes = plan.recompress.is_some() || plan.repack_uncompressed;
+    let packers = if reencodes { threads } else { 1 };
     let opts = PruneOptions {
         plan,
         repack: RepackOptions {
@@ -83,7 +101,7 @@ pub(crate) fn run_plan(g: &Global, repo: &Repository, plan: PlanOptions, a: &Run
             decoders: threads,
             write: WriteOptions {
                 codec,
-                threads,
+                threads: packers,
                 uploads: repo.storage().default_concurrency().clamp(2, 8),
                 index_every: cairn_core::backup::DEFAULT_INDEX_EVERY,
             },
@@ -107,6 +125,15 @@ pub(crate) fn run_plan(g: &Global, repo: &Repository, plan: PlanOptions, a: &Run
     };
     print(&report, a.dry_run, g.json);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Lowers this process's CPU priority (nice 10) before the prune starts its workers, which
+/// inherit it: maintenance yields the CPU to backups and restores running beside it.
+fn background_priority() {
+    // SAFETY: setpriority only changes the calling thread's scheduling priority (on Linux a
+    // nice value is per thread, and threads started later inherit it). Failing to lower it
+    // changes nothing but speed.
+    let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
 }
 
 fn print(r: &PruneReport, dry_run: bool, json: bool) {
