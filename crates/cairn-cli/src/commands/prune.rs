@@ -201,12 +201,13 @@ fn print(r: &PruneReport, dry_run: bool, json: bool) {
     if !dry_run {
         let secs: f64 = r.phases.iter().map(|(_, s)| s).sum();
         let phases: Vec<String> = r.phases.iter().map(|(n, s)| format!("{n} {s:.1}s")).collect();
-        outln!(
-            "freed {} of {} in {secs:.1}s ({})",
-            bytes(r.size_before.saturating_sub(r.size_after)),
-            bytes(r.size_before),
-            phases.join(", ")
-        );
+        // A recompress to a faster codec can make the repository larger.
+        let change = if r.size_after > r.size_before {
+            format!("grew by {} from {}", bytes(r.size_after - r.size_before), bytes(r.size_before))
+        } else {
+            format!("freed {} of {}", bytes(r.size_before - r.size_after), bytes(r.size_before))
+        };
+        outln!("{change} in {secs:.1}s ({})", phases.join(", "));
     }
 }
 

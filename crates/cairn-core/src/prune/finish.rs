@@ -20,7 +20,10 @@ use crate::trees::Loading;
 /// Blobs per index file a prune writes.
 const INDEX_FILE_BLOBS: usize = 50_000;
 
-/// How often the locks a prune waits for are listed again.
+/// How often the locks a prune waits for are listed again: soon at first (most operations it
+/// waits for are about to end), then less often.
+const POLL_FIRST: Duration = Duration::from_millis(200);
+/// See [`POLL_FIRST`].
 const POLL_EVERY: Duration = Duration::from_secs(2);
 
 /// What the snapshots the plan counted need: blobs that have a copy outside the doomed packs
@@ -72,6 +75,7 @@ pub fn wait_for(
 ) -> Result<bool> {
     let start = Instant::now();
     let mut told = 0;
+    let mut pause = POLL_FIRST;
     loop {
         let now: Vec<Holder> = holders(repo, mine)?.into_iter().map(|(h, _)| h).collect();
         waiting.retain(|(h, _)| now.contains(h));
@@ -92,7 +96,8 @@ pub fn wait_for(
         if loading.cancel.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(crate::Error::Interrupted);
         }
-        std::thread::sleep(POLL_EVERY.min(max_wait.saturating_sub(start.elapsed())).max(Duration::from_millis(50)));
+        std::thread::sleep(pause.min(max_wait.saturating_sub(start.elapsed())).max(Duration::from_millis(50)));
+        pause = (pause * 2).min(POLL_EVERY);
     }
 }
 
