@@ -130,6 +130,16 @@ impl PackWriter {
         self.entries.push(BlobEntry { id, kind, codec, offset, length, raw_length });
     }
 
+    /// Compresses `plain` with `codec` (storing it uncompressed when that does not make it
+    /// smaller), then encrypts and appends it.
+    pub fn add_plain(&mut self, id: BlobId, kind: BlobKind, codec: Codec, plain: &[u8]) {
+        let raw_length = plain.len() as u32;
+        match codec.compress(plain) {
+            Some(c) => self.add(id, kind, codec, raw_length, &c),
+            None => self.add(id, kind, Codec::None, raw_length, plain),
+        }
+    }
+
     /// Appends header and trailer.
     pub fn finish(mut self) -> FinishedPack {
         let mut header = Vec::with_capacity(self.entries.len() * ENTRY_LEN);
@@ -234,22 +244,14 @@ pub fn decode_blob_into(
     file: &str,
     out: &mut Vec<u8>,
 ) -> Result<Option<std::ops::Range<usize>>> {
-    let range = open_blob(key, entry, sealed, file)?;
-    if entry.codec == Codec::None {
-        verify_blob(master, entry, &sealed[range.clone()], file)?;
-        return Ok(Some(range));
-    }
-    entry
-        .codec
-        .decompress_into(&sealed[range], entry.raw_length as usize, out)
-        .map_err(|why| Error::corrupt(file, format!("blob {}: {why}", entry.id.short())))?;
-    verify_blob(master, entry, out, file)?;
-    Ok(None)
+    let stored = verify_stored(master, key, entry, sealed, file, out)?;
+    // Stored uncompressed, the stored bytes are the plaintext; otherwise it is in `out`.
+    Ok((entry.codec == Codec::None).then_some(stored))
 }
 
-/// Decrypts a blob in place and verifies it (decompressing into `scratch`, whose memory is
-/// reused), but returns where its *stored* bytes lie in `sealed`: still compressed, ready to be
-/// written into another pack as they are (a repack).
+/// Decrypts a blob in place and verifies it (decompressing into `scratch`, replacing its content
+/// and reusing its memory), and returns where its *stored* bytes lie in `sealed`: still
+/// compressed, ready to be written into another pack as they are (a repack).
 pub fn verify_stored(
     master: &MasterKey,
     key: &ObjectKey,

@@ -13,7 +13,7 @@ use crate::id::{BlobId, DeletionId, IdSet, IndexId, KeyId, PackId, SnapshotId};
 use crate::index::{self, Index, IndexedPack};
 use crate::keyfile::{KdfParams, KeyFile};
 use crate::layout::{self, pack_path, Dir, CONFIG};
-use crate::pack::{decode_blob, BlobEntry, BlobKind, PackWriter};
+use crate::pack::{decode_blob, verify_stored, BlobEntry, BlobKind, PackWriter};
 use crate::parallel::map_parallel;
 use crate::sealed::{self, SealedKind};
 use crate::snapshot::Snapshot;
@@ -253,6 +253,23 @@ impl Repository {
         })
     }
 
+    /// Reads one blob from `pack` again and verifies it (decompressing into `scratch`), reading
+    /// it once more if the transfer came back short or damaged; returns its stored bytes (still
+    /// compressed). The repack's twin of [`Repository::reread_blob`].
+    pub fn reread_stored(
+        &self,
+        pack: &str,
+        key: &ObjectKey,
+        entry: &BlobEntry,
+        scratch: &mut Vec<u8>,
+    ) -> Result<Vec<u8>> {
+        retry_damaged(|| {
+            let mut sealed = self.storage.read_range(pack, u64::from(entry.offset), u64::from(entry.length))?;
+            let stored = verify_stored(&self.key, key, entry, &mut sealed, pack, scratch)?;
+            Ok(sealed[stored].to_vec())
+        })
+    }
+
     /// Writes a content-addressed sealed file at the path `path_of` gives its ID; returns the
     /// ID.
     fn write_sealed<T>(
@@ -280,10 +297,7 @@ impl Repository {
         let mut ids = Vec::with_capacity(blobs.len());
         for (kind, data) in blobs {
             let id = self.key.blob_id(data);
-            match codec.compress(data) {
-                Some(c) => writer.add(id, *kind, codec, data.len() as u32, &c),
-                None => writer.add(id, *kind, Codec::None, data.len() as u32, data),
-            }
+            writer.add_plain(id, *kind, codec, data);
             ids.push(id);
         }
         let pack = writer.finish();

@@ -22,13 +22,7 @@ pub(super) fn run(repo: &Repository, jobs: Receiver<Job>, packs: Sender<Finished
         let slot = usize::from(job.kind == BlobKind::Tree);
         let writer = &mut writers[slot];
         match job.payload {
-            Payload::Plain(data) => {
-                let raw_length = data.len() as u32;
-                match codec.compress(&data) {
-                    Some(c) => writer.add(job.id, job.kind, codec, raw_length, &c),
-                    None => writer.add(job.id, job.kind, Codec::None, raw_length, &data),
-                }
-            }
+            Payload::Plain(data) => writer.add_plain(job.id, job.kind, codec, &data),
             Payload::Stored { codec, raw_length, bytes } => writer.add(job.id, job.kind, codec, raw_length, &bytes),
         }
         if writer.len() >= target {

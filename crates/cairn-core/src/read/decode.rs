@@ -14,9 +14,8 @@ use super::buffers::Buf;
 use super::fetch::Fetched;
 use super::{Reader, Sink};
 use crate::id::BlobId;
-use crate::pack::{decode_blob_into, verify_stored, BlobEntry};
+use crate::pack::{decode_blob_into, verify_stored};
 use crate::profile::work;
-use crate::repository::retry_damaged;
 
 /// A verified blob's plaintext.
 pub struct Decoded<'b> {
@@ -94,56 +93,50 @@ pub fn decode_worker<'s, S: Sink<'s>>(r: &'s Reader<'_>, input: Receiver<Fetched
 /// verified (a blob that does not is given to the sink as failed).
 fn verify_read<'s, S: Sink<'s>>(r: &'s Reader<'_>, mut f: Fetched<'s>, sink: &S) -> usize {
     sink.fetched(f.read, &f.range);
-    let mut scratch = Vec::new();
-    let mut count = 0;
-    for b in &f.read.blobs {
-        let start = (u64::from(b.offset) - f.read.offset) as usize;
-        let sealed = &mut f.range[start..start + b.length as usize];
-        let ok = decode_blob_into(r.repo.key(), &f.key, b, sealed, &f.pack, &mut scratch)
-            .or_else(|_| r.repo.reread_blob(&f.pack, &f.key, b).map(|_| None));
-        match ok {
-            Ok(_) => count += 1,
-            Err(e) => sink.failed(f.read, b, &e),
-        }
-    }
-    count
+    verify_blobs(r, &mut f, sink).len()
 }
 
 /// Verifies the blobs of one read (each decoded into one reused buffer) and hands on their
-/// stored bytes inside the read, in the read's order; a blob that fails even when read again is
-/// recorded as failed.
+/// stored bytes inside the read, in the read's order.
 fn stored_read<'s, S: Sink<'s>>(r: &'s Reader<'_>, mut f: Fetched<'s>, sink: &S) -> Vec<Decoded<'s>> {
     sink.fetched(f.read, &f.range);
+    let done = verify_blobs(r, &mut f, sink);
+    let read = Arc::new(DecodedRead { buf: f.range, _reservation: f.range_reservation });
+    done.into_iter()
+        .map(|(id, d)| match d {
+            Stored::InRead(range) => Decoded { id, data: Plain::InRead(read.clone(), range), _reservation: None },
+            Stored::Own(own) => Decoded { id, data: Plain::Own(own), _reservation: None },
+        })
+        .collect()
+}
+
+/// Verifies each blob of a read, decrypting it in place: where its stored bytes lie in the
+/// read, or (for a copy that failed and was read again) the stored bytes themselves. A blob
+/// that fails even when read again is given to the sink as failed and left out.
+fn verify_blobs<'s, S: Sink<'s>>(r: &'s Reader<'_>, f: &mut Fetched<'s>, sink: &S) -> Vec<(BlobId, Stored)> {
     let mut scratch = Vec::new();
     let mut done = Vec::with_capacity(f.read.blobs.len());
     for b in &f.read.blobs {
         let start = (u64::from(b.offset) - f.read.offset) as usize;
         let sealed = &mut f.range[start..start + b.length as usize];
         match verify_stored(r.repo.key(), &f.key, b, sealed, &f.pack, &mut scratch) {
-            Ok(stored) => done.push((b.id, Ok(start + stored.start..start + stored.end))),
-            Err(_) => match reread_stored(r, &f, b, &mut scratch) {
-                Ok(own) => done.push((b.id, Err(own))),
+            Ok(stored) => done.push((b.id, Stored::InRead(start + stored.start..start + stored.end))),
+            // A copy that fails authentication may be a damaged transfer: read that blob again.
+            Err(_) => match r.repo.reread_stored(&f.pack, &f.key, b, &mut scratch) {
+                Ok(own) => done.push((b.id, Stored::Own(own))),
                 Err(e) => sink.failed(f.read, b, &e),
             },
         }
     }
-    let read = Arc::new(DecodedRead { buf: f.range, _reservation: f.range_reservation });
-    done.into_iter()
-        .map(|(id, d)| match d {
-            Ok(range) => Decoded { id, data: Plain::InRead(read.clone(), range), _reservation: None },
-            Err(own) => Decoded { id, data: Plain::Own(own), _reservation: None },
-        })
-        .collect()
+    done
 }
 
-/// Reads one blob again (its copy in the read failed: perhaps a damaged transfer) and returns
-/// its verified stored bytes.
-fn reread_stored(r: &Reader<'_>, f: &Fetched<'_>, b: &BlobEntry, scratch: &mut Vec<u8>) -> crate::Result<Vec<u8>> {
-    retry_damaged(|| {
-        let mut sealed = r.repo.read_pack_range(&f.pack, u64::from(b.offset), u64::from(b.length))?;
-        let range = verify_stored(r.repo.key(), &f.key, b, &mut sealed, &f.pack, scratch)?;
-        Ok(sealed[range].to_vec())
-    })
+/// Where a verified blob's stored bytes are.
+enum Stored {
+    /// At this range of its read.
+    InRead(Range<usize>),
+    /// Read again, in a buffer of their own.
+    Own(Vec<u8>),
 }
 
 /// Decodes the blobs of one read, in the read's order; a blob that cannot be decoded is
