@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use anyhow::Result;
 use cairn_core::lock::LockKind;
 use cairn_core::packwrite::WriteOptions;
-use cairn_core::prune::{self, Limit, PlanOptions, PruneOptions, PruneReport, RepackOptions};
+use cairn_core::prune::{self, CodecUse, Limit, PlanOptions, PruneOptions, PruneReport, RepackOptions};
 use cairn_core::repository::Repository;
 use clap::Args as ClapArgs;
 
@@ -158,9 +158,7 @@ fn print(r: &PruneReport, dry_run: bool, json: bool) {
             bytes(p.unused_bytes),
             percent(p.unused_bytes, p.size)
         );
-        for (codec, c) in &p.by_codec {
-            outln!("  {codec:<8} {:>9} blobs {:>12} stored {:>12} raw", c.blobs, bytes(c.stored), bytes(c.raw));
-        }
+        print_codecs(&p.by_codec);
         let verb = if dry_run { "would delete" } else { "delete" };
         outln!(
             "{verb} {} packs ({}){}, repack {} packs ({}, copying {}{})",
@@ -189,9 +187,7 @@ fn print(r: &PruneReport, dry_run: bool, json: bool) {
     }
     if let Some(after) = &r.by_codec_after {
         outln!("stored after:");
-        for (codec, c) in after {
-            outln!("  {codec:<8} {:>9} blobs {:>12} stored {:>12} raw", c.blobs, bytes(c.stored), bytes(c.raw));
-        }
+        print_codecs(after);
     }
     if let Some(f) = &r.finished {
         if f.rescued_packs > 0 {
@@ -208,6 +204,13 @@ fn print(r: &PruneReport, dry_run: bool, json: bool) {
             format!("freed {} of {}", bytes(r.size_before - r.size_after), bytes(r.size_before))
         };
         outln!("{change} in {secs:.1}s ({})", phases.join(", "));
+    }
+}
+
+/// One line per codec: blobs, stored and plaintext bytes.
+fn print_codecs(by_codec: &std::collections::BTreeMap<String, CodecUse>) {
+    for (codec, c) in by_codec {
+        outln!("  {codec:<8} {:>9} blobs {:>12} stored {:>12} raw", c.blobs, bytes(c.stored), bytes(c.raw));
     }
 }
 

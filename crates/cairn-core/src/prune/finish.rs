@@ -116,11 +116,7 @@ pub fn finish(
     let replaced: IdSet<IndexId> = d.index_files.iter().copied().collect();
 
     // Everything indexed now, including what backups wrote while the prune ran.
-    let mut files: Vec<(IndexId, Vec<IndexedPack>)> = Vec::new();
-    for (path, file) in repo.index_files()? {
-        let Some(file_id) = layout::parse_index_path(&path) else { continue };
-        files.push((file_id, file?));
-    }
+    let files = super::index_files(repo)?;
     // A doomed pack that an index file written since names is not ours to delete.
     for (file_id, packs) in &files {
         if !replaced.contains(file_id) {

@@ -30,6 +30,7 @@ pub use repack::RepackOptions;
 use crate::deletion::{self, Deletion};
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdSet, IndexId, SnapshotId};
+use crate::index::IndexedPack;
 use crate::layout;
 use crate::lock::Lock;
 use crate::packwrite::Written;
@@ -106,7 +107,6 @@ pub fn prune(
             for (id, d) in &pending {
                 report.earlier.push(finish::finish(repo, *id, d, None, &loading)?);
             }
-            repo.load_index()?;
             clock.end("finish earlier");
         }
     }
@@ -120,17 +120,7 @@ pub fn prune(
         )));
     }
     report.snapshots = snapshots.len() as u64;
-    let mut files: Vec<(IndexId, Vec<crate::index::IndexedPack>)> = Vec::new();
-    for (path, file) in repo.index_files()? {
-        let file = file.map_err(|e| {
-            Error::Refused(format!(
-                "{e}; prune deletes nothing while an index file cannot be read: run `cairn repair index`"
-            ))
-        })?;
-        if let Some(id) = layout::parse_index_path(&path) {
-            files.push((id, file));
-        }
-    }
+    let files = index_files(repo)?;
     // Listed after the snapshots, the index files cover every blob they need (a backup writes
     // its index files before its snapshot); the marking reads trees through this index.
     repo.set_index(files.iter().flat_map(|(_, p)| p.iter().cloned()).collect());
@@ -184,11 +174,12 @@ pub fn prune(
     report.finished = Some(finish::finish(repo, id, &d, Some(known), &loading)?);
     report.size_after = repo.list_packs()?.values().sum();
     if !repacks.is_empty() {
-        repo.load_index()?;
-        let index = repo.index();
+        // The needed blobs now: those claimed in kept packs, and the copies in the new packs.
         let mut after = std::collections::BTreeMap::new();
-        for loc in used.iter().filter_map(|b| index.get(b)) {
-            plan::count_codec(&mut after, &loc.entry);
+        let new = written.index_files.lock().expect("written lock");
+        let copies = new.iter().flat_map(|(_, packs)| packs).flat_map(|p| &p.blobs);
+        for b in plan.with_fate(Fate::Keep).flat_map(|p| &p.claimed).chain(copies) {
+            plan::count_codec(&mut after, b);
         }
         report.by_codec_after = Some(after);
     }
@@ -200,6 +191,22 @@ pub fn prune(
 /// The blobs `snapshots` need (their trees and the chunks they name); the index must be loaded.
 pub fn needed_blobs(repo: &Repository, snapshots: &[(SnapshotId, Snapshot)]) -> Result<IdSet<BlobId>> {
     mark::mark(repo, snapshots, &Loading::default())
+}
+
+/// Every index file with its ID (stray names left out). One that cannot be read stops the
+/// prune: what it lists could not be told apart from what nothing needs.
+fn index_files(repo: &Repository) -> Result<Vec<(IndexId, Vec<IndexedPack>)>> {
+    let mut files = Vec::new();
+    for (path, file) in repo.index_files()? {
+        let Some(id) = layout::parse_index_path(&path) else { continue };
+        let file = file.map_err(|e| {
+            Error::Refused(format!(
+                "{e}; prune deletes nothing while an index file cannot be read: run `cairn repair index`"
+            ))
+        })?;
+        files.push((id, file));
+    }
+    Ok(files)
 }
 
 /// The deletion manifests of earlier prunes. One that cannot be read is removed: a manifest
