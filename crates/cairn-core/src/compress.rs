@@ -67,6 +67,15 @@ impl Codec {
         (out.len() < data.len()).then_some(out)
     }
 
+    /// The form a blob of plaintext `data` is stored in: compressed by this codec, or as it is
+    /// (with [`Codec::None`]) when compressing does not make it smaller.
+    pub fn stored_form(self, data: Vec<u8>) -> (Codec, Vec<u8>) {
+        match self.compress(&data) {
+            Some(c) => (self, c),
+            None => (Codec::None, data),
+        }
+    }
+
     /// The most plaintext that `stored_len` bytes of this codec can decompress to: the bound a
     /// declared length must keep before it is allocated. None stores bytes as they are; an LZ4
     /// sequence produces at most 255 bytes per input byte (each 255 of a length extension);

@@ -123,21 +123,22 @@ impl PackWriter {
         self.entries.is_empty()
     }
 
+    /// Makes room for `additional` more bytes, growing the buffer by doubling but never past
+    /// `limit` (unless one blob needs more): a tree pack that starts small and fills to the
+    /// target size would otherwise double to twice the limit just before it is closed.
+    pub fn reserve(&mut self, additional: usize, limit: usize) {
+        let needed = self.buf.len() + additional;
+        if needed > self.buf.capacity() {
+            let grown = (self.buf.capacity() * 2).min(limit).max(needed);
+            self.buf.reserve_exact(grown - self.buf.len());
+        }
+    }
+
     /// Encrypts and appends a blob whose plaintext was already compressed to `stored`.
     pub fn add(&mut self, id: BlobId, kind: BlobKind, codec: Codec, raw_length: u32, stored: &[u8]) {
         let offset = self.buf.len() as u32;
         let length = self.key.seal_append(&id.0, stored, &mut self.buf) as u32;
         self.entries.push(BlobEntry { id, kind, codec, offset, length, raw_length });
-    }
-
-    /// Compresses `plain` with `codec` (storing it uncompressed when that does not make it
-    /// smaller), then encrypts and appends it.
-    pub fn add_plain(&mut self, id: BlobId, kind: BlobKind, codec: Codec, plain: &[u8]) {
-        let raw_length = plain.len() as u32;
-        match codec.compress(plain) {
-            Some(c) => self.add(id, kind, codec, raw_length, &c),
-            None => self.add(id, kind, Codec::None, raw_length, plain),
-        }
     }
 
     /// Appends header and trailer.

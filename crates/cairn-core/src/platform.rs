@@ -110,6 +110,23 @@ pub fn reserves_cheaply(path: &Path) -> bool {
     kind == libc::EXT4_SUPER_MAGIC as u64 || kind == XFS_SUPER_MAGIC
 }
 
+/// Makes the allocator hand large freed buffers back to the system at once, for the maintenance
+/// commands (check, prune, recompress), whose resident memory users compare with their peers'.
+/// glibc raises its mmap threshold to the size of every large buffer freed (up to 32 MiB): after
+/// the first pack-sized buffer, pack-sized buffers come from the heap, whose freed pages it keeps,
+/// and a prune's peak RSS grew phase by phase to 1.1x restic's (135-146 MB). Fixing the threshold
+/// at glibc's default, 128 KiB, turns that off (110-116 MB; docs/BENCHMARKS.md); the cost, a page
+/// fault for each 4 KiB of a large buffer, the read path's buffer pool avoids where it counts.
+/// Restores keep the default: there the page faults cost more than the memory.
+pub fn keep_heap_small() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only tunes glibc's allocator; any value is valid and a failure changes
+    // nothing but memory use.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+    }
+}
+
 /// Whether the process runs as root (and so may restore ownership and device nodes).
 pub fn is_root() -> bool {
     uzers::get_effective_uid() == 0

@@ -297,7 +297,8 @@ impl Repository {
         let mut ids = Vec::with_capacity(blobs.len());
         for (kind, data) in blobs {
             let id = self.key.blob_id(data);
-            writer.add_plain(id, *kind, codec, data);
+            let (stored_codec, stored) = codec.stored_form(data.clone());
+            writer.add(id, *kind, stored_codec, data.len() as u32, &stored);
             ids.push(id);
         }
         let pack = writer.finish();

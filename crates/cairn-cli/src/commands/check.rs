@@ -32,13 +32,14 @@ pub struct Args {
     /// Requests in flight [default: 8 for a local repository, 32 for S3, 8 for SFTP]
     #[arg(long, value_name = "N")]
     fetch_concurrency: Option<usize>,
-    /// Cap on pack data in flight, e.g. 64M (whole packs are read; blobs are verified one at a
-    /// time and not kept)
-    #[arg(long, default_value = "64M", value_name = "SIZE")]
+    /// Cap on pack data in flight, e.g. 16M (packs are read in pieces of an eighth of it, at
+    /// least 1 MiB; blobs are verified one at a time and dropped)
+    #[arg(long, default_value = "16M", value_name = "SIZE")]
     max_memory: String,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
+    cairn_core::platform::keep_heap_small();
     let repo = open(g)?;
     let _lock = lock(&repo, LockKind::Shared)?;
     let read_data = match (&a.read_data_subset, a.read_data) {

@@ -81,6 +81,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
 
 /// Runs a prune with `plan` on `repo` (taking the prune lock) and prints its report.
 pub(crate) fn run_plan(g: &Global, repo: &Repository, plan: PlanOptions, a: &RunArgs) -> Result<ExitCode> {
+    cairn_core::platform::keep_heap_small();
     let held = lock(repo, LockKind::Prune)?;
     repo.load_index()?;
     let cancel = cancel_on_sigint()?;

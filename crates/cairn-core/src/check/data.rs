@@ -1,11 +1,15 @@
-//! `--read-data` and `--read-data-subset`: packs read in full through the read path. Each
-//! pack's bytes are hashed against its name (FORMAT.md §1) as they arrive, and every blob is
-//! decrypted, decompressed and its ID recomputed by the read path's decode stage.
+//! `--read-data` and `--read-data-subset`: packs read in full through the read path, in pieces
+//! of at most an eighth of the budget (so many requests are in flight within a small budget).
+//! Each pack's bytes are hashed against its name (FORMAT.md §1) as the pieces arrive, in any
+//! order (`packhash.rs`), and every blob is decrypted, decompressed and its ID recomputed by the
+//! read path's decode stage.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use super::packhash::{self, PackHash};
 use super::record::Record;
 use super::structure::IndexedPackInfo;
 use super::{CheckOptions, CheckReport, Finding, FindingKind, Progress, ReadData};
@@ -56,10 +60,6 @@ impl std::str::FromStr for Subset {
     }
 }
 
-/// Packs larger than this are read in [`MAX_READ`] pieces (their blobs are all verified, but
-/// the whole file is not hashed).
-const WHOLE_MAX: u64 = 64 * 1024 * 1024;
-
 /// Picks the packs to read, reads them and records what was read.
 pub fn read(
     repo: &Repository,
@@ -75,7 +75,7 @@ pub fn read(
         (ReadData::All, true, Some(rec)) => rec.pending(chosen, |p| p.id),
         (what, resume, rec) => pick(chosen, what, rec.filter(|_| resume).map(|r| &*r)),
     };
-    let reads = plan(&picked, opts.max_memory);
+    let (reads, hashes) = plan(&picked, opts.max_memory);
     progress.phase("data", picked.len() as u64);
     progress.bytes_to_read.store(picked.iter().map(|p| p.size).sum(), Ordering::Relaxed);
     let state = State {
@@ -84,6 +84,7 @@ pub fn read(
         unreadable: Mutex::new(Vec::new()),
         blobs: AtomicU64::new(0),
         handed_out: AtomicUsize::new(0),
+        packs: hashes.into_iter().map(|(id, size, h)| (id, (size, Mutex::new(h)))).collect(),
         progress,
     };
     let reader = Reader::new(repo, opts.max_memory, opts.cancel.clone());
@@ -165,34 +166,94 @@ fn pick<'p>(chosen: &[&'p IndexedPackInfo], what: &ReadData, record: Option<&Rec
     }
 }
 
-/// One read per pack (the whole file, so its hash can be checked), or for a pack larger than
-/// [`WHOLE_MAX`] coalesced reads of its blobs.
-fn plan(packs: &[&IndexedPackInfo], budget: u64) -> Vec<PackRead> {
+/// Reads of every byte of each pack, in pieces of at most an eighth of the budget (at least
+/// 1 MiB, at most [`MAX_READ`]) cut at blob boundaries (a blob larger than a piece is read on
+/// its own), with blob-less reads of whatever lies between and after the blobs (the header), and
+/// for each pack the state its hash is gathered in. A pack whose blobs overlap (an index that
+/// disagrees with itself; the structure check names it) is read blob by blob and not hashed.
+fn plan(packs: &[&IndexedPackInfo], budget: u64) -> (Vec<PackRead>, Vec<(PackId, u64, PackState)>) {
+    let piece = (budget / 8).clamp(1024 * 1024, MAX_READ);
     let mut reads = Vec::with_capacity(packs.len());
+    let mut states = Vec::with_capacity(packs.len());
     for p in packs {
-        if p.size <= WHOLE_MAX {
-            reads.push(PackRead { pack: p.id, salt: p.salt, offset: 0, length: p.size, blobs: p.blobs.clone() });
-        } else {
+        let first = reads.len();
+        let mut end = 0; // how far the reads so far cover the pack
+        let mut overlap = false;
+        let mut blobs = p.blobs.clone();
+        blobs.sort_unstable_by_key(|b| b.offset);
+        for b in blobs {
+            let (start, stop) = (u64::from(b.offset), u64::from(b.offset) + u64::from(b.length));
+            overlap |= start < end;
+            let joins = reads.len() > first && start == end && !overlap;
+            match reads.last_mut().filter(|r: &&mut PackRead| joins && stop - r.offset <= piece) {
+                Some(r) => {
+                    r.length = stop - r.offset;
+                    r.blobs.push(b);
+                }
+                None => {
+                    if start > end && !overlap {
+                        gap_reads(p, end, start, piece, &mut reads);
+                    }
+                    reads.push(PackRead {
+                        pack: p.id,
+                        salt: p.salt,
+                        offset: start,
+                        length: stop - start,
+                        blobs: vec![b],
+                    });
+                }
+            }
+            end = end.max(stop);
+        }
+        if overlap {
+            reads.truncate(first);
             let located = p
                 .blobs
                 .iter()
                 .map(|&entry| crate::index::BlobLocation { pack: p.id, pack_no: 0, salt: p.salt, entry })
                 .collect();
-            reads.extend(coalesce(located, budget.min(2 * MAX_READ), u64::MAX));
+            reads.extend(coalesce(located, piece, 0));
+        } else {
+            gap_reads(p, end, p.size, piece, &mut reads);
         }
+        let planned = reads[first..].iter().map(|r| r.length).sum();
+        let hash = (!overlap).then(|| PackHash::new(p.size));
+        states.push((p.id, p.size, PackState { planned, seen: 0, hash }));
     }
-    reads
+    (reads, states)
+}
+
+/// Blob-less reads of `from..to` of a pack, in pieces.
+fn gap_reads(p: &IndexedPackInfo, from: u64, to: u64, piece: u64, reads: &mut Vec<PackRead>) {
+    let mut at = from;
+    while at < to {
+        let length = (to - at).min(piece);
+        reads.push(PackRead { pack: p.id, salt: p.salt, offset: at, length, blobs: Vec::new() });
+        at += length;
+    }
+}
+
+/// What the data check knows of one pack while its pieces arrive.
+struct PackState {
+    /// Bytes of the pack the plan reads.
+    planned: u64,
+    /// Bytes of them fetched so far.
+    seen: u64,
+    /// Its hash, gathered piece by piece (None: not hashed, see [`plan`]).
+    hash: Option<PackHash>,
 }
 
 /// What the data check's workers collect.
 struct State<'p> {
     findings: Mutex<Vec<Finding>>,
-    /// Packs whose first read arrived.
+    /// Packs whose every read arrived.
     read: Mutex<Vec<PackId>>,
     /// Packs that could not be read at all, with why.
     unreadable: Mutex<Vec<(PackId, String)>>,
     blobs: AtomicU64,
     handed_out: AtomicUsize,
+    /// Each pack's size and what is known of it.
+    packs: HashMap<PackId, (u64, Mutex<PackState>)>,
     progress: &'p Progress,
 }
 
@@ -205,17 +266,28 @@ struct ToCheck<'s> {
 impl<'s> Sink<'s> for ToCheck<'s> {
     fn fetched(&self, read: &'s PackRead, bytes: &[u8]) {
         let st = self.state;
-        if read.offset == 0 {
-            st.read.lock().expect("lock").push(read.pack);
-            st.progress.step();
-            // A read from 0 of a pack up to WHOLE_MAX is the whole file.
-            if read.length <= WHOLE_MAX && *blake3::hash(bytes).as_bytes() != read.pack.0 {
+        st.progress.bytes_read.fetch_add(read.length, Ordering::Relaxed);
+        let Some((size, pack)) = st.packs.get(&read.pack) else { return };
+        let piece = packhash::hash_piece(*size, read.offset, bytes);
+        let mut pack = pack.lock().expect("lock");
+        pack.seen += read.length;
+        let fits = pack.hash.as_mut().is_none_or(|h| h.add(piece));
+        if pack.seen < pack.planned {
+            if !fits {
+                pack.hash = None;
+            }
+            return;
+        }
+        st.read.lock().expect("lock").push(read.pack);
+        st.progress.step();
+        let hashed = pack.hash.take().filter(|_| fits).map(|h| h.finish());
+        if let Some(hash) = hashed {
+            if hash != Some(read.pack.0) {
                 let file = pack_path(&read.pack);
                 let msg = format!("{file} does not hash to its name: its bytes changed since it was written");
                 st.findings.lock().expect("lock").push(Finding::new(FindingKind::DamagedPack, Some(file), msg));
             }
         }
-        st.progress.bytes_read.fetch_add(read.length, Ordering::Relaxed);
     }
 
     fn blobs(&self, read: &'s PackRead, blobs: Vec<Decoded<'s>>) -> bool {
@@ -242,5 +314,75 @@ impl<'s> Sink<'s> for ToCheck<'s> {
         if !u.iter().any(|(id, _)| *id == read.pack) {
             u.push((read.pack, format!("{}: cannot be read: {why}", pack_path(&read.pack))));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::Codec;
+    use crate::id::BlobId;
+    use crate::pack::BlobKind;
+
+    fn pack(lengths: &[u32], tail: u64) -> IndexedPackInfo {
+        let mut offset = 0;
+        let blobs = lengths
+            .iter()
+            .enumerate()
+            .map(|(i, &length)| {
+                let b = BlobEntry {
+                    id: BlobId([i as u8; 32]),
+                    kind: BlobKind::Data,
+                    codec: Codec::None,
+                    offset,
+                    length,
+                    raw_length: length,
+                };
+                offset += length;
+                b
+            })
+            .collect();
+        IndexedPackInfo {
+            id: PackId([9; 32]),
+            salt: [0; 32],
+            blobs,
+            size: u64::from(offset) + tail,
+            index_file: String::new(),
+        }
+    }
+
+    const MIB: u32 = 1024 * 1024;
+
+    #[test]
+    fn pieces_cover_every_byte_once_and_every_blob() {
+        let p = pack(&[300_000, MIB, 3 * MIB, 5 * MIB, 20_000, 700_000, MIB / 2], 5_000);
+        for budget in [8 * u64::from(MIB), 16 * u64::from(MIB), 64 * u64::from(MIB)] {
+            let (reads, states) = plan(&[&p], budget);
+            let piece = (budget / 8).clamp(u64::from(MIB), MAX_READ);
+            let mut at = 0;
+            for r in &reads {
+                assert_eq!(r.offset, at, "contiguous, in order");
+                assert!(r.length <= piece || r.blobs.len() == 1, "{} > {piece}", r.length);
+                let covered: u64 = r.blobs.iter().map(|b| u64::from(b.length)).sum();
+                assert!(r.blobs.is_empty() || covered == r.length, "a read of blobs is exactly its blobs");
+                at += r.length;
+            }
+            assert_eq!(at, p.size, "the header and trailer are read too");
+            let blobs: usize = reads.iter().map(|r| r.blobs.len()).sum();
+            assert_eq!(blobs, p.blobs.len());
+            assert_eq!(states.len(), 1);
+            assert_eq!(states[0].2.planned, p.size);
+            assert!(states[0].2.hash.is_some());
+        }
+    }
+
+    #[test]
+    fn overlapping_blobs_are_read_but_not_hashed() {
+        let mut p = pack(&[MIB, MIB, MIB], 100);
+        p.blobs[2].offset -= 10;
+        let (reads, states) = plan(&[&p], 16 * u64::from(MIB));
+        assert_eq!(reads.iter().map(|r| r.blobs.len()).sum::<usize>(), 3);
+        assert!(states[0].2.hash.is_none());
+        assert_eq!(states[0].2.planned, reads.iter().map(|r| r.length).sum::<u64>());
     }
 }
