@@ -137,8 +137,13 @@ impl FoundLock {
 
 /// Every lock in the repository.
 pub fn list(storage: &dyn Storage) -> Result<Vec<FoundLock>> {
+    list_others(storage, "")
+}
+
+/// Every lock in the repository but the one at `ours` (which is not read).
+fn list_others(storage: &dyn Storage, ours: &str) -> Result<Vec<FoundLock>> {
     let mut out = Vec::new();
-    for obj in storage.list(crate::layout::Dir::Locks.name())? {
+    for obj in storage.list(crate::layout::Dir::Locks.name())?.into_iter().filter(|o| o.path != ours) {
         let info = match storage.read(&obj.path) {
             Ok(bytes) => serde_json::from_slice::<LockInfo>(&bytes).map_err(|e| format!("unreadable lock: {e}")),
             // Released between the list and the read.
@@ -191,7 +196,7 @@ impl Lock {
             refreshed: now,
         };
         let path = write_new(&*storage, &info)?;
-        let others = match list(&*storage) {
+        let others = match list_others(&*storage, &path) {
             Ok(all) => all,
             Err(e) => {
                 let _ = storage.delete(&path);
@@ -199,7 +204,7 @@ impl Lock {
             }
         };
         let mut stale = Vec::new();
-        for other in others.into_iter().filter(|l| l.path != path) {
+        for other in others {
             if other.stale_reason().is_some() {
                 stale.push(other);
                 continue;

@@ -95,32 +95,32 @@ impl Repository {
     /// Opens a repository: finds a key file that `password` unlocks, then reads the config.
     /// The index is not loaded; call [`Repository::load_index`].
     pub fn open(storage: Arc<dyn Storage>, password: &[u8]) -> Result<Self> {
-        let keys = storage.list(Dir::Keys.name())?;
-        // Only without keys is it worth a round trip to tell "no repository" from "no key".
-        if keys.is_empty() && !storage.exists(CONFIG)? {
-            return Err(Error::NoRepository(storage.location().to_string()));
-        }
-        let mut damaged = Vec::new();
-        let mut intact = 0;
-        let mut key = None;
-        for obj in keys {
-            let found = read_checked(&*storage, &obj.path)
-                .and_then(|bytes| KeyFile::parse(&obj.path, &bytes))
-                .and_then(|kf| kf.unwrap_key(&obj.path, password));
-            match found {
-                Ok(Some(k)) => {
-                    key = Some((k, layout::parse_key_path(&obj.path)));
-                    break;
-                }
-                Ok(None) => intact += 1,
-                Err(e) => damaged.push((obj.path, e)),
-            }
-        }
-        let (key, key_id) = match key {
+        // The config is read beside the key files (a remote repository waits one round trip
+        // for both, not two in a row); it is decrypted once a key opens.
+        let (config_bytes, key) = std::thread::scope(|s| {
+            let config = std::thread::Builder::new()
+                .name("cairn-config".into())
+                .spawn_scoped(s, || storage.read(CONFIG))
+                .map_err(|e| Error::io(CONFIG, "cannot start a thread", e))?;
+            let key = unlock(&*storage, password);
+            Ok::<_, Error>((config.join().expect("the config reader panicked"), key))
+        })?;
+        let (key, key_id) = match key? {
             Some(k) => k,
-            None => return Err(no_key_opens(storage.location(), intact, damaged)),
+            // Without key files or config there is no repository here.
+            None if matches!(config_bytes, Err(Error::NotFound(_))) => {
+                return Err(Error::NoRepository(storage.location().to_string()))
+            }
+            None => return Err(no_key_opens(storage.location(), 0, Vec::new())),
         };
-        let body = retry_damaged(|| sealed::open(&key, SealedKind::Config, CONFIG, &storage.read(CONFIG)?))?;
+        let mut prefetched = Some(config_bytes);
+        let body = retry_damaged(|| {
+            let bytes = match prefetched.take() {
+                Some(read) => read?,
+                None => storage.read(CONFIG)?,
+            };
+            sealed::open(&key, SealedKind::Config, CONFIG, &bytes)
+        })?;
         let config: Config =
             serde_json::from_slice(&body).map_err(|e| Error::corrupt(CONFIG, format!("not a config: {e}")))?;
         if config.version > FORMAT_VERSION {
@@ -494,6 +494,27 @@ fn repository_objects(storage: &dyn Storage) -> Result<String> {
         }
     }
     Ok(found.join(", "))
+}
+
+/// Finds the key file that `password` unlocks, with its ID; `None` when there are no key files.
+fn unlock(storage: &dyn Storage, password: &[u8]) -> Result<Option<(MasterKey, Option<KeyId>)>> {
+    let keys = storage.list(Dir::Keys.name())?;
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    let mut damaged = Vec::new();
+    let mut intact = 0;
+    for obj in keys {
+        let found = read_checked(storage, &obj.path)
+            .and_then(|bytes| KeyFile::parse(&obj.path, &bytes))
+            .and_then(|kf| kf.unwrap_key(&obj.path, password));
+        match found {
+            Ok(Some(k)) => return Ok(Some((k, layout::parse_key_path(&obj.path)))),
+            Ok(None) => intact += 1,
+            Err(e) => damaged.push((obj.path, e)),
+        }
+    }
+    Err(no_key_opens(storage.location(), intact, damaged))
 }
 
 /// Why no key file opened: the password is wrong (`intact` key files refused it), key files

@@ -11,7 +11,7 @@ use cairn_core::backup::{self, BackupOptions};
 use cairn_core::lock::LockKind;
 use clap::Args as ClapArgs;
 
-use super::{lock, open, parse_codec, parse_size, Global};
+use super::{open_locked, parse_codec, parse_size, Global};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -87,8 +87,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         cairn_core::tree::check_name(a.stdin_filename.as_bytes())
             .map_err(|why| anyhow::anyhow!("--stdin-filename wants a plain file name: {why}"))?;
     }
-    let repo = open(g)?;
-    let _lock = lock(&repo, LockKind::Shared)?;
+    let (repo, _lock) = open_locked(g, LockKind::Shared)?;
     repo.load_index()?;
     let defaults = BackupOptions::default();
     let show_progress = g.json || std::io::stderr().is_terminal();

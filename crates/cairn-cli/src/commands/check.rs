@@ -9,7 +9,7 @@ use cairn_core::check::{self, CheckOptions, CheckReport, Progress, ReadData};
 use cairn_core::lock::LockKind;
 use clap::Args as ClapArgs;
 
-use super::{cancel_on_sigint, lock, open, parse_size, Global, SnapshotArgs};
+use super::{cancel_on_sigint, open_locked, parse_size, Global, SnapshotArgs};
 use crate::output::{bytes, count};
 
 #[derive(ClapArgs, Debug)]
@@ -40,8 +40,7 @@ pub struct Args {
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     cairn_core::platform::keep_heap_small();
-    let repo = open(g)?;
-    let _lock = lock(&repo, LockKind::Shared)?;
+    let (repo, _lock) = open_locked(g, LockKind::Shared)?;
     let read_data = match (&a.read_data_subset, a.read_data) {
         (Some(s), _) => ReadData::Subset(s.parse()?),
         (None, true) => ReadData::All,

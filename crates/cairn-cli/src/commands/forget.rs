@@ -17,7 +17,7 @@ use cairn_core::snapshot::Snapshot;
 use clap::Args as ClapArgs;
 use serde_json::json;
 
-use super::{lock, open, plural, snapshots, FilterArgs, Global};
+use super::{open_locked, plural, snapshots, FilterArgs, Global};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -121,8 +121,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         );
         return Ok(ExitCode::from(2));
     }
-    let repo = open(g)?;
-    let held = lock(&repo, LockKind::Shared)?;
+    let (repo, held) = open_locked(g, LockKind::Shared)?;
     let now = cairn_core::platform::now();
     let plan = Plan::new(&policy, repo.snapshots()?, &a.filters.filter(&a.ids), a.group_by, now)?;
     if let Some(why) = plan.refusal().filter(|_| !a.allow_remove_all) {

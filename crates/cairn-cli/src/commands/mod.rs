@@ -46,7 +46,36 @@ pub(crate) fn storage(global: &Global) -> Result<Arc<dyn Storage>> {
 pub(crate) fn open(global: &Global) -> Result<Repository> {
     let storage = storage(global)?;
     let pw = password::get(global.password_file.as_deref(), "CAIRN_PASSWORD", "repository password", false)?;
-    let mut repo = Repository::open(storage, &pw)?;
+    open_with(global, storage, &pw)
+}
+
+/// Opens the repository and takes a lock of `kind` at the same time: the lock's round trips
+/// (see that the config exists, write the lock, list the others) run beside the key's (list the
+/// keys and read the config, read a key file, derive the key) instead of after them. If either
+/// fails, the lock is removed; where there is no repository, none is written.
+pub(crate) fn open_locked(global: &Global, kind: LockKind) -> Result<(Repository, Lock)> {
+    let storage = storage(global)?;
+    let pw = password::get(global.password_file.as_deref(), "CAIRN_PASSWORD", "repository password", false)?;
+    let (opened, held) = std::thread::scope(|s| {
+        let locking = std::thread::Builder::new()
+            .name("cairn-lock-take".into())
+            .spawn_scoped(s, || -> Result<Lock> {
+                // Where there is no repository, nothing is written (the open says so).
+                if !storage.exists(cairn_core::layout::CONFIG)? {
+                    return Err(cairn_core::Error::NoRepository(storage.location().to_string()).into());
+                }
+                take_lock(storage.clone(), kind)
+            })
+            .map_err(|e| cairn_core::Error::io("lock", "cannot start a thread", e))?;
+        let opened = open_with(global, storage.clone(), &pw);
+        Ok::<_, cairn_core::Error>((opened, locking.join().expect("the lock thread panicked")))
+    })?;
+    let repo = opened?;
+    Ok((repo, held?))
+}
+
+fn open_with(global: &Global, storage: Arc<dyn Storage>, pw: &[u8]) -> Result<Repository> {
+    let mut repo = Repository::open(storage, pw)?;
     let base = match (&global.cache_dir, global.no_cache) {
         (_, true) => None,
         (Some(dir), false) => Some(dir.clone()),
@@ -61,7 +90,11 @@ pub(crate) fn open(global: &Global) -> Result<Repository> {
 
 /// Takes a lock for the rest of the command, reporting stale locks it ignores.
 pub(crate) fn lock(repo: &Repository, kind: LockKind) -> Result<Lock> {
-    let held = Lock::acquire(repo.storage().clone(), kind)?;
+    take_lock(repo.storage().clone(), kind)
+}
+
+fn take_lock(storage: Arc<dyn Storage>, kind: LockKind) -> Result<Lock> {
+    let held = Lock::acquire(storage, kind)?;
     for l in held.stale() {
         let why = l.stale_reason().unwrap_or_default();
         eprintln!("warning: ignoring stale lock {} ({why}); `cairn unlock` removes it", l.path);
@@ -72,8 +105,7 @@ pub(crate) fn lock(repo: &Repository, kind: LockKind) -> Result<Lock> {
 /// Opens the repository for reading a snapshot: a shared lock, the index, and the snapshot
 /// `SNAPSHOT[:PATH]` names, with the path inside it.
 pub(crate) fn open_snapshot<'s>(g: &Global, spec: &'s std::ffi::OsStr) -> Result<Opened<'s>> {
-    let repo = open(g)?;
-    let lock = lock(&repo, LockKind::Shared)?;
+    let (repo, lock) = open_locked(g, LockKind::Shared)?;
     repo.load_index()?;
     let (name, path) = split_spec(spec)?;
     let (id, snapshot) = repo.find_snapshot(name)?;

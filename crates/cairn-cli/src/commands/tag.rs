@@ -11,7 +11,7 @@ use cairn_core::lock::LockKind;
 use cairn_core::tag::{self, TagChange};
 use clap::{ArgGroup, Args as ClapArgs};
 
-use super::{lock, open, plural, FilterArgs, Global};
+use super::{open_locked, plural, FilterArgs, Global};
 
 #[derive(ClapArgs, Debug)]
 #[command(group(ArgGroup::new("change").required(true).multiple(true).args(["add", "remove", "set"])))]
@@ -45,8 +45,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     } else {
         TagChange::Set(split(&a.set))
     };
-    let repo = open(g)?;
-    let _lock = lock(&repo, LockKind::Shared)?;
+    let (repo, _lock) = open_locked(g, LockKind::Shared)?;
     let snaps = a.filters.filter(&a.ids).select(&repo)?;
     let done = tag::retag(&repo, &snaps, &change)?;
     if g.json {

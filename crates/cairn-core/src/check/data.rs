@@ -89,14 +89,20 @@ pub fn read(
     };
     let reader = Reader::new(repo, opts.max_memory, opts.cancel.clone());
     std::thread::scope(|s| {
-        let feed = reads.iter().take_while(|_| {
-            let go = deadline.is_none_or(|d| Instant::now() < d);
+        // The time budget is looked at only when a pack begins: a pack begun is read to its end,
+        // so what a stopped run read is recorded whole and the next run reads only the others.
+        let mut current = None;
+        let state = &state;
+        let feed = reads.iter().take_while(move |r| {
+            let begins = current != Some(r.pack);
+            current = Some(r.pack);
+            let go = !begins || deadline.is_none_or(|d| Instant::now() < d);
             if go {
                 state.handed_out.fetch_add(1, Ordering::Relaxed);
             }
             go
         });
-        let workers = reader.start(s, feed, opts.concurrency, opts.decode_threads, ToCheck { state: &state });
+        let workers = reader.start(s, feed, opts.concurrency, opts.decode_threads, ToCheck { state });
         for w in workers {
             w.join().expect("a check worker panicked");
         }

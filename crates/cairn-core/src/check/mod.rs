@@ -301,12 +301,41 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
     let listed = listed?;
     report.snapshots = snapshots.len() as u64;
     let listed_and_indexed: IdSet<PackId> = packs.keys().filter(|id| listed.contains_key(id)).copied().collect();
-    let needed = structure::trees(repo, &packs, &listed_and_indexed, &snapshots, opts, &mut report, progress)?;
-    // With a filter, only the packs the chosen snapshots need are checked, counted and read.
-    let mut in_scope: Vec<&structure::IndexedPackInfo> =
-        packs.values().filter(|p| needed.as_ref().is_none_or(|n| p.blobs.iter().any(|b| n.contains(&b.id)))).collect();
-    in_scope.sort_unstable_by_key(|p| p.id);
-    let present = structure::packs(repo, &in_scope, &listed, threads, &mut report, progress);
+    // Without a filter every pack is in scope, and the headers are read beside the trees (a
+    // remote repository waits one round trip for both); with one, only the packs the chosen
+    // snapshots need are checked, counted and read, which the trees tell.
+    let every_pack = || {
+        let mut all: Vec<&structure::IndexedPackInfo> = packs.values().collect();
+        all.sort_unstable_by_key(|p| p.id);
+        all
+    };
+    let (needed, headers) = std::thread::scope(|s| {
+        let headers = opts.filter.is_empty().then(|| {
+            s.spawn(|| {
+                let mut found = CheckReport::default();
+                let present = structure::packs(repo, &every_pack(), &listed, threads, &mut found, &Progress::default());
+                (present, found.findings)
+            })
+        });
+        let needed = structure::trees(repo, &packs, &listed_and_indexed, &snapshots, opts, &mut report, progress);
+        (needed, headers.map(|h| h.join().expect("the header check panicked")))
+    });
+    let needed = needed?;
+    let in_scope: Vec<&structure::IndexedPackInfo> = match &needed {
+        None => every_pack(),
+        Some(n) => {
+            let mut chosen: Vec<_> = packs.values().filter(|p| p.blobs.iter().any(|b| n.contains(&b.id))).collect();
+            chosen.sort_unstable_by_key(|p| p.id);
+            chosen
+        }
+    };
+    let present = match headers {
+        Some((present, found)) => {
+            report.findings.extend(found);
+            present
+        }
+        None => structure::packs(repo, &in_scope, &listed, threads, &mut report, progress),
+    };
     if needed.is_none() {
         structure::duplicates(&packs, &mut report);
         structure::unindexed(&packs, &doomed, &listed, &mut report);
