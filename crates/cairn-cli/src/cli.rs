@@ -15,7 +15,7 @@ Environment:
   CAIRN_SFTP_KEY, CAIRN_SFTP_KNOWN_HOSTS, CAIRN_CACHE_DIR   instead of the options of those names
   CAIRN_PASSWORD        repository password
   CAIRN_PASSWORD_FILE   file whose first line is the password (instead of --password-file)
-  CAIRN_NEW_PASSWORD    new password for `key add`
+  CAIRN_NEW_PASSWORD    new password for `key add` and `key passwd`
   CAIRN_INJECT_FAULTS   fault injection for tests, e.g. latency=50ms (see docs/DESIGN.md)
 Without a password from the environment or a file, cairn asks for it on the terminal.
 
@@ -68,8 +68,8 @@ enum Command {
     Init(commands::init::Args),
     /// Back up files and directories into a new snapshot
     Backup(commands::backup::Args),
-    /// List snapshots
-    Snapshots,
+    /// List snapshots (filtered by ID, host, tag or path; the newest N; in groups)
+    Snapshots(commands::snapshots::Args),
     /// List the entries of a snapshot: SNAPSHOT[:PATH]
     Ls(commands::ls::Args),
     /// Restore a snapshot (or a path inside it) into a directory
@@ -94,6 +94,16 @@ enum Command {
     Prune(commands::prune::Args),
     /// Store data with another codec (e.g. lz4 for faster restores), removing the old packs
     Recompress(commands::recompress::Args),
+    /// Show what was added, removed and changed between two snapshots (or paths in them)
+    Diff(commands::diff::Args),
+    /// Find files and directories by name or path pattern across snapshots
+    Find(commands::find::Args),
+    /// Show how big snapshots are: what a restore writes, or the unique data stored
+    Stats(commands::stats::Args),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions(commands::completions::Args),
+    /// Print the manual page, or write one page per command into a directory
+    Man(commands::man::Args),
 }
 
 /// Runs the command; returns the exit code.
@@ -102,7 +112,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Init(a) => commands::init::run(g, a),
         Command::Backup(a) => commands::backup::run(g, a),
-        Command::Snapshots => commands::snapshots::run(g),
+        Command::Snapshots(a) => commands::snapshots::run(g, a),
         Command::Ls(a) => commands::ls::run(g, a),
         Command::Restore(a) => commands::restore::run(g, a),
         Command::Dump(a) => commands::dump::run(g, a),
@@ -114,5 +124,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Repair(a) => commands::repair::run(g, a),
         Command::Prune(a) => commands::prune::run(g, a),
         Command::Recompress(a) => commands::recompress::run(g, a),
+        Command::Diff(a) => commands::diff::run(g, a),
+        Command::Find(a) => commands::find::run(g, a),
+        Command::Stats(a) => commands::stats::run(g, a),
+        Command::Completions(a) => commands::completions::run(a),
+        Command::Man(a) => commands::man::run(a),
     }
 }

@@ -473,11 +473,17 @@ pub fn apply(
     group_by: GroupBy,
     now: Timestamp,
 ) -> Vec<GroupDecision> {
+    group(snaps, group_by).into_iter().map(|(key, members)| decide(policy, key, members, now)).collect()
+}
+
+/// `snaps` split into groups by `group_by`, in key order, each group's snapshots in the order
+/// of `snaps` (`forget` applies its policy to each; `snapshots --group-by` lists them).
+pub fn group(snaps: &[(SnapshotId, Snapshot)], group_by: GroupBy) -> BTreeMap<GroupKey, Vec<&(SnapshotId, Snapshot)>> {
     let mut groups: BTreeMap<GroupKey, Vec<&(SnapshotId, Snapshot)>> = BTreeMap::new();
     for s in snaps {
         groups.entry(group_by.key(&s.1)).or_default().push(s);
     }
-    groups.into_iter().map(|(key, members)| decide(policy, key, members, now)).collect()
+    groups
 }
 
 /// Applies `policy` to one group.

@@ -454,6 +454,59 @@ impl Repository {
         Ok(out)
     }
 
+    /// The key file whose ID starts with `prefix` (hex); an unknown or ambiguous prefix is an
+    /// error saying so.
+    pub fn find_key(&self, prefix: &str) -> Result<KeyId> {
+        let prefix = prefix.to_ascii_lowercase();
+        let listed = self.storage.list(Dir::Keys.name())?;
+        let found: Vec<KeyId> = listed
+            .iter()
+            .filter_map(|o| layout::parse_key_path(&o.path))
+            .filter(|id| id.to_hex().starts_with(&prefix))
+            .collect();
+        match found.as_slice() {
+            [id] if !prefix.is_empty() => Ok(*id),
+            [] => Err(Error::Usage(format!("no key file matches {prefix:?}; see `cairn key list`"))),
+            many => Err(Error::Usage(format!("{prefix:?} matches {} key files; give more of the ID", many.len()))),
+        }
+    }
+
+    /// Removes key file `id`. Refuses the last key file (the repository could never be opened
+    /// again) and the key this repository was opened with (its password would stop working
+    /// while in use: `key passwd` replaces it).
+    pub fn remove_key(&self, id: &KeyId) -> Result<()> {
+        let keys = self.storage.list(Dir::Keys.name())?;
+        if !keys.iter().any(|o| layout::parse_key_path(&o.path) == Some(*id)) {
+            return Err(Error::NotFound(format!("key file {}", id.short())));
+        }
+        if keys.len() <= 1 {
+            return Err(Error::Refused(format!(
+                "key {} is the last key file: without it the repository could never be opened again; \
+                 add another with `cairn key add` first",
+                id.short()
+            )));
+        }
+        if self.key_id == Some(*id) {
+            return Err(Error::Refused(format!(
+                "key {} is the one in use (its password opened the repository): open with another key's \
+                 password to remove it, or use `cairn key passwd` to replace it",
+                id.short()
+            )));
+        }
+        self.storage.delete(&layout::key_path(id))
+    }
+
+    /// Replaces the key in use with a new key file for `password`: the new one is written
+    /// first, then the old one removed, so one of the two always opens the repository. Returns
+    /// the new key's ID.
+    pub fn change_password(&mut self, password: &[u8], kdf: KdfParams) -> Result<KeyId> {
+        let new = self.add_key(password, kdf)?;
+        if let Some(old) = self.key_id.replace(new) {
+            self.storage.delete(&layout::key_path(&old))?;
+        }
+        Ok(new)
+    }
+
     /// The key file this repository was opened with.
     pub fn key_id(&self) -> Option<KeyId> {
         self.key_id

@@ -109,8 +109,10 @@ pub fn for_each_tree(
 /// Loads one level's trees: from the metadata cache where it holds them, the rest with
 /// coalesced reads cut small enough that every thread has some to decode (trees lie side by
 /// side in a few packs, and one read per level left one core decoding while the other waited).
-/// A read that fails is retried tree by tree, so each tree gets its own error.
-fn load_level(
+/// A read that fails is retried tree by tree, so each tree gets its own error. A walker that
+/// chooses which subtrees to descend into (`diff` loads only those whose IDs differ) calls
+/// this once per level with the trees it wants.
+pub fn load_level(
     repo: &Repository,
     level: &[BlobId],
     threads: usize,
@@ -192,10 +194,23 @@ pub fn load_all(
     threads: usize,
     loading: &Loading,
 ) -> Result<IdMap<BlobId, LoadedTree>> {
+    load_many(repo, &[root], threads, loading)
+}
+
+/// Loads every tree below each of `roots` (several snapshots: a tree they share is read once);
+/// the first tree that cannot be loaded is the error. Each root counts as one use.
+pub fn load_many(
+    repo: &Repository,
+    roots: &[BlobId],
+    threads: usize,
+    loading: &Loading,
+) -> Result<IdMap<BlobId, LoadedTree>> {
     let mut trees: IdMap<BlobId, LoadedTree> = IdMap::default();
     let mut uses: IdMap<BlobId, u32> = IdMap::default();
-    uses.insert(root, 1);
-    for_each_tree(repo, [root], threads, loading, |id, tree| {
+    for root in roots {
+        *uses.entry(*root).or_default() += 1;
+    }
+    for_each_tree(repo, roots.iter().copied(), threads, loading, |id, tree| {
         let tree = tree?;
         for sub in tree.nodes.iter().filter_map(|n| n.subtree) {
             *uses.entry(sub).or_default() += 1;
@@ -216,12 +231,24 @@ pub fn walk(
     root: BlobId,
     base: &Path,
     threads: usize,
-    mut visit: impl FnMut(&Path, &Node) -> Result<()>,
+    visit: impl FnMut(&Path, &Node) -> Result<()>,
 ) -> Result<()> {
     let trees = load_all(repo, root, threads, &Loading::default())?;
+    walk_loaded(&trees, root, base, visit)
+}
+
+/// Visits every node below tree `root` depth first, in tree order, with its absolute path
+/// (`base` joined with the names on the way), in trees loaded before ([`load_many`]): several
+/// snapshots walked over trees read once. A tree missing from `trees` is an error naming it.
+pub fn walk_loaded(
+    trees: &IdMap<BlobId, LoadedTree>,
+    root: BlobId,
+    base: &Path,
+    mut visit: impl FnMut(&Path, &Node) -> Result<()>,
+) -> Result<()> {
     let mut stack: Vec<(PathBuf, BlobId, usize)> = vec![(base.to_path_buf(), root, 0)];
     while let Some((dir, id, at)) = stack.pop() {
-        let tree = &trees.get(&id).expect("every tree below the root was loaded").tree;
+        let tree = &trees.get(&id).ok_or_else(|| Error::NotFound(format!("tree {} (not loaded)", id.short())))?.tree;
         let Some(node) = tree.nodes.get(at) else { continue };
         stack.push((dir.clone(), id, at + 1));
         let path = dir.join(OsStr::from_bytes(&node.name));

@@ -1,41 +1,99 @@
-//! `cairn key`: manage the key files that unlock the repository.
+//! `cairn key`: manage the key files that unlock the repository. Each wraps the same master
+//! secret under its own password, so any one opens the repository.
+//!
+//! `remove` and `passwd` take the exclusive lock: they delete a key file, and no other command
+//! should be opening the repository with it meanwhile. `add` only adds a file (shared lock).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
 use cairn_core::keyfile::KdfParams;
-use clap::Subcommand;
+use cairn_core::lock::LockKind;
+use clap::{Args as ClapArgs, Subcommand};
+use serde_json::json;
 
-use super::{open, Global};
+use super::{lock, open, Global};
 use crate::password;
 
 #[derive(Subcommand, Debug)]
 pub enum Args {
     /// Add a key file for a new password (from CAIRN_NEW_PASSWORD, --new-password-file or a prompt)
-    Add {
-        /// Read the new password from the first line of FILE
-        #[arg(long, env = "CAIRN_NEW_PASSWORD_FILE", value_name = "FILE")]
-        new_password_file: Option<PathBuf>,
-    },
-    /// List key files
+    Add(NewPassword),
+    /// List key files; `*` marks the one in use (whose password opened the repository)
     List,
+    /// Remove a key file (not the last one, nor the one in use)
+    Remove {
+        /// The key file's ID (a unique prefix)
+        #[arg(value_name = "ID")]
+        id: String,
+    },
+    /// Change the password: add a key file for a new password, then remove the one in use
+    Passwd(NewPassword),
+}
+
+/// Where the new password comes from.
+#[derive(ClapArgs, Debug)]
+pub struct NewPassword {
+    /// Read the new password from the first line of FILE
+    #[arg(long, env = "CAIRN_NEW_PASSWORD_FILE", value_name = "FILE")]
+    new_password_file: Option<PathBuf>,
+}
+
+impl NewPassword {
+    fn get(&self) -> Result<Vec<u8>> {
+        password::get(self.new_password_file.as_deref(), "CAIRN_NEW_PASSWORD", "new password", true)
+    }
 }
 
 pub fn run(g: &Global, k: Args) -> Result<ExitCode> {
-    let repo = open(g)?;
+    let mut repo = open(g)?;
     match k {
-        Args::Add { new_password_file } => {
-            let pw = password::get(new_password_file.as_deref(), "CAIRN_NEW_PASSWORD", "new password", true)?;
-            let id = repo.add_key(&pw, KdfParams::default())?;
+        Args::Add(new) => {
+            let _lock = lock(&repo, LockKind::Shared)?;
+            let id = repo.add_key(&new.get()?, KdfParams::default())?;
             outln!("added key {}", id.short());
         }
-        Args::List => {
-            for (id, kf) in repo.keys()? {
-                let current = if repo.key_id() == Some(id) { "*" } else { " " };
-                outln!("{current}{}  {}  {}@{}", id.short(), kf.created, kf.username, kf.hostname);
+        Args::List => list(g, &repo)?,
+        Args::Remove { id } => {
+            let _lock = lock(&repo, LockKind::Exclusive)?;
+            let id = repo.find_key(&id)?;
+            repo.remove_key(&id)?;
+            outln!("removed key {}", id.short());
+        }
+        Args::Passwd(new) => {
+            let _lock = lock(&repo, LockKind::Exclusive)?;
+            let pw = new.get()?;
+            let old = repo.key_id();
+            let id = repo.change_password(&pw, KdfParams::default())?;
+            match old {
+                Some(old) => outln!("changed the password: added key {}, removed key {}", id.short(), old.short()),
+                None => outln!("added key {}", id.short()),
             }
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn list(g: &Global, repo: &cairn_core::repository::Repository) -> Result<()> {
+    let keys = repo.keys()?;
+    if g.json {
+        let list: Vec<_> = keys
+            .iter()
+            .map(|(id, kf)| {
+                json!({
+                    "id": id.to_hex(), "short_id": id.short(), "current": repo.key_id() == Some(*id),
+                    "created": kf.created, "hostname": kf.hostname, "username": kf.username,
+                })
+            })
+            .collect();
+        outln!("{}", serde_json::Value::Array(list));
+        return Ok(());
+    }
+    outln!(" {:<10} {:<16} {:<20} created", "ID", "user", "host");
+    for (id, kf) in &keys {
+        let current = if repo.key_id() == Some(*id) { "*" } else { " " };
+        outln!("{current}{:<10} {:<16} {:<20} {}", id.short(), kf.username, kf.hostname, kf.created);
+    }
+    Ok(())
 }

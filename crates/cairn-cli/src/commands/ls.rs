@@ -8,15 +8,19 @@ use cairn_core::tree::{Node, NodeKind};
 use clap::Args as ClapArgs;
 
 use super::{open, split_spec, Global};
+use crate::output;
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
     /// Snapshot (`latest` or an ID prefix), optionally with :PATH inside it
     #[arg(value_name = "SNAPSHOT[:PATH]")]
     pub snapshot: std::ffi::OsString,
-    /// Long listing: mode, owner, size, modification time
+    /// Long listing: mode (`-rw-r--r--`), owner, group, size in binary units, modification time
     #[arg(short, long)]
     pub long: bool,
+    /// With --long, sizes in bytes instead of binary units
+    #[arg(long, requires = "long")]
+    pub bytes: bool,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
@@ -46,26 +50,19 @@ fn print_node(g: &Global, a: &Args, path: &Path, n: &Node) {
         outln!(
             "{}",
             serde_json::json!({
-                "path": path.to_string_lossy(), "type": format!("{:?}", n.kind).to_lowercase(), "mode": n.mode,
+                "path": path.to_string_lossy(), "type": output::kind(n.kind), "mode": n.mode,
+                "permissions": output::mode_string(n.kind, n.mode),
                 "uid": n.uid, "gid": n.gid, "user": n.user, "group": n.group, "size": n.size,
                 "mtime": n.mtime.secs, "mtime_nanos": n.mtime.nanos,
             })
         );
     } else if a.long {
-        let t = match n.kind {
-            NodeKind::Dir => 'd',
-            NodeKind::Symlink => 'l',
-            NodeKind::CharDevice => 'c',
-            NodeKind::BlockDevice => 'b',
-            NodeKind::Fifo => 'p',
-            NodeKind::File => '-',
-        };
         let owner = if n.user.is_empty() { n.uid.to_string() } else { n.user.clone() };
         let group = if n.group.is_empty() { n.gid.to_string() } else { n.group.clone() };
+        let size = if a.bytes { n.size.to_string() } else { output::bytes(n.size) };
         let mut line = format!(
-            "{t}{:04o} {owner:>8} {group:>8} {:>12} {} {}",
-            n.mode,
-            n.size,
+            "{} {owner:>8} {group:>8} {size:>10} {} {}",
+            output::mode_string(n.kind, n.mode),
             cairn_core::platform::format_local(n.mtime),
             path.display()
         );

@@ -14,16 +14,21 @@ use crate::password;
 
 pub mod backup;
 pub mod check;
+pub mod completions;
+pub mod diff;
 pub mod dump;
+pub mod find;
 pub mod forget;
 pub mod init;
 pub mod key;
 pub mod ls;
+pub mod man;
 pub mod prune;
 pub mod recompress;
 pub mod repair;
 pub mod restore;
 pub mod snapshots;
+pub mod stats;
 pub mod tag;
 pub mod unlock;
 

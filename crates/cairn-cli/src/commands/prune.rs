@@ -209,7 +209,7 @@ fn print(r: &PruneReport, dry_run: bool, json: bool) {
 }
 
 /// One line per codec: blobs, stored and plaintext bytes.
-fn print_codecs(by_codec: &std::collections::BTreeMap<String, CodecUse>) {
+pub(crate) fn print_codecs(by_codec: &std::collections::BTreeMap<String, CodecUse>) {
     for (codec, c) in by_codec {
         outln!("  {codec:<8} {:>9} blobs {:>12} stored {:>12} raw", c.blobs, bytes(c.stored), bytes(c.raw));
     }

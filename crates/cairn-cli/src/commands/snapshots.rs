@@ -3,33 +3,90 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
+use cairn_core::forget::{self, GroupBy, GroupKey};
 use cairn_core::id::SnapshotId;
 use cairn_core::snapshot::Snapshot;
+use clap::Args as ClapArgs;
+use serde_json::json;
 
-use super::{open, Global};
+use super::{open, FilterArgs, Global};
 
-pub fn run(g: &Global) -> Result<ExitCode> {
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Only these snapshots (ID prefixes or `latest`)
+    #[arg(value_name = "ID")]
+    ids: Vec<String>,
+    #[command(flatten)]
+    filters: FilterArgs,
+    /// Only the N newest snapshots of each group (of each host and paths without --group-by)
+    #[arg(long, value_name = "N")]
+    latest: Option<usize>,
+    /// List the snapshots in groups with the same host, paths and/or tags (comma-separated)
+    #[arg(long, value_name = "GROUP")]
+    group_by: Option<GroupBy>,
+}
+
+pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let repo = open(g)?;
-    let snaps = repo.snapshots()?;
+    let snaps = a.filters.filter(&a.ids).select(&repo)?;
+    // --latest counts per group: the groups asked for, or restic's host and paths.
+    let by = a.group_by.unwrap_or_default();
+    let mut groups: Vec<(GroupKey, Vec<&(SnapshotId, Snapshot)>)> = forget::group(&snaps, by)
+        .into_iter()
+        .map(|(key, mut members)| {
+            if let Some(n) = a.latest {
+                members.drain(..members.len().saturating_sub(n));
+            }
+            (key, members)
+        })
+        .collect();
+    if a.group_by.is_none() {
+        // One list, oldest first, as the snapshots were before grouping.
+        let mut all: Vec<_> = groups.drain(..).flat_map(|(_, m)| m).collect();
+        all.sort_by(|x, y| x.1.time.cmp(&y.1.time).then(x.0.cmp(&y.0)));
+        if g.json {
+            outln!("{}", serde_json::Value::Array(all.iter().map(|(id, s)| snapshot_json(id, s)).collect()));
+        } else {
+            print_table(&all);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if g.json {
-        let list: Vec<_> = snaps
+        let list: Vec<_> = groups
             .iter()
-            .map(|(id, s)| {
-                serde_json::json!({
-                    "id": id.to_hex(), "short_id": id.short(), "time": s.time.secs, "time_nanos": s.time.nanos,
-                    "hostname": s.hostname, "username": s.username, "paths": s.paths, "tags": s.tags, "tree": s.tree.to_hex(),
+            .map(|(key, members)| {
+                json!({
+                    "group_key": {"host": key.host, "paths": key.paths, "tags": key.tags},
+                    "snapshots": members.iter().map(|(id, s)| snapshot_json(id, s)).collect::<Vec<_>>(),
                 })
             })
             .collect();
         outln!("{}", serde_json::Value::Array(list));
         return Ok(ExitCode::SUCCESS);
     }
+    for (i, (key, members)) in groups.iter().enumerate() {
+        if i > 0 {
+            outln!("");
+        }
+        outln!("{key}:");
+        print_table(members);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_table(snaps: &[&(SnapshotId, Snapshot)]) {
     outln!("{}", line("ID", "time", "host", "tags", "", "paths"));
-    for (id, s) in &snaps {
+    for (id, s) in snaps {
         outln!("{}", row(id, s, ""));
     }
-    outln!("{} snapshots", snaps.len());
-    Ok(ExitCode::SUCCESS)
+    outln!("{}", super::plural(snaps.len(), "snapshot"));
+}
+
+fn snapshot_json(id: &SnapshotId, s: &Snapshot) -> serde_json::Value {
+    json!({
+        "id": id.to_hex(), "short_id": id.short(), "time": s.time.secs, "time_nanos": s.time.nanos,
+        "hostname": s.hostname, "username": s.username, "paths": s.paths, "tags": s.tags, "tree": s.tree.to_hex(),
+    })
 }
 
 /// One line of a snapshot table: ID, time, host and tags in columns, then `extra` (more

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 pub use finish::Finished;
-pub use plan::{CodecUse, Fate, Limit, Plan, PlanOptions, PlanStats, PlannedPack, Recompress};
+pub use plan::{count_codec, CodecUse, Fate, Limit, Plan, PlanOptions, PlanStats, PlannedPack, Recompress};
 pub use repack::RepackOptions;
 
 use crate::deletion::{self, Deletion};

@@ -1,0 +1,151 @@
+//! `cairn diff`: what changed between two snapshots, or two directories or files in them
+//! (`cairn_core::diff`).
+//!
+//! Text: one line per path, `CODE SIZE PATH` (`+` added, `-` removed, `M` content changed, `T`
+//! kind changed, `U` metadata only with --metadata; directories end in `/`), then the totals.
+//! JSON (`--json`): one object per line, each change (`"message_type": "change"`) in path
+//! order, then one `"message_type": "statistics"` object.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use cairn_core::diff::{self, Counts, DiffOptions, DiffStats, Entry, Root, Side};
+use cairn_core::lock::LockKind;
+use cairn_core::repository::Repository;
+use cairn_core::tree::NodeKind;
+use cairn_core::trees::{below_root, resolve, Loading};
+use clap::Args as ClapArgs;
+use serde_json::json;
+
+use super::{lock, open, split_spec, Global};
+use crate::output::{self, bytes, count};
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// The first snapshot (`latest` or an ID prefix), optionally with :PATH inside it
+    #[arg(value_name = "A[:PATH]")]
+    before: OsString,
+    /// The second snapshot, optionally with :PATH inside it
+    #[arg(value_name = "B[:PATH]")]
+    after: OsString,
+    /// Also list paths whose metadata alone changed (mode, owner, modification time, extended
+    /// attributes, ACLs) with `U`
+    #[arg(long)]
+    metadata: bool,
+}
+
+pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
+    let repo = open(g)?;
+    let _lock = lock(&repo, LockKind::Shared)?;
+    repo.load_index()?;
+    let (before_id, before, before_path) = side(&repo, &a.before)?;
+    let (after_id, after, after_path) = side(&repo, &a.after)?;
+    // Two directories: paths below them from `/`; one object on either side: its path.
+    let base = match (&before, &after) {
+        (Root::Tree(_), Root::Tree(_)) => PathBuf::from("/"),
+        _ => after_path.or(before_path).unwrap_or_else(|| PathBuf::from("/")),
+    };
+    let opts = DiffOptions { metadata: a.metadata, threads: repo.storage().default_concurrency() };
+    let (entries, stats) = diff::diff(&repo, before, after, &base, opts, &Loading::default())?;
+    if g.json {
+        for e in &entries {
+            outln!("{}", change_json(e));
+        }
+        outln!("{}", stats_json(&stats, &before_id, &after_id));
+    } else {
+        outln!("comparing snapshot {before_id} to {after_id}:");
+        outln!("");
+        for e in &entries {
+            outln!("{}", change_line(e));
+        }
+        if !entries.is_empty() {
+            outln!("");
+        }
+        print_stats(&stats);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One side of the comparison: the snapshot's short ID (with `:PATH` if given), what to
+/// compare, and the path inside the snapshot.
+fn side(repo: &Repository, spec: &std::ffi::OsStr) -> Result<(String, Root, Option<PathBuf>)> {
+    let (name, path) = split_spec(spec)?;
+    let (id, snap) = repo.find_snapshot(name)?;
+    let Some(path) = path.and_then(below_root) else {
+        return Ok((id.short(), Root::Tree(snap.tree), None));
+    };
+    let shown = format!("{}:{}", id.short(), path.display());
+    let root = match resolve(repo, &snap.tree, path, &id.short())? {
+        None => Root::Tree(snap.tree),
+        Some(n) if n.kind == NodeKind::Dir => Root::Tree(n.subtree.context("directory without a subtree")?),
+        Some(n) => Root::Node(Box::new(n)),
+    };
+    Ok((shown, root, Some(path.to_path_buf())))
+}
+
+/// `M    1.20 KiB  /path/to/file`; directories end in `/` and have no size.
+fn change_line(e: &Entry) -> String {
+    let shown = e.after.or(e.before).expect("a change has a side");
+    let size = if shown.kind == NodeKind::Dir { String::new() } else { bytes(shown.size) };
+    let slash = if shown.kind == NodeKind::Dir { "/" } else { "" };
+    format!("{} {size:>11}  {}{slash}", e.change.code(), e.path.display())
+}
+
+fn change_json(e: &Entry) -> serde_json::Value {
+    let side = |s: Option<Side>| s.map(|s| json!({"type": output::kind(s.kind), "size": s.size}));
+    json!({
+        "message_type": "change",
+        "path": e.path.to_string_lossy(),
+        "modifier": e.change.code().to_string(),
+        "change": e.change.name(),
+        "before": side(e.before),
+        "after": side(e.after),
+    })
+}
+
+fn stats_json(s: &DiffStats, before: &str, after: &str) -> serde_json::Value {
+    let counts = |c: Counts| json!({"added": c.added, "removed": c.removed, "changed": c.changed});
+    json!({
+        "message_type": "statistics",
+        "source_snapshot": before,
+        "target_snapshot": after,
+        "files": counts(s.files),
+        "dirs": counts(s.dirs),
+        "others": counts(s.others),
+        "type_changes": s.type_changes,
+        "metadata_changes": s.metadata_changes,
+        "blobs_added": s.blobs_added,
+        "blobs_removed": s.blobs_removed,
+        "bytes_added": s.bytes_added,
+        "bytes_removed": s.bytes_removed,
+        "trees_read": s.trees_read,
+    })
+}
+
+fn print_stats(s: &DiffStats) {
+    let c = |n: u64| count(n);
+    outln!(
+        "Files:      {:>9} new, {:>9} removed, {:>9} changed",
+        c(s.files.added),
+        c(s.files.removed),
+        c(s.files.changed)
+    );
+    outln!("Dirs:       {:>9} new, {:>9} removed", c(s.dirs.added), c(s.dirs.removed));
+    outln!(
+        "Others:     {:>9} new, {:>9} removed, {:>9} changed",
+        c(s.others.added),
+        c(s.others.removed),
+        c(s.others.changed)
+    );
+    if s.type_changes > 0 {
+        outln!("Type changes: {}", c(s.type_changes));
+    }
+    if s.metadata_changes > 0 {
+        outln!("Metadata only: {}", c(s.metadata_changes));
+    }
+    outln!("Data blobs: {:>9} new, {:>9} removed", c(s.blobs_added), c(s.blobs_removed));
+    outln!("  Added:   {}", bytes(s.bytes_added));
+    outln!("  Removed: {}", bytes(s.bytes_removed));
+}

@@ -1,0 +1,137 @@
+//! Finding files across snapshots by glob patterns on their names or paths, and by their
+//! modification times.
+//!
+//! The trees of every snapshot searched are loaded once ([`crate::trees::load_many`]: a
+//! directory that several snapshots share is read once, level by level with many reads in
+//! flight), then each snapshot is walked in memory.
+
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+
+use crate::error::{Error, Result};
+use crate::id::SnapshotId;
+use crate::repository::Repository;
+use crate::snapshot::Snapshot;
+use crate::tree::{Node, Timestamp};
+use crate::trees::{load_many, walk_loaded, Loading};
+
+/// What a search matches: glob patterns (any of them) and a range of modification times.
+///
+/// A pattern without `/` matches an entry's name (`*.rs`); a pattern with `/` matches its whole
+/// path, `*` not crossing a `/` and `**` crossing any number: `/etc/*.conf` from the root,
+/// `src/*.rs` (not starting with `/`) at any depth, as `**/src/*.rs`.
+#[derive(Clone, Debug)]
+pub struct Matcher {
+    names: GlobSet,
+    paths: GlobSet,
+    /// Only entries modified at or after this time.
+    pub oldest: Option<Timestamp>,
+    /// Only entries modified at or before this time.
+    pub newest: Option<Timestamp>,
+}
+
+impl Matcher {
+    /// Compiles `patterns` (case-insensitive with `ignore_case`); an invalid pattern is an
+    /// error naming it.
+    pub fn new(patterns: &[String], ignore_case: bool) -> Result<Self> {
+        if patterns.is_empty() {
+            return Err(Error::Usage("no pattern given: give at least one, e.g. '*.conf'".into()));
+        }
+        let (mut names, mut paths) = (GlobSetBuilder::new(), GlobSetBuilder::new());
+        for p in patterns {
+            let (set, glob) = if p.contains('/') {
+                let anchored = p.starts_with('/') || p.starts_with("**");
+                (&mut paths, if anchored { p.clone() } else { format!("**/{p}") })
+            } else {
+                (&mut names, p.clone())
+            };
+            let glob = GlobBuilder::new(&glob)
+                .case_insensitive(ignore_case)
+                .literal_separator(true)
+                .backslash_escape(true)
+                .build()
+                .map_err(|e| Error::Usage(format!("invalid pattern {p:?}: {e}")))?;
+            set.add(glob);
+        }
+        let build = |b: GlobSetBuilder| b.build().map_err(|e| Error::Usage(format!("invalid pattern: {e}")));
+        Ok(Matcher { names: build(names)?, paths: build(paths)?, oldest: None, newest: None })
+    }
+
+    /// Whether the entry `node` at `path` matches.
+    pub fn matches(&self, path: &Path, node: &Node) -> bool {
+        if self.oldest.is_some_and(|t| node.mtime < t) || self.newest.is_some_and(|t| node.mtime > t) {
+            return false;
+        }
+        self.names.is_match(Path::new(std::ffi::OsStr::from_bytes(&node.name))) || self.paths.is_match(path)
+    }
+}
+
+/// Calls `found` for every entry of `snapshots` (oldest first) that `matcher` matches, snapshot
+/// by snapshot, each in tree order. Loads trees on `threads` threads.
+pub fn find(
+    repo: &Repository,
+    snapshots: &[(SnapshotId, Snapshot)],
+    matcher: &Matcher,
+    threads: usize,
+    mut found: impl FnMut(&SnapshotId, &Snapshot, &Path, &Node) -> Result<()>,
+) -> Result<()> {
+    let roots: Vec<_> = snapshots.iter().map(|(_, s)| s.tree).collect();
+    let trees = load_many(repo, &roots, threads, &Loading::default())?;
+    for (id, snap) in snapshots {
+        walk_loaded(&trees, snap.tree, Path::new("/"), |path, node| {
+            if matcher.matches(path, node) {
+                found(id, snap, path, node)?;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::NodeKind;
+
+    fn node(name: &str, mtime: i64) -> Node {
+        let mut n = Node::new(name.as_bytes().to_vec(), NodeKind::File);
+        n.mtime = Timestamp { secs: mtime, nanos: 0 };
+        n
+    }
+
+    fn is(m: &Matcher, path: &str) -> bool {
+        let name = path.rsplit('/').next().unwrap();
+        m.matches(Path::new(path), &node(name, 100))
+    }
+
+    #[test]
+    fn names_paths_and_case() {
+        let m = Matcher::new(&["*.RS".into()], true).unwrap();
+        assert!(is(&m, "/src/lib.rs"));
+        assert!(!is(&m, "/src/lib.rsx"));
+        let exact = Matcher::new(&["*.RS".into()], false).unwrap();
+        assert!(!is(&exact, "/src/lib.rs"));
+        // With a slash: the whole path; `*` stays inside one component.
+        let p = Matcher::new(&["/etc/*.conf".into()], false).unwrap();
+        assert!(is(&p, "/etc/a.conf"));
+        assert!(!is(&p, "/etc/x/a.conf"));
+        assert!(!is(&p, "/root/etc/a.conf"));
+        let anywhere = Matcher::new(&["etc/*.conf".into()], false).unwrap();
+        assert!(is(&anywhere, "/root/etc/a.conf"));
+        let deep = Matcher::new(&["/home/**/*.txt".into()], false).unwrap();
+        assert!(is(&deep, "/home/a/b/c.txt"));
+        assert!(Matcher::new(&["a[".into()], false).unwrap_err().to_string().contains("\"a[\""));
+    }
+
+    #[test]
+    fn time_range() {
+        let mut m = Matcher::new(&["*".into()], false).unwrap();
+        m.oldest = Some(Timestamp { secs: 50, nanos: 0 });
+        m.newest = Some(Timestamp { secs: 150, nanos: 0 });
+        assert!(m.matches(Path::new("/a"), &node("a", 100)));
+        assert!(!m.matches(Path::new("/a"), &node("a", 10)));
+        assert!(!m.matches(Path::new("/a"), &node("a", 200)));
+    }
+}

@@ -1,0 +1,167 @@
+//! How big snapshots are: what a restore of each would write ([`RestoreSize`]), and the unique
+//! data they reference as stored ([`RawData`]: plaintext and stored bytes, per codec, with the
+//! deduplication and compression ratios).
+//!
+//! The trees of all the snapshots are loaded once ([`crate::trees::load_many`]), then each
+//! snapshot is walked in memory; stored sizes come from the index, so no pack is read.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::id::{BlobId, IdSet, SnapshotId};
+use crate::pack::BlobKind;
+use crate::prune::{count_codec, CodecUse};
+use crate::repository::Repository;
+use crate::snapshot::Snapshot;
+use crate::tree::{Chunk, NodeKind};
+use crate::trees::{load_many, walk_loaded, Loading};
+
+/// What restoring the snapshots (each in turn) would create and write.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RestoreSize {
+    /// Regular files (every path, hard links included).
+    pub files: u64,
+    /// Directories (below each snapshot's root).
+    pub dirs: u64,
+    /// Symlinks, devices and FIFOs.
+    pub others: u64,
+    /// Bytes of file content written: a file with several hard links once, as a restore
+    /// writes it once and links the other paths to it.
+    pub bytes: u64,
+    /// Paths restored as hard links of a file already counted.
+    pub hard_links: u64,
+}
+
+/// The unique blobs the snapshots reference, as stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RawData {
+    /// Distinct data blobs (file chunks).
+    pub data_blobs: u64,
+    /// Distinct tree blobs (directories).
+    pub tree_blobs: u64,
+    /// Plaintext bytes of the distinct data blobs.
+    pub data_plain: u64,
+    /// Plaintext bytes of all distinct blobs, trees included.
+    pub plain: u64,
+    /// Stored bytes of all distinct blobs (compressed and encrypted, as in the packs).
+    pub stored: u64,
+    /// Bytes of file content that are zeros or holes: referenced, never stored.
+    pub zero_bytes: u64,
+    /// Blobs and bytes per codec.
+    pub by_codec: BTreeMap<String, CodecUse>,
+}
+
+impl RawData {
+    /// Plaintext bytes per stored byte (1.0 for nothing stored).
+    pub fn compression_ratio(&self) -> f64 {
+        ratio(self.plain, self.stored)
+    }
+}
+
+/// The statistics of a set of snapshots.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stats {
+    /// Snapshots counted.
+    pub snapshots: u64,
+    /// What restoring each would write.
+    pub restore: RestoreSize,
+    /// The unique data referenced.
+    pub raw: RawData,
+}
+
+impl Stats {
+    /// File bytes a restore of every snapshot writes per byte of unique file data stored
+    /// (plaintext): how much deduplication (and zero chunks) saved.
+    pub fn dedup_ratio(&self) -> f64 {
+        ratio(self.restore.bytes, self.raw.data_plain)
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        1.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+/// Counts `snapshots`, loading trees on `threads` threads. A tree or blob the index does not
+/// list is an error (the snapshot is damaged: `cairn check` says how).
+pub fn stats(
+    repo: &Repository,
+    snapshots: &[(SnapshotId, Snapshot)],
+    threads: usize,
+    loading: &Loading,
+) -> Result<Stats> {
+    let roots: Vec<_> = snapshots.iter().map(|(_, s)| s.tree).collect();
+    let trees = load_many(repo, &roots, threads, loading)?;
+    let mut s = Stats { snapshots: snapshots.len() as u64, ..Stats::default() };
+    for (_, snap) in snapshots {
+        s.restore = add(s.restore, restore_size(&trees, snap.tree)?);
+    }
+    let mut blobs: IdSet<BlobId> = trees.keys().copied().collect();
+    for t in trees.values() {
+        for n in &t.tree.nodes {
+            for c in &n.content {
+                match *c {
+                    Chunk::Data { id, .. } => {
+                        blobs.insert(id);
+                    }
+                    Chunk::Zero { len } => s.raw.zero_bytes += len,
+                }
+            }
+        }
+    }
+    let index = repo.index();
+    for id in &blobs {
+        let loc = index.get(id).ok_or_else(|| {
+            Error::NotFound(format!("blob {} (referenced by a snapshot, in no index; run `cairn check`)", id.short()))
+        })?;
+        let e = loc.entry;
+        match e.kind {
+            BlobKind::Data => {
+                s.raw.data_blobs += 1;
+                s.raw.data_plain += u64::from(e.raw_length);
+            }
+            BlobKind::Tree => s.raw.tree_blobs += 1,
+        }
+        s.raw.plain += u64::from(e.raw_length);
+        s.raw.stored += u64::from(e.length);
+        count_codec(&mut s.raw.by_codec, &e);
+    }
+    Ok(s)
+}
+
+/// What restoring the tree `root` writes: each hard-linked file (same device and inode, more
+/// than one link) counted once, as the restore writes it.
+fn restore_size(trees: &crate::id::IdMap<BlobId, crate::trees::LoadedTree>, root: BlobId) -> Result<RestoreSize> {
+    let mut r = RestoreSize::default();
+    let mut linked: std::collections::HashSet<(u64, u64)> = std::collections::HashSet::new();
+    walk_loaded(trees, root, Path::new("/"), |_, n| {
+        match n.kind {
+            NodeKind::File => {
+                r.files += 1;
+                if n.links > 1 && !linked.insert((n.device_id, n.inode)) {
+                    r.hard_links += 1;
+                } else {
+                    r.bytes += n.size;
+                }
+            }
+            NodeKind::Dir => r.dirs += 1,
+            _ => r.others += 1,
+        }
+        Ok(())
+    })?;
+    Ok(r)
+}
+
+fn add(a: RestoreSize, b: RestoreSize) -> RestoreSize {
+    RestoreSize {
+        files: a.files + b.files,
+        dirs: a.dirs + b.dirs,
+        others: a.others + b.others,
+        bytes: a.bytes + b.bytes,
+        hard_links: a.hard_links + b.hard_links,
+    }
+}
