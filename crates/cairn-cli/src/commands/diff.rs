@@ -19,7 +19,7 @@ use cairn_core::trees::{below_root, resolve, Loading};
 use clap::Args as ClapArgs;
 use serde_json::json;
 
-use super::{lock, open, split_spec, Global};
+use super::{open_locked, split_spec, Global};
 use crate::output::{self, bytes, count};
 
 #[derive(ClapArgs, Debug)]
@@ -37,8 +37,7 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
-    let repo = open(g)?;
-    let _lock = lock(&repo, LockKind::Shared)?;
+    let (repo, _lock) = open_locked(g, LockKind::Shared)?;
     repo.load_index()?;
     let (before_id, before, before_path) = side(&repo, &a.before)?;
     let (after_id, after, after_path) = side(&repo, &a.after)?;

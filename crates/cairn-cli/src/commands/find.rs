@@ -12,7 +12,7 @@ use cairn_core::tree::{NodeKind, Timestamp};
 use clap::Args as ClapArgs;
 use serde_json::json;
 
-use super::{lock, open, plural, Global, SnapshotArgs};
+use super::{open_locked, plural, Global, SnapshotArgs};
 use crate::output;
 
 #[derive(ClapArgs, Debug)]
@@ -39,8 +39,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let mut matcher = Matcher::new(&a.patterns, a.ignore_case)?;
     matcher.oldest = a.oldest;
     matcher.newest = a.newest;
-    let repo = open(g)?;
-    let _lock = lock(&repo, LockKind::Shared)?;
+    let (repo, _lock) = open_locked(g, LockKind::Shared)?;
     repo.load_index()?;
     let snaps = a.snapshots.filter().select(&repo)?;
     if !g.json {

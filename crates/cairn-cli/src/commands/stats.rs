@@ -12,7 +12,7 @@ use cairn_core::trees::Loading;
 use clap::{Args as ClapArgs, ValueEnum};
 use serde_json::json;
 
-use super::{lock, open, FilterArgs, Global};
+use super::{open_locked, FilterArgs, Global};
 use crate::output::{bytes, count};
 
 #[derive(ClapArgs, Debug)]
@@ -35,8 +35,7 @@ enum Mode {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
-    let repo = open(g)?;
-    let _lock = lock(&repo, LockKind::Shared)?;
+    let (repo, _lock) = open_locked(g, LockKind::Shared)?;
     repo.load_index()?;
     let snaps = a.filters.filter(&a.ids).select(&repo)?;
     let threads = repo.storage().default_concurrency();
