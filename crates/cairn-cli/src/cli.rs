@@ -94,6 +94,8 @@ enum Command {
     Prune(commands::prune::Args),
     /// Store data with another codec (e.g. lz4 for faster restores), removing the old packs
     Recompress(commands::recompress::Args),
+    /// Browse the snapshots as a read-only file system (FUSE) at MOUNTPOINT until Ctrl-C
+    Mount(commands::mount::Args),
 }
 
 /// Runs the command; returns the exit code.
@@ -114,5 +116,6 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Repair(a) => commands::repair::run(g, a),
         Command::Prune(a) => commands::prune::run(g, a),
         Command::Recompress(a) => commands::recompress::run(g, a),
+        Command::Mount(a) => commands::mount::run(g, a),
     }
 }

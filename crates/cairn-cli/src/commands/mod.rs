@@ -19,6 +19,7 @@ pub mod forget;
 pub mod init;
 pub mod key;
 pub mod ls;
+pub mod mount;
 pub mod prune;
 pub mod recompress;
 pub mod repair;
