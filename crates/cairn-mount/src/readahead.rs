@@ -115,6 +115,9 @@ impl ReadAhead {
 impl Drop for ReadAhead {
     fn drop(&mut self) {
         self.cancel.store(true, Ordering::Relaxed);
+        // A feed waiting for the reader would notice only after 100 ms: a `tar` of the mount
+        // replaces a directory's read-ahead thousands of times.
+        self.pace.wake();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

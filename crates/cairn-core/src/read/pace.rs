@@ -33,6 +33,15 @@ impl Pace {
     }
 }
 
+impl Pace {
+    /// Wakes a feed waiting for the consumer, so it sees at once that it was told to stop
+    /// (the caller sets its stop condition first); else it notices within 100 ms.
+    pub fn wake(&self) {
+        let _reached = self.reached.lock().expect("pace lock");
+        self.moved.notify_all();
+    }
+}
+
 /// Hands `reads` out in order, at most `window` ahead of `pace`, until `stop` says to (a
 /// cancelled [`Reader`]): the feed of [`Reader::start`] for a consumer that takes blobs in
 /// order.
