@@ -104,6 +104,8 @@ enum Command {
     Completions(commands::completions::Args),
     /// Print the manual page, or write one page per command into a directory
     Man(commands::man::Args),
+    /// Browse the snapshots as a read-only file system (FUSE) at MOUNTPOINT until Ctrl-C
+    Mount(commands::mount::Args),
 }
 
 /// Runs the command; returns the exit code.
@@ -129,5 +131,6 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Stats(a) => commands::stats::run(g, a),
         Command::Completions(a) => commands::completions::run(a),
         Command::Man(a) => commands::man::run(a),
+        Command::Mount(a) => commands::mount::run(g, a),
     }
 }

@@ -23,6 +23,7 @@ pub mod init;
 pub mod key;
 pub mod ls;
 pub mod man;
+pub mod mount;
 pub mod prune;
 pub mod recompress;
 pub mod repair;

@@ -15,6 +15,7 @@ mod budget;
 mod buffers;
 mod decode;
 mod fetch;
+mod pace;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use crossbeam_channel::bounded;
 pub use budget::{Budget, Reservation};
 pub use buffers::{Buf, BufferPool};
 pub use decode::{Decoded, Plain};
+pub use pace::{ordered_reads, Pace, Paced};
 
 use crate::crypto::SALT_LEN;
 use crate::error::Error;

@@ -9,8 +9,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, Write};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
@@ -19,9 +18,8 @@ use super::plan::{self, Filter, Top};
 use super::types::Entry;
 use crate::error::{Error, Result};
 use crate::id::BlobId;
-use crate::index::Index;
 use crate::pack::BlobEntry;
-use crate::read::{coalesce_gap, Decoded, PackRead, Reader, Sink, MAX_READ};
+use crate::read::{coalesce_gap, ordered_reads, Decoded, Pace, Paced, PackRead, Reader, Sink, MAX_READ};
 use crate::repository::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::{Chunk, NodeKind};
@@ -33,35 +31,6 @@ pub struct DumpStats {
     pub entries: u64,
     /// Bytes of file content.
     pub bytes: u64,
-}
-
-/// The reads that deliver `wanted` in order: consecutive blobs that lie in ascending order in
-/// one pack, at most `gap` apart, share a read (within [`MAX_READ`]); a blob repeated right
-/// after itself is read once. Fails naming the first blob no index lists.
-fn stream_reads(index: &Index, wanted: &[BlobId], gap: u64) -> Result<Vec<PackRead>> {
-    let mut reads: Vec<PackRead> = Vec::new();
-    let mut last = None;
-    for id in wanted {
-        if last == Some(*id) {
-            continue;
-        }
-        last = Some(*id);
-        let loc = index.get(id).ok_or_else(|| Error::NotFound(format!("blob {} (not in any index)", id.short())))?;
-        let b = loc.entry;
-        let (start, end) = (u64::from(b.offset), u64::from(b.offset) + u64::from(b.length));
-        if let Some(r) = reads.last_mut().filter(|r| r.pack == loc.pack) {
-            let r_end = r.offset + r.length;
-            // Only a blob after the read can join it (one before it starts a read of its own).
-            let after = start >= r_end && start - r_end <= gap;
-            if after && end - r.offset <= MAX_READ && r.raw_bytes() + u64::from(b.raw_length) <= MAX_READ {
-                r.length = end - r.offset;
-                r.blobs.push(b);
-                continue;
-            }
-        }
-        reads.push(PackRead { pack: loc.pack, salt: loc.salt, offset: start, length: end - start, blobs: vec![b] });
-    }
-    Ok(reads)
 }
 
 /// What arrived for one read: its blobs, or why one of them could not be read.
@@ -95,37 +64,6 @@ impl<'s> Sink<'s> for ToStream<'s> {
     }
 }
 
-/// How many reads the writer has taken, for the feeder's window.
-#[derive(Default)]
-struct Taken {
-    count: Mutex<usize>,
-    moved: Condvar,
-}
-
-/// Hands the reads out in order, at most `window` ahead of the writer.
-struct Window<'s> {
-    reads: std::slice::Iter<'s, PackRead>,
-    sent: usize,
-    window: usize,
-    taken: &'s Taken,
-    reader: &'s Reader<'s>,
-}
-
-impl<'s> Iterator for Window<'s> {
-    type Item = &'s PackRead;
-    fn next(&mut self) -> Option<&'s PackRead> {
-        let mut taken = self.taken.count.lock().expect("window lock");
-        while self.sent >= *taken + self.window {
-            if self.reader.cancelled() {
-                return None;
-            }
-            taken = self.taken.moved.wait_timeout(taken, Duration::from_millis(100)).expect("window lock").0;
-        }
-        self.sent += 1;
-        self.reads.next()
-    }
-}
-
 /// The blobs of a dump in order, as the writer takes them.
 struct Stream<'s> {
     next_read: usize,
@@ -133,7 +71,7 @@ struct Stream<'s> {
     early: HashMap<usize, Arrival<'s>>,
     current: VecDeque<Decoded<'s>>,
     last: Option<Decoded<'s>>,
-    taken: &'s Taken,
+    pace: &'s Pace,
     /// The library error behind the last failed read (reported instead of the I/O error the
     /// tar writer wraps it in).
     error: Option<Error>,
@@ -155,8 +93,7 @@ impl<'s> Stream<'s> {
     fn next_read(&mut self) -> Result<Vec<Decoded<'s>>> {
         let seq = self.next_read;
         self.next_read += 1;
-        *self.taken.count.lock().expect("window lock") = self.next_read;
-        self.taken.moved.notify_all();
+        self.pace.reach(self.next_read);
         loop {
             match self.early.remove(&seq) {
                 Some(Arrival::Blobs(b)) => return Ok(b),
@@ -261,16 +198,16 @@ pub fn dump(
             Chunk::Zero { .. } => None,
         })
         .collect();
-    let reads = stream_reads(&repo.index(), &wanted, coalesce_gap(repo))?;
+    let reads = ordered_reads(&repo.index(), &wanted, coalesce_gap(repo))?;
     let reader = Reader::new(repo, DEFAULT_MAX_MEMORY, Arc::new(AtomicBool::new(false)));
     // Reads in flight or waiting to be written: each reserves at most 2 × MAX_READ, so the
     // window always fits the budget and a read never waits for budget the writer cannot free.
     let window = (DEFAULT_MAX_MEMORY / (2 * MAX_READ)).max(1) as usize;
-    let taken = Taken::default();
+    let pace = Pace::default();
     std::thread::scope(|s| {
         let (tx, rx) = unbounded();
         let sink = ToStream { first: reads.as_ptr() as usize, arrived: tx };
-        let feed = Window { reads: reads.iter(), sent: 0, window, taken: &taken, reader: &reader };
+        let feed = Paced::new(&reads, window, &pace, || reader.cancelled());
         let workers = reader.start(s, feed, fetchers, crate::parallel::cores(), sink);
         let mut stream = Stream {
             next_read: 0,
@@ -278,7 +215,7 @@ pub fn dump(
             early: HashMap::new(),
             current: VecDeque::new(),
             last: None,
-            taken: &taken,
+            pace: &pace,
             error: None,
         };
         let result = if single {
@@ -360,31 +297,4 @@ fn write_tar(entries: &[Entry], stream: &mut Stream<'_>, out: &mut dyn Write) ->
     }
     tar.finish().map_err(io_err)?;
     Ok(stats)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::compress::Codec;
-    use crate::id::PackId;
-    use crate::index::IndexedPack;
-    use crate::pack::{BlobEntry, BlobKind};
-
-    #[test]
-    fn a_blob_before_the_current_read_in_its_pack_starts_a_read_of_its_own() {
-        let blob = |n: u8, offset: u32| BlobEntry {
-            id: BlobId([n; 32]),
-            kind: BlobKind::Data,
-            codec: Codec::None,
-            offset,
-            length: 100,
-            raw_length: 84,
-        };
-        let pack = IndexedPack { id: PackId([1; 32]), salt: [0; 32], blobs: vec![blob(1, 0), blob(2, 1000)] };
-        let index = Index::from_packs(vec![pack]);
-        // The stream wants the later blob first (this used to underflow computing the length).
-        let reads = stream_reads(&index, &[BlobId([2; 32]), BlobId([1; 32]), BlobId([2; 32])], 4096).unwrap();
-        let shape: Vec<(u64, u64)> = reads.iter().map(|r| (r.offset, r.length)).collect();
-        assert_eq!(shape, [(1000, 100), (0, 1100)]);
-    }
 }

@@ -1,0 +1,320 @@
+//! `cairn mount` for real: the FUSE file system mounted on a temporary directory (a test that
+//! cannot mount fails), browsed and read, compared entry by entry with the source; the layout
+//! (`snapshots/`, `latest`, `ids/`, `hosts/`, `tags/`); a multi-MiB file read in order and at
+//! random offsets; unmounting on SIGTERM and SIGINT (the mount point usable again, the lock
+//! gone); one-line errors for bad input; and one mount of an S3 (MinIO) repository.
+
+mod common;
+mod servers;
+
+use std::fs;
+use std::os::unix::fs::{symlink, FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{assert_same, restored_path, scan, scan_source, set_times, wait_within_timeout, Cairn, Rng, Scan};
+use tempfile::TempDir;
+
+/// Small chunks and packs: a few MiB make many blobs and packs.
+const INIT: [&str; 4] = ["--chunk-sizes", "65536,131072,524288", "--pack-size", "1"];
+
+/// A source tree with every kind of entry a mount shows: small and multi-chunk files, a sparse
+/// file, an empty one, symlinks, hard links across directories, extended attributes, a FIFO,
+/// directories with their own modes and times.
+fn make_tree(root: &Path, seed: u64) -> Scan {
+    let mut rng = Rng(seed);
+    fs::create_dir_all(root.join("a/b/c")).unwrap();
+    fs::create_dir_all(root.join("empty")).unwrap();
+    for (i, size) in [0usize, 1, 4095, 65_536, 300_000].into_iter().enumerate() {
+        fs::write(root.join(format!("a/small-{i}")), rng.bytes(size)).unwrap();
+    }
+    fs::write(root.join("a/b/big"), rng.bytes(6 << 20)).unwrap();
+    // A sparse file: data, a 3 MiB hole, data.
+    let sparse = fs::File::create(root.join("a/sparse")).unwrap();
+    sparse.write_all_at(&rng.bytes(100_000), 0).unwrap();
+    sparse.write_all_at(&rng.bytes(50_000), 3 << 20).unwrap();
+    drop(sparse);
+    fs::write(root.join("a/b/c/deep"), b"deep").unwrap();
+    fs::hard_link(root.join("a/b/c/deep"), root.join("a/deep-link")).unwrap();
+    fs::hard_link(root.join("a/small-3"), root.join("empty-sibling-link")).unwrap();
+    symlink("b/big", root.join("a/link-to-big")).unwrap();
+    symlink("/nowhere/at/all", root.join("dangling")).unwrap();
+    xattr::set(root.join("a/small-2"), "user.comment", b"hello mount").unwrap();
+    xattr::set(root.join("a/b"), "user.dir", b"").unwrap();
+    let fifo = std::ffi::CString::new(root.join("fifo").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0);
+    fs::set_permissions(root.join("a/small-1"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(root.join("a/b"), fs::Permissions::from_mode(0o750)).unwrap();
+    set_times(&root.join("a/small-2"), (1_600_000_000, 5), (1_500_000_000, 123_456_789));
+    scan_source(root)
+}
+
+/// A running `cairn mount`: unmounted (SIGTERM, then a lazy unmount if it still is) when
+/// dropped.
+struct Mount {
+    child: Option<Child>,
+    point: PathBuf,
+}
+
+/// Whether `point` is a mount point now (`/proc/mounts`).
+fn is_mounted(point: &Path) -> bool {
+    let mounts = fs::read_to_string("/proc/mounts").unwrap();
+    let point = point.to_str().unwrap();
+    mounts.lines().any(|l| l.split(' ').nth(1) == Some(point))
+}
+
+impl Mount {
+    /// Mounts `cairn`'s repository at `point` with `extra` options; waits until the mount is
+    /// there. A mount that does not come up fails the test.
+    fn start(cairn: &Cairn, point: &Path, extra: &[&str]) -> Mount {
+        fs::create_dir_all(point).unwrap();
+        let mut cmd = cairn.command();
+        cmd.arg("mount").arg(point).args(extra).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("cannot start cairn mount");
+        let start = Instant::now();
+        while !is_mounted(point) {
+            if let Some(status) = child.try_wait().unwrap() {
+                let out = child.wait_with_output().unwrap();
+                panic!("cairn mount exited ({status}) without mounting: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "cairn mount did not mount within 60 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Mount { child: Some(child), point: point.to_path_buf() }
+    }
+
+    /// Sends `signal` and waits for the process; returns its output.
+    fn stop(mut self, signal: i32) -> std::process::Output {
+        let child = self.child.take().unwrap();
+        // SAFETY: signalling our own child by its PID.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        wait_within_timeout(child, "cairn mount")
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signalling our own child by its PID.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let _ = child.wait();
+        }
+        if is_mounted(&self.point) {
+            let _ = std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(&self.point).status();
+        }
+    }
+}
+
+/// A repository of `make_tree` backed up twice (the second tagged), its source and scan.
+struct Fixture {
+    base: TempDir,
+    src: PathBuf,
+    before: Scan,
+    cairn: Cairn,
+}
+
+impl Fixture {
+    fn new(cairn: impl FnOnce(&Path) -> Cairn) -> Fixture {
+        let base = tempfile::tempdir().unwrap();
+        let src = base.path().join("src");
+        let before = make_tree(&src, 11);
+        let cairn = cairn(base.path());
+        cairn.init(&INIT);
+        Fixture { base, src, before, cairn }
+    }
+
+    fn local() -> Fixture {
+        Fixture::new(|base| Cairn::new(&base.join("repo"), common::PASSWORD))
+    }
+
+    fn point(&self) -> PathBuf {
+        self.base.path().join("mnt")
+    }
+
+    /// The short IDs of the snapshots, oldest first.
+    fn short_ids(&self) -> Vec<String> {
+        self.cairn.snapshots().iter().map(|s| s["short_id"].as_str().unwrap().to_string()).collect()
+    }
+}
+
+/// Compares the source with its place in one snapshot directory of the mount.
+fn assert_snapshot_matches(fx: &Fixture, snapshot_dir: &Path) {
+    let mounted = scan(&restored_path(snapshot_dir, &fx.src));
+    assert_same(&fx.before, &mounted, true);
+}
+
+#[test]
+fn mounted_snapshots_match_the_source_in_every_place_of_the_layout() {
+    let fx = Fixture::local();
+    fx.cairn.backup(&[&fx.src], &[]);
+    // The first backup read the symlinks, which moved their access times: put them back.
+    common::reset_times(&fx.src, &fx.before);
+    fx.cairn.backup(&[&fx.src], &["--tag", "second"]);
+    let ids = fx.short_ids();
+    let host = fx.cairn.snapshots()[0]["hostname"].as_str().unwrap().to_string();
+    let point = fx.point();
+    let mount = Mount::start(&fx.cairn, &point, &[]);
+
+    let names = |dir: &Path| -> Vec<String> {
+        let mut n: Vec<String> =
+            fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names(&point), ["hosts", "ids", "snapshots", "tags"]);
+    let mut want_ids = ids.clone();
+    want_ids.sort();
+    assert_eq!(names(&point.join("ids")), want_ids);
+    // snapshots/: one directory per snapshot named by its time, and `latest` pointing at the
+    // newest.
+    let by_time = names(&point.join("snapshots"));
+    assert_eq!(by_time.len(), 3, "{by_time:?}");
+    assert!(by_time.contains(&"latest".to_string()));
+    let latest = fs::read_link(point.join("snapshots/latest")).unwrap();
+    assert!(by_time.contains(&latest.to_str().unwrap().to_string()), "latest -> {latest:?} of {by_time:?}");
+    assert!(fs::symlink_metadata(point.join("snapshots/latest")).unwrap().file_type().is_symlink());
+    assert_eq!(names(&point.join("hosts")), std::slice::from_ref(&host));
+    assert_eq!(names(&point.join("hosts").join(&host)).len(), 3);
+    assert_eq!(names(&point.join("tags")), ["second"]);
+    let tagged = names(&point.join("tags/second"));
+    assert_eq!(tagged.len(), 2, "{tagged:?}"); // the snapshot and `latest`
+    let tagged_latest = fs::read_link(point.join("tags/second/latest")).unwrap();
+    assert!(tagged.contains(&tagged_latest.to_str().unwrap().to_string()), "{tagged_latest:?} of {tagged:?}");
+
+    // Every place shows the snapshot exactly: content, sizes, modes, owners, times, symlink
+    // targets, hard-link groups (one inode), xattrs, holes.
+    for dir in [
+        point.join("snapshots/latest"),
+        point.join("ids").join(&ids[0]),
+        point.join("ids").join(&ids[1]),
+        point.join("hosts").join(&host).join(&latest),
+        point.join("tags/second/latest"),
+    ] {
+        assert_snapshot_matches(&fx, &dir);
+    }
+    // Hard links share an inode number; inode numbers stay the same while mounted.
+    let snap = restored_path(&point.join("snapshots/latest"), &fx.src);
+    let deep = fs::metadata(snap.join("a/b/c/deep")).unwrap();
+    assert_eq!(deep.ino(), fs::metadata(snap.join("a/deep-link")).unwrap().ino());
+    assert_eq!(deep.nlink(), 2);
+    assert_ne!(deep.ino(), fs::metadata(snap.join("a/small-0")).unwrap().ino());
+    assert_eq!(deep.ino(), fs::metadata(snap.join("a/b/c/deep")).unwrap().ino());
+    // A sparse file reads zeros in its hole and allocates less than its size.
+    let sparse = fs::read(snap.join("a/sparse")).unwrap();
+    assert!(sparse[100_000..3 << 20].iter().all(|b| *b == 0));
+    assert!(fs::metadata(snap.join("a/sparse")).unwrap().blocks() * 512 < 1 << 20);
+    // Read-only: nothing can be created or written.
+    assert!(fs::write(snap.join("new"), b"x").is_err());
+    assert!(fs::OpenOptions::new().write(true).open(snap.join("a/small-4")).is_err());
+
+    let out = mount.stop(libc::SIGTERM);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn a_large_file_reads_in_order_and_at_random_offsets() {
+    let base = tempfile::tempdir().unwrap();
+    let src = base.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let mut rng = Rng(5);
+    // Incompressible and compressible halves: blobs stored as they are and compressed.
+    let mut data = rng.bytes(12 << 20);
+    data.extend((0..(12u32 << 20)).map(|i| (i / 4096) as u8));
+    fs::write(src.join("large"), &data).unwrap();
+    let cairn = Cairn::new(&base.path().join("repo"), common::PASSWORD);
+    cairn.init(&INIT);
+    cairn.backup(&[&src], &[]);
+    let point = base.path().join("mnt");
+    // A small budget: the cache holds only part of the file, so read-ahead and eviction both
+    // happen.
+    let mount = Mount::start(&cairn, &point, &["--max-memory", "32M"]);
+    let path = restored_path(&point.join("snapshots/latest"), &src).join("large");
+
+    assert!(fs::read(&path).unwrap() == data, "sequential read differs");
+    // At random offsets and lengths, each compared with the source.
+    let f = fs::File::open(&path).unwrap();
+    for _ in 0..300 {
+        let off = (rng.next_u64() % data.len() as u64) as usize;
+        let len = 1 + (rng.next_u64() % (3 << 20)) as usize;
+        let mut buf = vec![0u8; len];
+        let n = f.read_at(&mut buf, off as u64).unwrap();
+        let end = (off + len).min(data.len());
+        assert_eq!(n.min(end - off), n, "read past the end");
+        assert!(buf[..n] == data[off..off + n], "random read at {off}+{n} differs");
+    }
+    // Reading from the middle to the end after the random reads (read-ahead starts again).
+    let mut tail = vec![0u8; data.len() - 5_000_000];
+    let mut got = 0;
+    while got < tail.len() {
+        let n = f.read_at(&mut tail[got..], (5_000_000 + got) as u64).unwrap();
+        assert!(n > 0);
+        got += n;
+    }
+    assert!(tail == data[5_000_000..], "read from the middle differs");
+    drop(f);
+    let out = mount.stop(libc::SIGTERM);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn sigterm_and_sigint_unmount_cleanly_and_drop_the_lock() {
+    let fx = Fixture::local();
+    fx.cairn.backup(&[&fx.src], &[]);
+    let point = fx.point();
+    let locks = fx.cairn.repo.join("locks");
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        let mount = Mount::start(&fx.cairn, &point, &[]);
+        assert_eq!(fs::read_dir(&locks).unwrap().count(), 1, "a shared lock while mounted");
+        // A file held open while the signal comes does not keep it mounted.
+        let held = fs::File::open(restored_path(&point.join("snapshots/latest"), &fx.src).join("a/b/big")).unwrap();
+        let out = mount.stop(signal);
+        assert!(out.status.success(), "signal {signal}: {}", String::from_utf8_lossy(&out.stderr));
+        drop(held);
+        assert!(!is_mounted(&point), "still mounted after signal {signal}");
+        // The mount point is an ordinary empty directory again.
+        assert_eq!(fs::read_dir(&point).unwrap().count(), 0);
+        assert_eq!(fs::read_dir(&locks).unwrap().count(), 0, "the lock is removed on unmount");
+    }
+}
+
+/// Runs `cairn mount ARGS` that must fail at once; returns its stderr (one line).
+fn fails_in_one_line(cairn: &Cairn, args: &[&std::ffi::OsStr]) -> String {
+    let out = cairn.run(std::iter::once(std::ffi::OsStr::new("mount")).chain(args.iter().copied()));
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    err
+}
+
+#[test]
+fn bad_input_gets_a_one_line_error() {
+    let fx = Fixture::local();
+    fx.cairn.backup(&[&fx.src], &[]);
+    let missing = fx.base.path().join("no-such-dir");
+    let err = fails_in_one_line(&fx.cairn, &[missing.as_os_str()]);
+    assert!(err.contains("does not exist"), "{err}");
+    let file = fx.src.join("a/small-1");
+    let err = fails_in_one_line(&fx.cairn, &[file.as_os_str()]);
+    assert!(err.contains("not a directory"), "{err}");
+    let point = fx.point();
+    fs::create_dir_all(&point).unwrap();
+    let wrong = Cairn::new(&fx.cairn.repo, "wrong password");
+    let err = fails_in_one_line(&wrong, &[point.as_os_str()]);
+    assert!(err.to_lowercase().contains("password"), "{err}");
+    let err = fails_in_one_line(&fx.cairn, &[point.as_os_str(), "--max-memory".as_ref(), "lots".as_ref()]);
+    assert!(err.contains("lots"), "{err}");
+    assert!(!is_mounted(&point));
+}
+
+#[test]
+fn s3_repository_mounts_and_reads_exactly() {
+    let fx = Fixture::new(|base| servers::cairn(&servers::s3_repo("mount"), &base.join("cache")));
+    fx.cairn.backup(&[&fx.src], &[]);
+    let point = fx.point();
+    let mount = Mount::start(&fx.cairn, &point, &[]);
+    assert_snapshot_matches(&fx, &point.join("snapshots/latest"));
+    let out = mount.stop(libc::SIGTERM);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

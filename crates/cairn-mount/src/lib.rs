@@ -1,0 +1,171 @@
+//! `cairn mount`: every snapshot of a repository as a read-only FUSE file system.
+//!
+//! The layout is restic's: `snapshots/TIME` (and `latest`), `ids/SHORT-ID`, `hosts/HOST/TIME`,
+//! `tags/TAG/TIME`, each a directory holding the snapshot's tree with the sizes, modes,
+//! owners, times, symlinks, hard links (one inode number per group) and extended attributes
+//! the snapshot recorded; holes read as zeros.
+//!
+//! Reads go through the shared read path ([`cairn_core::read`]): a large file read in order
+//! and the small files of a directory are read ahead, many coalesced reads in flight, blobs
+//! decoded once on all cores into a cache of verified plaintext kept within a byte budget
+//! (`content`, `readahead`, `cache`). Trees are loaded lazily, one directory when it is first
+//! visited (`inodes`, through the repository's tree reader and its metadata cache).
+//!
+//! This crate keeps FUSE out of `cairn-core`: it depends on the core, never the other way.
+
+mod cache;
+mod content;
+mod fs;
+mod inodes;
+mod layout;
+mod readahead;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cairn_core::error::{Error, Result};
+use cairn_core::id::SnapshotId;
+use cairn_core::repository::Repository;
+use cairn_core::snapshot::Snapshot;
+use fuser::{MountOption, Session, SessionACL};
+
+pub use layout::time_name;
+
+/// How a mount reads and who may use it.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// Byte budget for decoded blobs: half for the cache of plaintext, half for the
+    /// read-aheads' reads in flight (a quarter each for at most two at once).
+    pub max_memory: u64,
+    /// Reads in flight per read-ahead.
+    pub fetch_concurrency: usize,
+    /// Decode workers per read-ahead.
+    pub decode_threads: usize,
+    /// Threads answering the kernel's requests.
+    pub fuse_threads: usize,
+    /// Let other users (not only the one who mounted) use the mount (`allow_other`; for a
+    /// user other than root, /etc/fuse.conf must say `user_allow_other`).
+    pub allow_other: bool,
+}
+
+/// A mounted repository, not yet serving requests: [`Mounted::serve`] answers the kernel until
+/// the file system is unmounted (by [`Unmounter::unmount`] or `fusermount3 -u`).
+pub struct Mounted {
+    session: Session<fs::CairnFs>,
+    point: PathBuf,
+}
+
+/// Unmounts a [`Mounted`] file system from another thread (a signal handler's).
+pub struct Unmounter {
+    session: fuser::SessionUnmounter,
+    point: PathBuf,
+}
+
+/// How an unmount went.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unmounted {
+    /// Unmounted: the serving thread returns.
+    Done,
+    /// Files were open in it: it was detached (the mount point is free, those files fail from
+    /// now on), but the session ends only when they are closed or the process exits.
+    Detached,
+}
+
+impl Unmounter {
+    /// Unmounts; detaches the file system if files are still open in it.
+    pub fn unmount(&mut self) -> Result<Unmounted> {
+        match self.session.unmount() {
+            Ok(()) => Ok(Unmounted::Done),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                detach(&self.point).map_err(|e| Error::io(&self.point, "cannot unmount", e))?;
+                Ok(Unmounted::Detached)
+            }
+            Err(e) => Err(Error::io(&self.point, "cannot unmount", e)),
+        }
+    }
+}
+
+/// Lazily unmounts `point` (`umount2(MNT_DETACH)` as root, else `fusermount3 -u -z`).
+fn detach(point: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(point.as_os_str().as_bytes())?;
+    // SAFETY: a valid NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+        return Ok(());
+    }
+    let out = std::process::Command::new("fusermount3").arg("-u").arg("-z").arg("--").arg(point).output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()))
+    }
+}
+
+impl Mounted {
+    /// A handle that unmounts this file system.
+    pub fn unmounter(&mut self) -> Unmounter {
+        Unmounter { session: self.session.unmount_callable(), point: self.point.clone() }
+    }
+
+    /// Answers the kernel's requests until the file system is unmounted.
+    pub fn serve(self) -> Result<()> {
+        self.session.run().map_err(|e| Error::io("/dev/fuse", "the FUSE session failed", e))
+    }
+}
+
+/// Checks that `mountpoint` is an existing directory, with errors that say so.
+pub fn check_mountpoint(mountpoint: &Path) -> Result<()> {
+    match std::fs::metadata(mountpoint) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(Error::Usage(format!(
+            "mount point {} is not a directory: give an existing empty directory",
+            mountpoint.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::Usage(format!(
+            "mount point {} does not exist: create it first (mkdir -p {})",
+            mountpoint.display(),
+            mountpoint.display()
+        ))),
+        Err(e) => Err(Error::io(mountpoint, "cannot use the mount point", e)),
+    }
+}
+
+/// Mounts `snapshots` (oldest first) of `repo` (its index loaded) at `mountpoint`.
+pub fn mount(
+    repo: Repository,
+    snapshots: &[(SnapshotId, Snapshot)],
+    mountpoint: &Path,
+    opts: &MountOptions,
+) -> Result<Mounted> {
+    check_mountpoint(mountpoint)?;
+    let repo = Arc::new(repo);
+    let inodes = inodes::Inodes::new();
+    layout::build(&inodes, snapshots, cairn_core::tree::Timestamp { secs: chrono::Utc::now().timestamp(), nanos: 0 });
+    let limits = readahead::Limits {
+        budget: (opts.max_memory / 4).max(cairn_core::read::MAX_READ * 2),
+        fetchers: opts.fetch_concurrency.max(1),
+        decoders: opts.decode_threads.max(1),
+    };
+    let content =
+        content::Content::new(repo.clone(), (opts.max_memory / 2).max(cairn_core::read::MAX_READ * 4), limits);
+    let fs = fs::CairnFs::new(repo, inodes, content);
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::FSName("cairn".into()),
+        MountOption::Subtype("cairn".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+    ];
+    config.acl = if opts.allow_other { SessionACL::All } else { SessionACL::Owner };
+    config.n_threads = Some(opts.fuse_threads.max(1));
+    config.clone_fd = true;
+    let session = Session::new(fs, mountpoint, &config).map_err(|e| {
+        Error::Usage(format!(
+            "cannot mount at {}: {e} (is /dev/fuse there and `fusermount3` installed — Debian's `fuse3`?)",
+            mountpoint.display()
+        ))
+    })?;
+    Ok(Mounted { session, point: mountpoint.to_path_buf() })
+}
