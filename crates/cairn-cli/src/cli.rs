@@ -16,6 +16,8 @@ Environment:
   CAIRN_PASSWORD        repository password
   CAIRN_PASSWORD_FILE   file whose first line is the password (instead of --password-file)
   CAIRN_NEW_PASSWORD    new password for `key add`
+  CAIRN_FROM_REPOSITORY, CAIRN_FROM_PASSWORD, CAIRN_FROM_PASSWORD_FILE   the source repository of
+                        `copy` and `init --copy-chunker-params` (instead of --from-repo, --from-password-file)
   CAIRN_INJECT_FAULTS   fault injection for tests, e.g. latency=50ms (see docs/DESIGN.md)
 Without a password from the environment or a file, cairn asks for it on the terminal.
 
@@ -94,6 +96,8 @@ enum Command {
     Prune(commands::prune::Args),
     /// Store data with another codec (e.g. lz4 for faster restores), removing the old packs
     Recompress(commands::recompress::Args),
+    /// Copy snapshots from another repository (--from-repo) into this one
+    Copy(commands::copy::Args),
 }
 
 /// Runs the command; returns the exit code.
@@ -114,5 +118,6 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Repair(a) => commands::repair::run(g, a),
         Command::Prune(a) => commands::prune::run(g, a),
         Command::Recompress(a) => commands::recompress::run(g, a),
+        Command::Copy(a) => commands::copy::run(g, a),
     }
 }

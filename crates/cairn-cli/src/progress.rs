@@ -288,3 +288,34 @@ pub fn check(p: &cairn_core::check::Progress, done: &AtomicBool, json: bool) {
         bar.finish_and_clear();
     }
 }
+
+/// Shows copy progress until `done`: a bar of the source bytes read on a terminal, JSON lines
+/// with `--json`.
+pub fn copy(p: &cairn_core::copy::CopyProgress, done: &AtomicBool, json: bool) {
+    let bar = terminal_bar(json);
+    let started = Instant::now();
+    let mut last_json = Instant::now();
+    while !done.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+        let phase = *p.phase.lock().expect("phase lock");
+        let (total, read) = (p.total_bytes.load(Ordering::Relaxed), p.read_bytes.load(Ordering::Relaxed));
+        let written = p.written.bytes();
+        if let Some(bar) = &bar {
+            bar.set_length(total);
+            bar.set_position(read);
+            bar.set_message(format!("{phase}, {} written", bytes(written)));
+        } else if json && last_json.elapsed() >= Duration::from_secs(1) {
+            last_json = Instant::now();
+            outln!(
+                "{}",
+                serde_json::json!({
+                    "message_type": "status", "seconds_elapsed": started.elapsed().as_secs_f64(), "phase": phase,
+                    "bytes_read": read, "total_bytes": total, "bytes_written": written,
+                })
+            );
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+}
