@@ -217,6 +217,19 @@ fn different_ids_restore_exactly_and_same_ids_deduplicate_against_the_destinatio
     check_clean(&other);
     let b = other.backup(&[&fx.src], &["--force"]);
     assert!(num(&b, "bytes_added") > 2 << 20, "unrelated chunking deduplicated anyway: {b}");
+    // An incremental copy into an unrelated repository reads only what the earlier copy of its
+    // parent does not name: the new file, not the whole snapshot again.
+    let step = fx.local("step");
+    step.init(&INIT);
+    let ids: Vec<String> = fx.source.snapshots().iter().map(|s| s["id"].as_str().unwrap().to_string()).collect();
+    let one = copy(&step, &fx.source_location(), SOURCE_PASSWORD, &[&ids[0]]);
+    let two = copy(&step, &fx.source_location(), SOURCE_PASSWORD, &[&ids[1]]);
+    assert_eq!((num(&one, "snapshots_copied"), num(&two, "snapshots_copied")), (1, 1), "{one} {two}");
+    assert!(num(&two, "blobs_known") > 0, "{two}");
+    assert!(num(&two, "bytes_read") < num(&one, "bytes_read") / 2, "read everything again: {one} {two}");
+    assert!(num(&two, "bytes_read") >= 1 << 20, "the new file was not read: {two}");
+    fx.restores_exactly(&step, "step");
+    check_clean(&step);
     // Copying again into either transfers nothing.
     for d in [&like, &other] {
         let again = copy(d, &fx.source_location(), SOURCE_PASSWORD, &[]);

@@ -141,7 +141,7 @@ fn print(r: &CopyReport, json: bool) {
             serde_json::json!({
                 "message_type": "summary", "snapshots_copied": r.copied.len(), "snapshots_skipped": r.skipped.len(),
                 "copied": copied, "skipped": skipped, "same_ids": r.same_ids, "blobs_needed": r.blobs_needed,
-                "blobs_written": r.blobs_written, "bytes_read": r.bytes_read, "bytes_written": r.bytes_written,
+                "blobs_written": r.blobs_written, "blobs_known": r.blobs_known, "bytes_read": r.bytes_read, "bytes_written": r.bytes_written,
                 "packs_written": r.packs_written, "index_files_written": r.index_files_written, "seconds": r.seconds,
             })
         );

@@ -20,6 +20,7 @@
 //! what the killed one stored. The caller holds a shared lock on both repositories (on the
 //! destination the backup's kind, so a prune there treats the copy as a running backup).
 
+mod known;
 mod plan;
 mod rewrite;
 pub mod select;
@@ -99,6 +100,9 @@ pub struct CopyReport {
     pub blobs_needed: u64,
     /// Blobs written to the destination.
     pub blobs_written: u64,
+    /// Data blobs whose destination ID an earlier copy told (between repositories with
+    /// different IDs), so they were not read.
+    pub blobs_known: u64,
     /// Stored bytes read from the source.
     pub bytes_read: u64,
     /// Bytes of packs written to the destination.
@@ -147,6 +151,14 @@ pub fn copy(
             tracing::warn!("cannot remove stale temporary objects: {e}");
         }
     }
+    // Between repositories with different IDs, earlier copies name what they hold (`known`).
+    let known = if same_ids {
+        IdMap::default()
+    } else {
+        progress.phase("matching earlier copies");
+        let pairs = earlier_copies(src, dst, &selection.todo, &selection.by_origin);
+        known::names(src, dst, &pairs, opts.tree_threads, cancel.clone())
+    };
     let dest = Destination {
         repo: dst,
         rekey: !same_ids,
@@ -154,7 +166,8 @@ pub fn copy(
         renamed: Default::default(),
         blobs_written: AtomicU64::new(0),
     };
-    let to_read = locate(src, &dest, &needed)?;
+    let to_read = locate(src, &dest, &needed, &known)?;
+    report.blobs_known = dest.renamed.lock().expect("renamed lock").len() as u64;
     let new_roots = write_packs(dst, &opts.write, &progress.written, |jobs| {
         progress.phase("copying");
         transfer::transfer(src, &dest, to_read, &opts.read, &jobs, progress, cancel.clone())?;
@@ -190,16 +203,53 @@ pub fn copy(
     Ok(report)
 }
 
+/// The root trees of the source snapshots that the snapshots to copy were based on (their
+/// parents) and of the destination's copies of them, where it has copies.
+fn earlier_copies(
+    src: &Repository,
+    dst: &Repository,
+    todo: &[(SnapshotId, Snapshot)],
+    by_origin: &IdMap<SnapshotId, SnapshotId>,
+) -> Vec<(BlobId, BlobId)> {
+    let mut parents: Vec<SnapshotId> = todo.iter().filter_map(|(_, s)| s.parent).collect();
+    parents.sort_unstable();
+    parents.dedup();
+    parents
+        .into_iter()
+        .filter_map(|p| {
+            let copy = by_origin.get(&p)?;
+            // A parent removed from either side since (forget) simply teaches nothing.
+            Some((src.read_snapshot(&p).ok()?.tree, dst.read_snapshot(copy).ok()?.tree))
+        })
+        .collect()
+}
+
 /// Where in the source the blobs to read are. With the same IDs in both repositories only what
 /// the destination lacks (trees included) is read; otherwise every data blob is read, to learn
-/// its name under the destination's key (trees are rewritten from the plan's copies). A blob no
+/// its name under the destination's key (trees are rewritten from the plan's copies), except
+/// those whose name an earlier copy told (`known`) and the destination still holds. A blob no
 /// source index lists is an error: the source is damaged.
-fn locate(src: &Repository, dst: &Destination<'_>, needed: &plan::Needed) -> Result<Vec<BlobLocation>> {
+fn locate(
+    src: &Repository,
+    dst: &Destination<'_>,
+    needed: &plan::Needed,
+    known: &IdMap<BlobId, BlobId>,
+) -> Result<Vec<BlobLocation>> {
     let index = src.index();
     let dst_index = dst.repo.index();
     let mut seen: IdSet<BlobId> = IdSet::default();
     let ids: Box<dyn Iterator<Item = &BlobId>> = if dst.rekey {
-        Box::new(needed.data.iter())
+        let mut renamed = dst.renamed.lock().expect("renamed lock");
+        let mut unknown = Vec::new();
+        for id in &needed.data {
+            match known.get(id) {
+                Some(new) if dst_index.contains_live(new) => {
+                    renamed.insert(*id, *new);
+                }
+                _ => unknown.push(id),
+            }
+        }
+        Box::new(unknown.into_iter())
     } else {
         Box::new(needed.trees.keys().chain(needed.data.iter()).filter(|id| !dst_index.contains_live(id)))
     };
