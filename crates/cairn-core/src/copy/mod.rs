@@ -2,7 +2,7 @@
 //! destination lacks (e.g. local → S3 for an off-site copy, or S3 → local to stage a restore).
 //!
 //! ```text
-//! select ─▶ plan ─▶ transfer (read path, stored mode ─▶ pack writer) ─▶ [rewrite] ─▶ snapshots
+//! select ─▶ plan ─▶ [known] ─▶ transfer (read path, stored mode ─▶ pack writer) ─▶ [rewrite] ─▶ snapshots
 //! ```
 //!
 //! [`select`] picks the source snapshots and drops those the destination already holds a copy
@@ -12,7 +12,8 @@
 //! never recompressed). When the two repositories name blobs with the same key (the
 //! destination was made with `init --copy-chunker-params`, FORMAT.md §6), a blob has the same ID
 //! in both and the destination's index says what it has. Otherwise every blob is renamed under
-//! the destination's key and [`rewrite`] writes the trees again with the new IDs.
+//! the destination's key ([`known`] takes the names an earlier copy of the parent snapshot
+//! tells, so only the rest is read) and [`rewrite`] writes the trees again with the new IDs.
 //!
 //! Crash safety is the backup's: the pack writer indexes a pack only once it is stored, and the
 //! snapshots are written last, after every index file they need. A copy killed at any moment
