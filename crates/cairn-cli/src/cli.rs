@@ -16,6 +16,8 @@ Environment:
   CAIRN_PASSWORD        repository password
   CAIRN_PASSWORD_FILE   file whose first line is the password (instead of --password-file)
   CAIRN_NEW_PASSWORD    new password for `key add` and `key passwd`
+  CAIRN_FROM_REPOSITORY, CAIRN_FROM_PASSWORD, CAIRN_FROM_PASSWORD_FILE   the source repository of
+                        `copy` and `init --copy-chunker-params` (instead of --from-repo, --from-password-file)
   CAIRN_INJECT_FAULTS   fault injection for tests, e.g. latency=50ms (see docs/DESIGN.md)
 Without a password from the environment or a file, cairn asks for it on the terminal.
 
@@ -106,6 +108,8 @@ enum Command {
     Man(commands::man::Args),
     /// Browse the snapshots as a read-only file system (FUSE) at MOUNTPOINT until Ctrl-C
     Mount(commands::mount::Args),
+    /// Copy snapshots from another repository (--from-repo) into this one
+    Copy(commands::copy::Args),
 }
 
 /// Runs the command; returns the exit code.
@@ -132,5 +136,6 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Completions(a) => commands::completions::run(a),
         Command::Man(a) => commands::man::run(a),
         Command::Mount(a) => commands::mount::run(g, a),
+        Command::Copy(a) => commands::copy::run(g, a),
     }
 }

@@ -260,28 +260,65 @@ pub fn print_backup_summary(out: &BackupOutcome, json: bool) {
 /// Shows check progress until `done`: the phase and its count on a terminal, JSON lines with
 /// `--json`.
 pub fn check(p: &cairn_core::check::Progress, done: &AtomicBool, json: bool) {
+    let read = || (p.bytes_read.load(Ordering::Relaxed), p.bytes_to_read.load(Ordering::Relaxed));
+    let counts =
+        || (*p.phase.lock().expect("progress lock"), p.done.load(Ordering::Relaxed), p.total.load(Ordering::Relaxed));
+    poll_phases(
+        done,
+        json,
+        |bar| {
+            let ((read, to_read), (phase, n, total)) = (read(), counts());
+            bar.set_length(to_read);
+            bar.set_position(read);
+            let of = if total > 0 { format!("/{}", count(total)) } else { String::new() };
+            bar.set_message(format!("{phase} {}{of}", count(n)));
+        },
+        || {
+            let ((read, to_read), (phase, n, total)) = (read(), counts());
+            serde_json::json!({"phase": phase, "done": n, "total": total, "bytes_read": read, "bytes_to_read": to_read})
+        },
+    );
+}
+
+/// Shows copy progress until `done`: a bar of the source bytes read on a terminal, JSON lines
+/// with `--json`.
+pub fn copy(p: &cairn_core::copy::CopyProgress, done: &AtomicBool, json: bool) {
+    let now = || {
+        let phase = *p.phase.lock().expect("phase lock");
+        (phase, p.total_bytes.load(Ordering::Relaxed), p.read_bytes.load(Ordering::Relaxed), p.written.bytes())
+    };
+    poll_phases(
+        done,
+        json,
+        |bar| {
+            let (phase, total, read, written) = now();
+            bar.set_length(total);
+            bar.set_position(read);
+            bar.set_message(format!("{phase}, {} written", bytes(written)));
+        },
+        || {
+            let (phase, total, read, written) = now();
+            serde_json::json!({"phase": phase, "bytes_read": read, "total_bytes": total, "bytes_written": written})
+        },
+    );
+}
+
+/// Until `done`, every 100 ms: `show` updates the bar on a terminal; otherwise, with `--json`,
+/// every second a status line of `status`'s fields (plus the message type and the time).
+fn poll_phases(done: &AtomicBool, json: bool, show: impl Fn(&ProgressBar), status: impl Fn() -> serde_json::Value) {
     let bar = terminal_bar(json);
     let started = Instant::now();
     let mut last_json = Instant::now();
     while !done.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
-        let phase = *p.phase.lock().expect("progress lock");
-        let (n, total) = (p.done.load(Ordering::Relaxed), p.total.load(Ordering::Relaxed));
-        let (read, to_read) = (p.bytes_read.load(Ordering::Relaxed), p.bytes_to_read.load(Ordering::Relaxed));
         if let Some(bar) = &bar {
-            bar.set_length(to_read);
-            bar.set_position(read);
-            let of = if total > 0 { format!("/{}", count(total)) } else { String::new() };
-            bar.set_message(format!("{phase} {}{of}", count(n)));
+            show(bar);
         } else if json && last_json.elapsed() >= Duration::from_secs(1) {
             last_json = Instant::now();
-            outln!(
-                "{}",
-                serde_json::json!({
-                    "message_type": "status", "seconds_elapsed": started.elapsed().as_secs_f64(), "phase": phase,
-                    "done": n, "total": total, "bytes_read": read, "bytes_to_read": to_read,
-                })
-            );
+            let mut line = status();
+            line["message_type"] = "status".into();
+            line["seconds_elapsed"] = started.elapsed().as_secs_f64().into();
+            outln!("{line}");
         }
     }
     if let Some(bar) = bar {

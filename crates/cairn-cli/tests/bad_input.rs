@@ -878,6 +878,7 @@ impl Hostile {
             parent: None,
             program_version: "evil 1.0".into(),
             summary: Summary::default(),
+            original: None,
         };
         (self.repo.save_snapshot(&snap).unwrap(), tree)
     }

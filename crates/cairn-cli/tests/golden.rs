@@ -7,6 +7,8 @@
 //! * `golden/manifest-v1.txt` — every entry of that tree as it was on disk: path, type, mode,
 //!   owner, size, mtime and atime in nanoseconds, an FNV-1a 64 hash of the content (or the
 //!   symlink target), xattrs and ACLs, hard-link group, and whether the file was sparse.
+//! * `golden/config-v2.json`, `golden/snapshot-original-v2.bin` — plaintexts of a version 2
+//!   config (with a copied chunk-ID key, §6) and of a snapshot made by `cairn copy` (§10).
 //! * `golden/sealed-config-v1.bin`, `golden/sealed-snapshot-v1.bin` — sealed files (§4) and
 //!   `golden/pack-v1.bin` — a pack (§7), all under the master secret `0x42 × 32`.
 //!
@@ -644,4 +646,46 @@ fn golden_manifest_is_complete() {
     assert!(rows.iter().any(|r| r[9].contains("user.golden=")));
     assert!(rows.iter().any(|r| r[9].contains("system.posix_acl_access=")));
     assert!(rows.iter().any(|r| r[9].contains("system.posix_acl_default=")));
+}
+
+/// A version 2 config (`init --copy-chunker-params`, FORMAT.md §6): it holds the chunk-ID key of
+/// the repository it copied its chunking from, and blobs are named with that key instead of the
+/// one derived from the master secret.
+#[test]
+fn config_v2_golden_vector() {
+    use cairn_core::config::Config;
+    let bytes = fs::read(golden_dir().join("config-v2.json")).expect("golden config");
+    let config: Config = serde_json::from_slice(&bytes).expect("parses");
+    assert_eq!(config.version, 2);
+    assert_eq!(config.chunker.seed, 1_234_605_616_436_508_552);
+    let key = config.validate().expect("valid").expect("holds a chunk-ID key");
+    assert_eq!(key, [0x24; 32]);
+    let copied = golden_key().with_chunk_id_key(key);
+    assert_eq!(copied.blob_id(b"cairn golden vector").to_hex(), GOLDEN_COPIED_BLOB_ID);
+    assert_ne!(GOLDEN_COPIED_BLOB_ID, GOLDEN_BLOB_ID);
+    // The same key without the config's override names blobs as before.
+    assert_eq!(golden_key().blob_id(b"cairn golden vector").to_hex(), GOLDEN_BLOB_ID);
+}
+
+/// `blob_id(b"cairn golden vector")` with chunk-ID key `0x24 × 32`: keyed BLAKE3 with that key.
+const GOLDEN_COPIED_BLOB_ID: &str = "dd64f0a7bdbe3fb7642c64dcedd264d436c1211ea57ca8b0efe49fd61b52bd25";
+
+/// A snapshot made by `cairn copy` (FORMAT.md §10): the version 1 fields, then `original`. A
+/// version 1 reader decodes the same snapshot without it.
+#[test]
+fn snapshot_with_original_golden_vector() {
+    use cairn_core::id::{BlobId, SnapshotId};
+    use cairn_core::snapshot::Snapshot;
+    let bytes = fs::read(golden_dir().join("snapshot-original-v2.bin")).expect("golden snapshot");
+    let snap = Snapshot::from_bytes("snapshot-original-v2.bin", &bytes).expect("parses");
+    assert_eq!(snap.original, Some(SnapshotId([0x11; 32])));
+    assert_eq!(snap.parent, Some(SnapshotId([0x33; 32])));
+    assert_eq!(snap.tree, BlobId([0x22; 32]));
+    assert_eq!((snap.time.secs, snap.time.nanos), (1_700_000_000, 5));
+    assert_eq!((snap.hostname.as_str(), snap.paths.as_slice()), ("golden-host", &["/home/golden".to_string()][..]));
+    assert_eq!(snap.summary.duration_ms, 9);
+    assert_eq!(snap.to_bytes(), bytes);
+    // Without the last 33 bytes it is the same snapshot as version 1 wrote it.
+    let v1 = Snapshot::from_bytes("v1", &bytes[..bytes.len() - 33]).expect("parses");
+    assert_eq!(v1, Snapshot { original: None, ..snap });
 }

@@ -6,8 +6,17 @@ use serde::{Deserialize, Serialize};
 use crate::compress::{Codec, DEFAULT_CODEC};
 use crate::error::{Error, Result};
 
-/// The repository format version this build writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The highest repository format version this build reads (and writes, for a repository made
+/// with `init --copy-chunker-params`).
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The version of a config without a copied chunk-ID key: every version of Cairn reads it.
+pub const BASE_VERSION: u32 = 1;
+
+/// The first version whose config may hold a `chunk_id_key` (FORMAT.md §6). A reader of
+/// version 1 would ignore the field and compute every blob ID wrong, so it must refuse such a
+/// config, and it does: it refuses any higher version.
+pub const CHUNK_ID_KEY_VERSION: u32 = 2;
 
 /// Content-defined chunking parameters (FastCDC 2020).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +64,21 @@ pub struct Config {
     pub pack_size: u32,
     /// Default compression, e.g. "zstd:3".
     pub compression: String,
+    /// The chunk-ID key (hex of 32 bytes) of the repository this one copied its chunking from
+    /// (`init --copy-chunker-params`), used instead of the one derived from the master secret.
+    /// Only in configs of version 2 or later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_id_key: Option<String>,
+}
+
+/// What a repository made with `init --copy-chunker-params` takes from its source, so that the
+/// same content gets the same blob IDs in both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chunking {
+    /// The source's chunker parameters, its seed included.
+    pub chunker: ChunkerParams,
+    /// The source's chunk-ID key.
+    pub chunk_id_key: [u8; 32],
 }
 
 impl Config {
@@ -75,12 +99,42 @@ impl Config {
             return Err(Error::Usage("pack size must be between 1 MiB and 1 GiB".into()));
         }
         Ok(Config {
-            version: FORMAT_VERSION,
+            version: BASE_VERSION,
             id: hex::encode(id),
             chunker,
             pack_size,
             compression: compression.to_string(),
+            chunk_id_key: None,
         })
+    }
+
+    /// This config with another repository's chunking: its chunker parameters and chunk-ID key
+    /// (which makes it a version 2 config).
+    pub fn with_chunking(mut self, from: &Chunking) -> Self {
+        self.chunker = from.chunker;
+        self.chunk_id_key = Some(hex::encode(from.chunk_id_key));
+        self.version = CHUNK_ID_KEY_VERSION;
+        self
+    }
+
+    /// Checks what a reader relies on: a version this build reads, valid chunk sizes, and a
+    /// chunk-ID key only where the version allows one, of 32 bytes. Returns that key.
+    pub fn validate(&self) -> Result<Option<[u8; 32]>> {
+        if self.version == 0 || self.version > FORMAT_VERSION {
+            return Err(Error::UnsupportedVersion { found: self.version, supported: FORMAT_VERSION });
+        }
+        self.chunker.validate()?;
+        let Some(key) = &self.chunk_id_key else { return Ok(None) };
+        if self.version < CHUNK_ID_KEY_VERSION {
+            return Err(Error::Usage(format!(
+                "a version {} config cannot hold a chunk_id_key (version {CHUNK_ID_KEY_VERSION} or later)",
+                self.version
+            )));
+        }
+        let mut bytes = [0u8; 32];
+        hex::decode_to_slice(key, &mut bytes)
+            .map_err(|e| Error::Usage(format!("chunk_id_key is not 32 bytes of hex: {e}")))?;
+        Ok(Some(bytes))
     }
 
     /// The default codec for new blobs.
@@ -93,3 +147,44 @@ impl Config {
 pub const DEFAULT_CHUNK_SIZES: (u32, u32, u32) = (512 * 1024, 1024 * 1024, 8 * 1024 * 1024);
 /// Default target pack size: 16 MiB.
 pub const DEFAULT_PACK_SIZE: u32 = 16 * 1024 * 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config::new(DEFAULT_CHUNK_SIZES, DEFAULT_PACK_SIZE, DEFAULT_CODEC).unwrap()
+    }
+
+    #[test]
+    fn a_new_config_is_version_1_without_a_chunk_id_key() {
+        let c = config();
+        assert_eq!(c.version, 1);
+        assert_eq!(c.validate().unwrap(), None);
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(!json.contains("chunk_id_key"), "{json}");
+    }
+
+    #[test]
+    fn copied_chunking_makes_a_version_2_config_with_the_key() {
+        let source = config();
+        let from = Chunking { chunker: source.chunker, chunk_id_key: [0x24; 32] };
+        let c = config().with_chunking(&from);
+        assert_eq!((c.version, c.chunker), (2, source.chunker));
+        assert_eq!(c.validate().unwrap(), Some([0x24; 32]));
+        let back: Config = serde_json::from_slice(&serde_json::to_vec(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn a_chunk_id_key_in_a_version_1_config_or_a_bad_one_is_refused() {
+        let mut c = config();
+        c.chunk_id_key = Some("24".repeat(32));
+        assert!(c.validate().unwrap_err().to_string().contains("version 1 config cannot hold"));
+        c.version = 2;
+        c.chunk_id_key = Some("24".repeat(31));
+        assert!(c.validate().unwrap_err().to_string().contains("not 32 bytes"));
+        c.version = 3;
+        assert!(matches!(c.validate(), Err(Error::UnsupportedVersion { found: 3, .. })));
+    }
+}

@@ -70,6 +70,19 @@ impl MasterKey {
         &self.secret
     }
 
+    /// This key set with `key` as its chunk-ID key instead of the one derived from the master
+    /// secret: a repository made with `init --copy-chunker-params` names blobs as its source
+    /// does (the config holds the key; FORMAT.md §3.1, §6).
+    pub fn with_chunk_id_key(mut self, key: [u8; 32]) -> Self {
+        self.chunk_id = key;
+        self
+    }
+
+    /// The chunk-ID key (to give a repository made with `init --copy-chunker-params`).
+    pub fn chunk_id_key(&self) -> &[u8; 32] {
+        &self.chunk_id
+    }
+
     /// The ID of a blob with this plaintext: keyed BLAKE3 under the chunk ID key.
     pub fn blob_id(&self, plaintext: &[u8]) -> BlobId {
         BlobId(*blake3::keyed_hash(&self.chunk_id, plaintext).as_bytes())
@@ -173,5 +186,14 @@ mod tests {
         assert_eq!(mk.blob_id(b"x"), again.blob_id(b"x"));
         assert_ne!(mk.blob_id(b"x"), MasterKey::from_secret([8u8; 32]).blob_id(b"x"));
         assert_ne!(mk.encryption, mk.chunk_id);
+    }
+
+    #[test]
+    fn a_copied_chunk_id_key_names_blobs_as_the_source_does() {
+        let source = MasterKey::from_secret([7u8; 32]);
+        let copy = MasterKey::from_secret([9u8; 32]).with_chunk_id_key(*source.chunk_id_key());
+        assert_eq!(copy.blob_id(b"x"), source.blob_id(b"x"));
+        // Encryption stays the repository's own.
+        assert_ne!(copy.encryption, source.encryption);
     }
 }

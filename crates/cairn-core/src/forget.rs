@@ -705,6 +705,7 @@ mod tests {
             parent: None,
             program_version: "test".into(),
             summary: Default::default(),
+            original: None,
         }
     }
 

@@ -10,6 +10,7 @@
 //! backup:  walk → read → chunk → store → packer → upload → commit   (backup/)
 //! reading: plan reads → fetch → decode/verify → a caller's sink     (read/; trees.rs loads trees)
 //! restore: plan → compare → create → [read path] → write → finish   (restore/)
+//! copy:    select → plan → transfer ([read path] → pack writer) → rewrite → snapshots (copy/)
 //! ```
 //!
 //! Start with [`repository::Repository::open`], then [`backup::backup`] or
@@ -23,6 +24,7 @@ pub mod check;
 pub mod chunker;
 pub mod compress;
 pub mod config;
+pub mod copy;
 pub mod crypto;
 pub mod deletion;
 pub mod diff;

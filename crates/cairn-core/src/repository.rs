@@ -5,7 +5,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use crate::cache::Cache;
 use crate::compress::Codec;
-use crate::config::{Config, FORMAT_VERSION};
+use crate::config::Config;
 use crate::crypto::{MasterKey, ObjectKey};
 use crate::deletion::Deletion;
 use crate::error::{Error, Result};
@@ -34,6 +34,9 @@ pub struct InitOptions {
     pub pack_size: u32,
     /// Default compression.
     pub compression: crate::compress::Codec,
+    /// Another repository's chunker parameters and chunk-ID key, to use instead of new ones
+    /// (`init --copy-chunker-params`): the same content then gets the same blob IDs in both.
+    pub chunking: Option<crate::config::Chunking>,
 }
 
 impl Default for InitOptions {
@@ -43,6 +46,7 @@ impl Default for InitOptions {
             chunk_sizes: crate::config::DEFAULT_CHUNK_SIZES,
             pack_size: crate::config::DEFAULT_PACK_SIZE,
             compression: crate::compress::DEFAULT_CODEC,
+            chunking: None,
         }
     }
 }
@@ -73,8 +77,12 @@ impl Repository {
         if !found.is_empty() {
             return Err(Error::HoldsObjects { repo: storage.location().to_string(), found });
         }
-        let config = Config::new(opts.chunk_sizes, opts.pack_size, opts.compression)?;
-        let key = MasterKey::generate();
+        let mut config = Config::new(opts.chunk_sizes, opts.pack_size, opts.compression)?;
+        let mut key = MasterKey::generate();
+        if let Some(from) = &opts.chunking {
+            config = config.with_chunking(from);
+            key = key.with_chunk_id_key(from.chunk_id_key);
+        }
         let mut repo =
             Repository { storage, key, config, index: RwLock::new(Index::default()), cache: None, key_id: None };
         repo.key_id = Some(repo.add_key(password, opts.kdf)?);
@@ -123,10 +131,16 @@ impl Repository {
         })?;
         let config: Config =
             serde_json::from_slice(&body).map_err(|e| Error::corrupt(CONFIG, format!("not a config: {e}")))?;
-        if config.version > FORMAT_VERSION {
-            return Err(Error::UnsupportedVersion { found: config.version, supported: FORMAT_VERSION });
-        }
-        config.chunker.validate().map_err(|e| Error::invalid(CONFIG, e.to_string()))?;
+        let chunk_id_key = match config.validate() {
+            Ok(k) => k,
+            Err(e @ Error::UnsupportedVersion { .. }) => return Err(e),
+            Err(e) => return Err(Error::invalid(CONFIG, e.to_string())),
+        };
+        // A repository made with `init --copy-chunker-params` names blobs with its source's key.
+        let key = match chunk_id_key {
+            Some(k) => key.with_chunk_id_key(k),
+            None => key,
+        };
         Ok(Repository { storage, key, config, index: RwLock::new(Index::default()), cache: None, key_id })
     }
 
@@ -525,6 +539,12 @@ impl Repository {
     /// The config.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// What a repository made with `init --copy-chunker-params --from-repo` this one takes:
+    /// the chunker parameters and the chunk-ID key.
+    pub fn chunking(&self) -> crate::config::Chunking {
+        crate::config::Chunking { chunker: self.config.chunker, chunk_id_key: *self.key.chunk_id_key() }
     }
 }
 

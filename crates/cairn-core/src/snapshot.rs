@@ -54,17 +54,39 @@ pub struct Snapshot {
     pub program_version: String,
     /// Statistics.
     pub summary: Summary,
+    /// For a copy made by `cairn copy`: the snapshot it is a copy of (the first of a chain of
+    /// copies), in the repository that snapshot was made in. Encoded after the fields above,
+    /// only when present (FORMAT.md §10), so snapshots without it are unchanged.
+    #[serde(skip)]
+    pub original: Option<SnapshotId>,
 }
 
 impl Snapshot {
-    /// Serializes (postcard; FORMAT.md §10).
+    /// Serializes (postcard; FORMAT.md §10): the version 1 fields, then `original` if there
+    /// is one.
     pub fn to_bytes(&self) -> Vec<u8> {
-        postcard::to_stdvec(self).expect("snapshot serializes")
+        let mut bytes = postcard::to_stdvec(self).expect("snapshot serializes");
+        if let Some(original) = &self.original {
+            bytes.extend(postcard::to_stdvec(&Some(*original)).expect("an ID serializes"));
+        }
+        bytes
     }
 
-    /// Parses; `name` is the file's path, for errors.
+    /// Parses; `name` is the file's path, for errors. Bytes after the fields this version knows
+    /// are left for later versions (FORMAT.md §10).
     pub fn from_bytes(name: &str, bytes: &[u8]) -> Result<Self> {
-        postcard::from_bytes(bytes).map_err(|e| Error::invalid(name, format!("not a snapshot: {e}")))
+        let bad = |e: postcard::Error| Error::invalid(name, format!("not a snapshot: {e}"));
+        let (mut snap, rest): (Snapshot, _) = postcard::take_from_bytes(bytes).map_err(bad)?;
+        if !rest.is_empty() {
+            (snap.original, _) = postcard::take_from_bytes(rest).map_err(bad)?;
+        }
+        Ok(snap)
+    }
+
+    /// The snapshot this one is a copy of, or its own ID: copies of one snapshot share it, so a
+    /// copy is never made twice.
+    pub fn origin(&self, id: SnapshotId) -> SnapshotId {
+        self.original.unwrap_or(id)
     }
 }
 
@@ -82,9 +104,19 @@ mod tests {
             proptest::option::of(any::<[u8; 32]>()),
             ".{0,8}",
             proptest::array::uniform9(any::<u64>()),
+            proptest::option::of(any::<[u8; 32]>()),
         )
             .prop_map(
-                |((secs, nanos, tree), paths, (hostname, username, uid, gid), tags, parent, program_version, s)| {
+                |(
+                    (secs, nanos, tree),
+                    paths,
+                    (hostname, username, uid, gid),
+                    tags,
+                    parent,
+                    program_version,
+                    s,
+                    original,
+                )| {
                     Snapshot {
                         time: Timestamp { secs, nanos },
                         tree: BlobId(tree),
@@ -107,6 +139,7 @@ mod tests {
                             errors: s[7],
                             duration_ms: s[8],
                         },
+                        original: original.map(SnapshotId),
                     }
                 },
             )
@@ -116,8 +149,26 @@ mod tests {
         #[test]
         fn snapshots_round_trip(s in snapshot(), cut in 1usize..50) {
             let b = s.to_bytes();
-            prop_assert_eq!(Snapshot::from_bytes("s", &b).unwrap(), s);
-            prop_assert!(Snapshot::from_bytes("s", &b[..b.len().saturating_sub(cut)]).is_err());
+            prop_assert_eq!(&Snapshot::from_bytes("s", &b).unwrap(), &s);
+            let cut_short = Snapshot::from_bytes("s", &b[..b.len().saturating_sub(cut)]);
+            // Cutting exactly the `original` extension leaves a valid version 1 snapshot.
+            if s.original.is_some() && cut == 33 {
+                prop_assert_eq!(cut_short.unwrap(), Snapshot { original: None, ..s });
+            } else {
+                prop_assert!(cut_short.is_err());
+            }
+        }
+
+        #[test]
+        fn a_snapshot_without_original_is_encoded_as_version_1(s in snapshot()) {
+            let plain = Snapshot { original: None, ..s.clone() };
+            prop_assert_eq!(plain.to_bytes(), postcard::to_stdvec(&plain).unwrap());
+            if let Some(o) = s.original {
+                let mut ext = plain.to_bytes();
+                ext.push(1);
+                ext.extend_from_slice(&o.0);
+                prop_assert_eq!(s.to_bytes(), ext);
+            }
         }
 
         #[test]

@@ -30,6 +30,12 @@ pub struct Args {
     /// Argon2id lanes of the key file (computed on all cores at once)
     #[arg(long, default_value_t = KdfParams::default().parallelism, value_name = "N")]
     pub kdf_parallelism: u32,
+    /// Use the chunker parameters and blob-ID key of the --from-repo repository, so that
+    /// `cairn copy` from it deduplicates against this repository's own backups
+    #[arg(long, requires = "from_repo")]
+    pub copy_chunker_params: bool,
+    #[command(flatten)]
+    pub from: super::copy::FromRepoArgs,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
@@ -45,6 +51,15 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         chunk_sizes: (min, avg, max),
         pack_size: a.pack_size.checked_mul(1024 * 1024).context("--pack-size is too large")?,
         compression: parse_codec(&a.compression)?,
+        chunking: None,
+    };
+    let opts = if a.copy_chunker_params {
+        InitOptions { chunking: Some(a.from.open(g, "--copy-chunker-params")?.chunking()), ..opts }
+    } else {
+        if a.from.repo.is_some() {
+            bail!("--from-repo is only used with --copy-chunker-params; add it, or leave --from-repo out");
+        }
+        opts
     };
     let storage = storage(g)?;
     let pw = password::get(g.password_file.as_deref(), "CAIRN_PASSWORD", "new repository password", true)?;

@@ -15,6 +15,7 @@ use crate::password;
 pub mod backup;
 pub mod check;
 pub mod completions;
+pub mod copy;
 pub mod diff;
 pub mod dump;
 pub mod find;
@@ -37,6 +38,11 @@ pub(crate) fn storage(global: &Global) -> Result<Arc<dyn Storage>> {
     let Some(repo) = &global.repo else {
         bail!("no repository given: use -r/--repo or set CAIRN_REPOSITORY");
     };
+    storage_at(global, repo)
+}
+
+/// The storage at `repo` (a location as `-r` takes it), with the global remote options.
+pub(crate) fn storage_at(global: &Global, repo: &str) -> Result<Arc<dyn Storage>> {
     let remote = RemoteOptions {
         sftp_key: global.sftp_key.as_ref().map(|p| p.to_string_lossy().into_owned()),
         sftp_known_hosts: Some(global.sftp_known_hosts.clone()),
@@ -80,7 +86,9 @@ pub(crate) fn open_locked(global: &Global, kind: LockKind) -> Result<(Repository
     Ok((repo, held?))
 }
 
-fn open_with(global: &Global, storage: Arc<dyn Storage>, pw: &[u8]) -> Result<Repository> {
+/// Opens the repository in `storage` with `pw`, with the metadata cache the global options
+/// choose.
+pub(crate) fn open_with(global: &Global, storage: Arc<dyn Storage>, pw: &[u8]) -> Result<Repository> {
     let mut repo = Repository::open(storage, pw)?;
     let base = match (&global.cache_dir, global.no_cache) {
         (_, true) => None,

@@ -305,6 +305,7 @@ fn run(
             errors: get(&counters.errors),
             duration_ms: started.elapsed().as_millis() as u64,
         },
+        original: None,
     };
     let id = if opts.dry_run { None } else { Some(repo.save_snapshot(&snapshot)?) };
     let dirs = DirCounts {

@@ -1,0 +1,176 @@
+//! `cairn copy`: copy snapshots from another repository (`--from-repo`) into this one,
+//! transferring only the blobs this one lacks.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use cairn_core::copy::{self, CopyOptions, CopyProgress, CopyReport, ReadOptions};
+use cairn_core::lock::LockKind;
+use cairn_core::packwrite::WriteOptions;
+use cairn_core::repository::Repository;
+use clap::Args as ClapArgs;
+
+use super::snapshots::{line, row};
+use super::{cancel_on_sigint, lock, open, open_with, parse_size, plural, storage_at, FilterArgs, Global};
+use crate::output::{bytes, count};
+use crate::{password, progress};
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Source snapshots to copy (ID prefixes or `latest`; default: all, or those the filters
+    /// select)
+    #[arg(value_name = "ID")]
+    pub ids: Vec<String>,
+    #[command(flatten)]
+    pub filters: FilterArgs,
+    #[command(flatten)]
+    pub from: FromRepoArgs,
+    /// Bytes read from the source held in flight (new packs being filled and stored come on top)
+    #[arg(long, value_name = "SIZE", default_value = "128M")]
+    pub max_memory: String,
+    /// Reads of the source in flight [default: the source backend's concurrency, at least 4]
+    #[arg(long, value_name = "N")]
+    pub fetch_concurrency: Option<usize>,
+}
+
+/// The source repository of `copy` and `init --copy-chunker-params` (restic's names).
+#[derive(ClapArgs, Debug, Default)]
+pub struct FromRepoArgs {
+    /// Source repository: a local directory, s3:… or sftp:… as for -r
+    #[arg(id = "from_repo", long = "from-repo", env = "CAIRN_FROM_REPOSITORY", value_name = "REPO")]
+    pub repo: Option<String>,
+    /// Read the source repository's password from the first line of FILE (CAIRN_FROM_PASSWORD
+    /// takes precedence)
+    #[arg(
+        id = "from_password_file",
+        long = "from-password-file",
+        env = "CAIRN_FROM_PASSWORD_FILE",
+        value_name = "FILE"
+    )]
+    pub password_file: Option<PathBuf>,
+}
+
+impl FromRepoArgs {
+    /// Opens the source repository (its password from CAIRN_FROM_PASSWORD, the file, or a
+    /// prompt).
+    pub fn open(&self, g: &Global, why: &str) -> Result<Repository> {
+        let Some(location) = &self.repo else {
+            anyhow::bail!("{why} needs a source repository: give --from-repo or set CAIRN_FROM_REPOSITORY");
+        };
+        let storage = storage_at(g, location).context("source repository")?;
+        let pw =
+            password::get(self.password_file.as_deref(), "CAIRN_FROM_PASSWORD", "source repository password", false)?;
+        match open_with(g, storage, &pw) {
+            // Said here, not by main (which names -r): this location came from --from-repo.
+            Err(e) if matches!(e.downcast_ref::<cairn_core::Error>(), Some(cairn_core::Error::NoRepository(_))) => {
+                anyhow::bail!("source repository: {e} (the location comes from --from-repo or CAIRN_FROM_REPOSITORY)")
+            }
+            other => other.context("source repository"),
+        }
+    }
+}
+
+pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
+    let max_memory = parse_size(&a.max_memory)?;
+    let src = a.from.open(g, "copy")?;
+    let dst = open(g)?;
+    // Shared on the source; on the destination the backup's kind, so a prune there waits for
+    // this copy and keeps what it deduplicated against (docs/DESIGN.md, "Copy").
+    let _src_lock = lock(&src, LockKind::Shared)?;
+    let _dst_lock = lock(&dst, LockKind::Shared)?;
+    std::thread::scope(|s| {
+        let loading = s.spawn(|| src.load_index());
+        let dst_index = dst.load_index();
+        loading.join().expect("index loader panicked").context("source repository")?;
+        dst_index.map_err(anyhow::Error::from)
+    })?;
+    let cancel = cancel_on_sigint()?;
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let opts = CopyOptions {
+        filter: a.filters.filter(&a.ids),
+        read: ReadOptions {
+            max_memory,
+            fetchers: a.fetch_concurrency.unwrap_or(src.storage().default_concurrency().max(4)).max(1),
+            decoders: cores,
+        },
+        // Blobs arrive compressed: the packers only encrypt. Trees renamed for a destination with
+        // other IDs are compressed with its default codec.
+        write: WriteOptions {
+            codec: dst.config().codec(),
+            threads: cores,
+            uploads: dst.storage().default_concurrency().clamp(2, 8),
+            index_every: cairn_core::backup::DEFAULT_INDEX_EVERY,
+        },
+        tree_threads: cores.max(src.storage().default_concurrency().min(8)),
+    };
+    let p = CopyProgress::default();
+    let report =
+        progress::while_showing(|done| progress::copy(&p, done, g.json), || copy::copy(&src, &dst, &opts, &p, cancel));
+    let report = match report {
+        Err(cairn_core::Error::Interrupted) => {
+            eprintln!("cairn: copy interrupted; no snapshot was written, and running it again reuses what was stored");
+            return Ok(ExitCode::from(130));
+        }
+        other => other?,
+    };
+    print(&report, g.json);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print(r: &CopyReport, json: bool) {
+    if json {
+        let copied: Vec<_> = r
+            .copied
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "source": c.source.to_hex(), "copy": c.copy.to_hex(), "time": c.snapshot.time.secs,
+                    "hostname": c.snapshot.hostname, "paths": c.snapshot.paths, "tags": c.snapshot.tags,
+                    "tree": c.snapshot.tree.to_hex(),
+                })
+            })
+            .collect();
+        let skipped: Vec<_> = r
+            .skipped
+            .iter()
+            .map(|s| serde_json::json!({"source": s.source.to_hex(), "existing": s.existing.to_hex()}))
+            .collect();
+        outln!(
+            "{}",
+            serde_json::json!({
+                "message_type": "summary", "snapshots_copied": r.copied.len(), "snapshots_skipped": r.skipped.len(),
+                "copied": copied, "skipped": skipped, "same_ids": r.same_ids, "blobs_needed": r.blobs_needed,
+                "blobs_written": r.blobs_written, "blobs_known": r.blobs_known, "bytes_read": r.bytes_read, "bytes_written": r.bytes_written,
+                "packs_written": r.packs_written, "index_files_written": r.index_files_written, "seconds": r.seconds,
+            })
+        );
+        return;
+    }
+    if !r.copied.is_empty() {
+        outln!("{}", line("source", "time", "host", "tags", &format!("{:<10} ", "copy"), "paths"));
+        for c in &r.copied {
+            outln!("{}", row(&c.source, &c.snapshot, &format!("{:<10} ", c.copy.short())));
+        }
+    }
+    for s in &r.skipped {
+        outln!("skipped {}: the destination holds it as {}", s.source.short(), s.existing.short());
+    }
+    outln!(
+        "copied {} ({} already there): {} of {} blobs written, {} read, {} stored in {} packs, {:.1}s",
+        plural(r.copied.len(), "snapshot"),
+        r.skipped.len(),
+        count(r.blobs_written),
+        count(r.blobs_needed),
+        bytes(r.bytes_read),
+        bytes(r.bytes_written),
+        r.packs_written,
+        r.seconds
+    );
+    if !r.copied.is_empty() && !r.same_ids {
+        outln!(
+            "note: the two repositories name blobs differently, so copied data does not deduplicate against \
+             this repository's own backups (make a destination with `init --copy-chunker-params --from-repo`)"
+        );
+    }
+}

@@ -1,0 +1,163 @@
+//! Transfer stage: the blobs the destination lacks are read from the source through the shared
+//! read path in *stored* mode — each verified (decrypted, decompressed, its ID recomputed under
+//! the source's key) and handed on still compressed — and given to the shared pack writer, which
+//! re-encrypts them under the destination's keys without recompressing.
+//!
+//! When the two repositories name blobs with different keys, each blob is also named under the
+//! destination's key here (its plaintext hashed: decompressed once more, or as it is when stored
+//! uncompressed); the destination may hold it already under that name, and then it is not
+//! written again. The old → new names are kept for the rewrite stage.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crossbeam_channel::Sender;
+
+use super::CopyProgress;
+use crate::compress::Codec;
+use crate::error::{Error, Result};
+use crate::id::{BlobId, IdMap, IdSet};
+use crate::index::BlobLocation;
+use crate::layout::pack_path;
+use crate::pack::BlobEntry;
+use crate::packwrite::{Job, Payload};
+use crate::read::{coalesce, coalesce_gap, Decoded, PackRead, Reader, Sink};
+use crate::repository::Repository;
+
+/// How the transfer reads.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadOptions {
+    /// Bytes in flight on the read side.
+    pub max_memory: u64,
+    /// Reads in flight.
+    pub fetchers: usize,
+    /// Threads that verify (and, between unrelated repositories, rename) what was read.
+    pub decoders: usize,
+}
+
+/// What the destination already has or has been given, shared by the transfer's workers and
+/// the rewrite stage.
+pub(super) struct Destination<'a> {
+    /// The destination.
+    pub repo: &'a Repository,
+    /// Whether blob IDs must be recomputed under the destination's key.
+    pub rekey: bool,
+    /// Blobs queued for the pack writer by this copy (destination IDs).
+    pub queued: Mutex<IdSet<BlobId>>,
+    /// Source ID → destination ID of each blob read (only when `rekey`).
+    pub renamed: Mutex<IdMap<BlobId, BlobId>>,
+    /// Blobs given to the pack writer.
+    pub blobs_written: AtomicU64,
+}
+
+impl Destination<'_> {
+    /// Whether `id` (a destination ID) must be written: the destination has no live copy and
+    /// this copy has not queued it yet.
+    pub fn wants(&self, id: BlobId) -> bool {
+        !self.repo.index().contains_live(&id) && self.queued.lock().expect("queued lock").insert(id)
+    }
+
+    /// Hands a blob to the pack writer; false if it stopped.
+    pub fn send(&self, jobs: &Sender<Job>, job: Job) -> bool {
+        self.blobs_written.fetch_add(1, Ordering::Relaxed);
+        jobs.send(job).is_ok()
+    }
+}
+
+/// Reads `blobs` (source locations) and hands those the destination lacks to `jobs`. A blob
+/// that cannot be read is an error naming it.
+pub(super) fn transfer(
+    src: &Repository,
+    dst: &Destination<'_>,
+    blobs: Vec<BlobLocation>,
+    opts: &ReadOptions,
+    jobs: &Sender<Job>,
+    progress: &CopyProgress,
+    cancel: Arc<AtomicBool>,
+) -> Result<()> {
+    let reads = coalesce(blobs, opts.max_memory / 4, coalesce_gap(src));
+    progress.total_bytes.store(reads.iter().map(|r| r.length).sum(), Ordering::Relaxed);
+    let failures = Mutex::new(Vec::new());
+    let reader = Reader::new(src, opts.max_memory, cancel);
+    std::thread::scope(|s| {
+        let sink = ToDestination { jobs: jobs.clone(), dst, failures: &failures, progress };
+        for w in reader.start(s, &reads, opts.fetchers, opts.decoders, sink) {
+            w.join().expect("copy worker panicked");
+        }
+    });
+    if reader.cancelled() {
+        return Err(Error::Interrupted);
+    }
+    let failures = failures.into_inner().expect("failures lock");
+    match failures.first() {
+        Some(first) => Err(Error::Refused(format!(
+            "{first}{}; no snapshot was copied: run `cairn check --read-data` on the source",
+            if failures.len() > 1 { format!(" (and {} more blobs)", failures.len() - 1) } else { String::new() }
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The copy's end of the read path: each verified blob becomes a job for the destination's
+/// pack writer.
+#[derive(Clone)]
+struct ToDestination<'a> {
+    jobs: Sender<Job>,
+    dst: &'a Destination<'a>,
+    failures: &'a Mutex<Vec<String>>,
+    progress: &'a CopyProgress,
+}
+
+impl ToDestination<'_> {
+    fn fail(&self, msg: String) {
+        self.failures.lock().expect("failures lock").push(msg);
+    }
+
+    /// The blob's ID under the destination's key, from its stored bytes.
+    fn renamed(&self, entry: &BlobEntry, stored: &[u8], read: &PackRead) -> Option<BlobId> {
+        let key = self.dst.repo.key();
+        let id = if entry.codec == Codec::None {
+            key.blob_id(stored)
+        } else {
+            match entry.codec.decompress(stored, entry.raw_length as usize) {
+                Ok(plain) => key.blob_id(&plain),
+                Err(why) => {
+                    self.fail(format!("{}: blob {}: {why}", pack_path(&read.pack), entry.id.short()));
+                    return None;
+                }
+            }
+        };
+        self.dst.renamed.lock().expect("renamed lock").insert(entry.id, id);
+        Some(id)
+    }
+}
+
+impl<'s> Sink<'s> for ToDestination<'s> {
+    fn stored_only(&self) -> bool {
+        true
+    }
+
+    fn blobs(&self, read: &'s PackRead, blobs: Vec<Decoded<'s>>) -> bool {
+        for d in blobs {
+            let Some(entry) = read.blobs.iter().find(|b| b.id == d.id) else { continue };
+            self.progress.read_bytes.fetch_add(u64::from(entry.length), Ordering::Relaxed);
+            let id = if self.dst.rekey {
+                match self.renamed(entry, &d.data, read) {
+                    Some(id) if self.dst.wants(id) => id,
+                    _ => continue,
+                }
+            } else {
+                entry.id
+            };
+            let payload = Payload::Stored { codec: entry.codec, raw_length: entry.raw_length, bytes: d.data.to_vec() };
+            if !self.dst.send(&self.jobs, Job { id, kind: entry.kind, payload }) {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn failed(&self, read: &'s PackRead, blob: &BlobEntry, why: &Error) {
+        self.fail(format!("blob {} of the source's {} cannot be read: {why}", blob.id.short(), pack_path(&read.pack)));
+    }
+}
