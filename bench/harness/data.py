@@ -82,6 +82,15 @@ def invert_middle(f):
     return True
 
 
+def private_copy(home, path):
+    """Makes the directory home and a copy of the tree at path inside it (cp -a, reflinks where the
+    file system has them), for a scenario that changes its files; returns the copy's path."""
+    os.mkdir(home)
+    src = os.path.join(home, os.path.basename(path))
+    subprocess.run(["cp", "-a", "--reflink=auto", path, src], check=True)
+    return src
+
+
 def mutate(files, k, every=10):
     """The lifecycle change (bench/harness/lifecycle.py): of files (regular files sorted by path,
     from regular_files), every tenth starting at the k-th gets damage()'s overwrite, 4 KiB in the

@@ -49,10 +49,8 @@ class DiffBench:
     def run(self, ds):
         tools = [t for t in self.r.tools if t.name in ("cairn", "restic")]
         home = self.r.fresh("diff")
-        os.mkdir(home)
-        src = os.path.join(home, os.path.basename(ds.path))
         try:
-            subprocess.run(["cp", "-a", "--reflink=auto", ds.path, src], check=True)
+            src = data.private_copy(home, ds.path)
             files = data.regular_files(src)
             repos, ids = {}, {}
             for t in tools:

@@ -96,10 +96,8 @@ class Lifecycle:
 
     def round(self, ds, rnd, order):
         home = self.r.fresh("lifecycle")
-        os.mkdir(home)
-        src = os.path.join(home, os.path.basename(ds.path))
         try:
-            subprocess.run(["cp", "-a", "--reflink=auto", ds.path, src], check=True)
+            src = data.private_copy(home, ds.path)
             files = data.regular_files(src)
             repos, alive = {}, []
             for t in order:

@@ -277,17 +277,16 @@ impl<'s> Sink<'s> for ToCheck<'s> {
         let piece = packhash::hash_piece(*size, read.offset, bytes);
         let mut pack = pack.lock().expect("lock");
         pack.seen += read.length;
-        let fits = pack.hash.as_mut().is_none_or(|h| h.add(piece));
+        // A piece that does not fit the file leaves the pack unhashed (see `plan`).
+        if !pack.hash.as_mut().is_none_or(|h| h.add(piece)) {
+            pack.hash = None;
+        }
         if pack.seen < pack.planned {
-            if !fits {
-                pack.hash = None;
-            }
             return;
         }
         st.read.lock().expect("lock").push(read.pack);
         st.progress.step();
-        let hashed = pack.hash.take().filter(|_| fits).map(|h| h.finish());
-        if let Some(hash) = hashed {
+        if let Some(hash) = pack.hash.take().map(|h| h.finish()) {
             if hash != Some(read.pack.0) {
                 let file = pack_path(&read.pack);
                 let msg = format!("{file} does not hash to its name: its bytes changed since it was written");

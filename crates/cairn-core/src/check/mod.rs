@@ -304,16 +304,13 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
     // Without a filter every pack is in scope, and the headers are read beside the trees (a
     // remote repository waits one round trip for both); with one, only the packs the chosen
     // snapshots need are checked, counted and read, which the trees tell.
-    let every_pack = || {
-        let mut all: Vec<&structure::IndexedPackInfo> = packs.values().collect();
-        all.sort_unstable_by_key(|p| p.id);
-        all
-    };
+    let mut every_pack: Vec<&structure::IndexedPackInfo> = packs.values().collect();
+    every_pack.sort_unstable_by_key(|p| p.id);
     let (needed, headers) = std::thread::scope(|s| {
         let headers = opts.filter.is_empty().then(|| {
             s.spawn(|| {
                 let mut found = CheckReport::default();
-                let present = structure::packs(repo, &every_pack(), &listed, threads, &mut found, &Progress::default());
+                let present = structure::packs(repo, &every_pack, &listed, threads, &mut found, &Progress::default());
                 (present, found.findings)
             })
         });
@@ -322,12 +319,8 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
     });
     let needed = needed?;
     let in_scope: Vec<&structure::IndexedPackInfo> = match &needed {
-        None => every_pack(),
-        Some(n) => {
-            let mut chosen: Vec<_> = packs.values().filter(|p| p.blobs.iter().any(|b| n.contains(&b.id))).collect();
-            chosen.sort_unstable_by_key(|p| p.id);
-            chosen
-        }
+        None => every_pack,
+        Some(n) => every_pack.into_iter().filter(|p| p.blobs.iter().any(|b| n.contains(&b.id))).collect(),
     };
     let present = match headers {
         Some((present, found)) => {

@@ -22,6 +22,11 @@ pub(super) fn run(repo: &Repository, jobs: Receiver<Job>, packs: Sender<Finished
     // Trees are small: their pack starts small and grows as needed.
     let capacity = |kind| if kind == BlobKind::Tree { TREE_PACK_START } else { limit };
     let new_writer = |kind| PackWriter::new(repo.key(), capacity(kind));
+    // Closes a pack and hands it to the uploaders, a new one taking its place.
+    let close = |writer: &mut PackWriter, kind| {
+        let full = std::mem::replace(writer, new_writer(kind));
+        packs.send(full.finish()).map_err(|_| stopped("upload"))
+    };
     let mut writers = [new_writer(BlobKind::Data), new_writer(BlobKind::Tree)];
     for job in jobs {
         let slot = usize::from(job.kind == BlobKind::Tree);
@@ -35,14 +40,12 @@ pub(super) fn run(repo: &Repository, jobs: Receiver<Job>, packs: Sender<Finished
         };
         let writer = &mut writers[slot];
         if !writer.is_empty() && writer.len() + stored.len() + SEAL_OVERHEAD > limit {
-            let full = std::mem::replace(writer, new_writer(job.kind));
-            packs.send(full.finish()).map_err(|_| stopped("upload"))?;
+            close(writer, job.kind)?;
         }
         writer.reserve(stored.len() + SEAL_OVERHEAD, limit);
         writer.add(job.id, job.kind, codec, raw_length, &stored);
         if writer.len() >= target {
-            let full = std::mem::replace(writer, new_writer(job.kind));
-            packs.send(full.finish()).map_err(|_| stopped("upload"))?;
+            close(writer, job.kind)?;
         }
     }
     for writer in writers {
