@@ -104,6 +104,7 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
                 "bytes_fetched": out.bytes_fetched, "bytes_in_place": out.bytes_in_place, "bytes_zero": out.bytes_zero,
                 "deleted": out.deleted, "verified": out.verified, "failed": out.failed.len(),
                 "warnings": out.warnings.len(), "stalls": out.stalls, "seconds": secs, "profile": stages,
+                "batches": out.batches,
             })
         );
         return;
@@ -125,7 +126,7 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
     }
     if profile {
         let phases: Vec<String> = out.phases.iter().map(|(n, d)| format!("{n} {:.2} s", d.as_secs_f64())).collect();
-        outln!("phases: {}", phases.join(", "));
+        outln!("phases: {} (in {} batches)", phases.join(", "), count(out.batches));
         outln!("{:<8} {:>9} {:>9} {:>9}", "stage", "busy s", "idle s", "blocked s");
         for (name, t) in STAGE_NAMES.iter().zip(&out.profile) {
             outln!(

@@ -27,6 +27,15 @@ pub struct StageTimes {
     pub blocked: Duration,
 }
 
+impl StageTimes {
+    /// Adds another run's times (a restore's batches).
+    pub fn add(&mut self, other: StageTimes) {
+        self.busy += other.busy;
+        self.idle += other.idle;
+        self.blocked += other.blocked;
+    }
+}
+
 impl StageClock {
     fn add(counter: &AtomicU64, since: Instant) {
         counter.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);

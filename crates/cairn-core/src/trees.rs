@@ -345,3 +345,115 @@ impl TreeLoader {
         rx
     }
 }
+
+/// Trees wanted in the order of a depth-first walk, loaded up to a bounded number ahead of it
+/// on a [`TreeLoader`]'s threads, so a walker that goes one directory at a time keeps only its
+/// own path and the window in memory, not the whole snapshot's trees, yet rarely waits.
+///
+/// The walker [`take`](Ahead::take)s each tree as it descends into it (its subtrees join the
+/// order at once, before the rest of its parent's), and says when it has [`left`](Ahead::left)
+/// it. What is loaded next follows the walk: the current tree's subtrees first, then its
+/// parent's remaining ones, and so on up; a loaded tree's own subtrees come right after it.
+pub struct Ahead<'l> {
+    repo: &'l Repository,
+    loader: &'l TreeLoader,
+    /// For each tree on the walker's path: its subtrees not yet descended into, in order.
+    todo: Vec<std::collections::VecDeque<BlobId>>,
+    /// Trees requested or loaded ahead, with their size as stored (unpacked).
+    slots: IdMap<BlobId, (Slot, u64)>,
+    window: usize,
+    bytes: u64,
+}
+
+enum Slot {
+    Loading(Receiver<Loaded>),
+    Ready(Loaded),
+}
+
+impl<'l> Ahead<'l> {
+    /// Loads through `loader`, keeping at most `window` trees, and (beyond the next one) at
+    /// most `bytes` of them as stored, requested or loaded ahead.
+    pub fn new(repo: &'l Repository, loader: &'l TreeLoader, window: usize, bytes: u64) -> Self {
+        Ahead { repo, loader, todo: Vec::new(), slots: IdMap::default(), window: window.max(1), bytes }
+    }
+
+    /// The tree `id`, which the walker now descends into (the next of its parent's subtrees
+    /// in order, or a root). A tree that could not be loaded ahead is read again here, so the
+    /// error is the read's own.
+    pub fn take(&mut self, id: &BlobId) -> Result<Tree> {
+        if let Some(queue) = self.todo.last_mut() {
+            // Subtrees before it that the walker skipped will not be wanted any more.
+            if let Some(at) = queue.iter().position(|q| q == id) {
+                queue.drain(..=at);
+            }
+        }
+        let loaded = match self.slots.remove(id) {
+            Some((Slot::Ready(t), _)) => t,
+            Some((Slot::Loading(rx), _)) => rx.recv().unwrap_or_else(|_| Err("tree loader stopped".into())),
+            None => Err(String::new()),
+        };
+        let tree = match loaded {
+            Ok(t) => t,
+            Err(_) => self.repo.read_tree(id)?,
+        };
+        self.todo.push(tree.nodes.iter().filter_map(|n| n.subtree).collect());
+        self.refill();
+        Ok(tree)
+    }
+
+    /// The walker has left the tree it last took (and everything below it).
+    pub fn left(&mut self) {
+        self.todo.pop();
+    }
+
+    /// Requests the next trees in walk order until `window` are requested or loaded.
+    fn refill(&mut self) {
+        let mut room = self.window;
+        let mut bytes = 0u64;
+        // Bounds the look through loaded trees, so each call costs at most a few windows.
+        let mut looks = self.window * 8;
+        let mut order: Vec<BlobId> = Vec::new();
+        for queue in &self.todo {
+            order.extend(queue.iter().rev());
+        }
+        // `order` is a stack: its last element is the next tree the walk will want.
+        let mut seen = IdSet::default();
+        while let Some(id) = order.pop() {
+            if room == 0 || looks == 0 {
+                break;
+            }
+            looks -= 1;
+            seen.insert(id);
+            if let Some((Slot::Loading(rx), len)) = self.slots.get(&id) {
+                if let Ok(loaded) = rx.try_recv() {
+                    let len = *len;
+                    self.slots.insert(id, (Slot::Ready(loaded), len));
+                }
+            }
+            match self.slots.get(&id) {
+                None => {
+                    let len = self.repo.index().get(&id).map_or(0, |l| u64::from(l.entry.raw_length));
+                    if bytes > 0 && bytes + len > self.bytes {
+                        break;
+                    }
+                    bytes += len;
+                    self.slots.insert(id, (Slot::Loading(self.loader.request(id)), len));
+                    room -= 1;
+                }
+                Some((Slot::Loading(_), len)) => {
+                    bytes += len;
+                    room -= 1;
+                }
+                Some((Slot::Ready(loaded), len)) => {
+                    bytes += len;
+                    room -= 1;
+                    if let Ok(tree) = loaded {
+                        order.extend(tree.nodes.iter().rev().filter_map(|n| n.subtree));
+                    }
+                }
+            }
+        }
+        // Trees the walk skipped or that fell out of the window are let go.
+        self.slots.retain(|id, _| seen.contains(id));
+    }
+}

@@ -50,20 +50,19 @@ pub struct Directories {
 
 /// Makes the plan's directories, parents before children, in `target` (which exists). Into an
 /// `empty` target a directory is simply made (one call instead of four); otherwise, or if
-/// something is in the way, the entry is examined and replaced. A disk full or read-only
-/// target stops it with an error, and so does `cancel`; `done` counts the directories made.
+/// something is in the way, the entry is examined and replaced. `acl` lists the directories
+/// made before (and the target) that have a default ACL. A disk full or read-only target stops
+/// it with an error, and so does `cancel`; `done` counts the directories made.
 pub fn directories(
     target: &Path,
     plan: &Plan,
     empty: bool,
     is_root: bool,
+    acl: HashSet<PathBuf>,
     done: &AtomicU64,
     cancel: &AtomicBool,
 ) -> Result<Directories> {
-    let mut out = Directories::default();
-    if has_default_acl(target) {
-        out.acl.insert(PathBuf::new());
-    }
+    let mut out = Directories { acl, ..Default::default() };
     for (i, entry) in plan.entries.iter().enumerate() {
         if entry.node.kind != NodeKind::Dir {
             continue;
@@ -166,15 +165,15 @@ pub fn has_default_acl(path: &Path) -> bool {
     matches!(xattr::get(at.path(), "system.posix_acl_default"), Ok(Some(_)))
 }
 
-/// The create stage alongside the pipeline: the directories (unless `made` before), then the
-/// entries without data; opens `sh.dirs_ready` when done, whatever happened. Returns how long
-/// it took.
-pub fn run(sh: &Shared<'_>, made: Option<Directories>) -> Duration {
+/// The create stage alongside the pipeline: the directories (unless `made` before; `acl` as
+/// for [`directories`]), then the entries without data; opens `sh.dirs_ready` when done,
+/// whatever happened. Returns how long it took.
+pub fn run(sh: &Shared<'_>, made: Option<Directories>, acl: HashSet<PathBuf>) -> Duration {
     let t = Instant::now();
     let _open = OpenOnDrop(&sh.dirs_ready); // even if this panics: no writer waits forever
     let made = match made {
         Some(made) => Ok(made),
-        None => directories(sh.target, sh.plan, true, sh.is_root, &sh.created, &sh.cancel),
+        None => directories(sh.target, sh.plan, true, sh.is_root, acl, &sh.created, &sh.cancel),
     };
     match made {
         Ok(made) => {

@@ -257,7 +257,7 @@ fn write_tar(entries: &[Entry], stream: &mut Stream<'_>, out: &mut dyn Write) ->
         let _ = h.set_groupname(&n.group);
         h.set_size(0);
         let path = &e.rel;
-        if let Some(first) = e.link_of {
+        if let Some(super::types::Link::Entry(first)) = e.link_of {
             h.set_entry_type(tar::EntryType::Link);
             tar.append_link(&mut h, path, &entries[first].rel).map_err(io_err)?;
             stats.entries += 1;

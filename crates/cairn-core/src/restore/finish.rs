@@ -2,35 +2,39 @@
 //! nothing to write, special files) and hard links, then directories last and deepest first,
 //! so a directory's times are set after its contents. Failed files written in part are removed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
+use super::batch::link_failed;
 use super::fsops::hard_link;
 use super::meta::apply_to_path;
 use super::options::Progress;
 use super::shared::Shared;
-use super::types::FileState;
+use super::types::{ClosedDir, FileState, Link};
 use crate::parallel::in_parallel;
 use crate::tree::NodeKind;
 
-/// Directories last, so their times stay as recorded: deepest first (a directory whose mode
-/// locks out its owner does not stop its children's), each depth on `threads` threads.
-pub fn finish_dirs(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, threads: usize) {
-    let mut by_depth: Vec<Vec<usize>> = Vec::new();
-    for (i, entry) in sh.plan.entries.iter().enumerate() {
-        if entry.node.kind == NodeKind::Dir && !failed.contains_key(&i) {
-            let depth = entry.rel.components().count();
+/// Directories last, so their times stay as recorded: the batch's closed directories (whose
+/// contents are all written), deepest first (a directory whose mode locks out its owner does
+/// not stop its children's), each depth on `threads` threads. Directories that could not be
+/// made (`failed`) are left alone.
+pub fn finish_dirs(sh: &Shared<'_>, failed: &HashSet<PathBuf>, threads: usize) {
+    let mut by_depth: Vec<Vec<&ClosedDir>> = Vec::new();
+    for dir in &sh.plan.closed {
+        if dir.node.is_some() && !failed.contains(&dir.rel) {
+            let depth = dir.rel.components().count();
             if by_depth.len() <= depth {
                 by_depth.resize_with(depth + 1, Vec::new);
             }
-            by_depth[depth].push(i);
+            by_depth[depth].push(dir);
         }
     }
     for level in by_depth.iter().rev().filter(|l| !l.is_empty()) {
-        in_parallel(level, threads, |_, &i| {
-            let entry = &sh.plan.entries[i];
-            if let Err(e) = apply_to_path(&sh.target.join(&entry.rel), &entry.node, sh.is_root) {
-                sh.warn(entry.rel.clone(), e.to_string());
+        in_parallel(level, threads, |_, dir| {
+            let node = dir.node.as_ref().expect("only directories with a node are listed");
+            if let Err(e) = apply_to_path(&sh.target.join(&dir.rel), node, sh.is_root) {
+                sh.warn(dir.rel.clone(), e.to_string());
             }
         });
     }
@@ -38,7 +42,13 @@ pub fn finish_dirs(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, threads: u
 
 /// Hard links, then metadata of every file and other entry the write stage did not finish;
 /// failed files are removed so none is left with wrong content.
-pub fn finish_all(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, threads: usize, progress: &Progress) {
+pub fn finish_all(
+    sh: &Shared<'_>,
+    failed: &BTreeMap<usize, String>,
+    failed_links: &HashMap<PathBuf, String>,
+    threads: usize,
+    progress: &Progress,
+) {
     let plan = sh.plan;
     in_parallel(&plan.entries, threads, |i, entry| {
         if entry.node.kind == NodeKind::Dir || entry.link_of.is_some() {
@@ -67,12 +77,16 @@ pub fn finish_all(sh: &Shared<'_>, failed: &BTreeMap<usize, String>, threads: us
         }
     });
     for (i, entry) in plan.entries.iter().enumerate() {
-        let Some(first) = entry.link_of else { continue };
-        if let Some(why) = failed.get(&first) {
+        let Some(link) = &entry.link_of else { continue };
+        if let Some(why) = link_failed(link, failed, failed_links) {
             sh.failures.entry(i, &format!("its hard-link target failed: {why}"));
             continue;
         }
-        if let Err(e) = hard_link(&sh.target.join(&plan.entries[first].rel), &sh.target.join(&entry.rel)) {
+        let first = match link {
+            Link::Entry(first) => &plan.entries[*first].rel,
+            Link::Earlier(rel) => rel,
+        };
+        if let Err(e) = hard_link(&sh.target.join(first), &sh.target.join(&entry.rel)) {
             sh.warn(entry.rel.clone(), format!("cannot create hard link: {e}"));
         }
     }

@@ -205,6 +205,14 @@ impl DryRun {
         }
         dry
     }
+
+    /// Adds what another batch found.
+    pub(super) fn add(&mut self, other: DryRun) {
+        self.create.extend(other.create);
+        self.update.extend(other.update);
+        self.unchanged += other.unchanged;
+        self.delete.extend(other.delete);
+    }
 }
 
 /// What a restore did.
@@ -243,6 +251,8 @@ pub struct RestoreOutcome {
     /// Wall time of each phase: plan, dirs, compare, schedule, pipeline, the create stage's own
     /// time (which ran alongside the pipeline), finish (and verify).
     pub phases: Vec<(&'static str, Duration)>,
+    /// Batches the restore was planned and written in (see [`crate::restore::restore`]).
+    pub batches: u64,
     /// Wall time.
     pub duration: Duration,
 }
@@ -270,6 +280,33 @@ impl RestoreOutcome {
             }
         }
         out
+    }
+
+    /// Adds what another batch did (its counts, lists, stage and phase times).
+    pub(super) fn absorb(&mut self, part: RestoreOutcome) {
+        self.files += part.files;
+        self.dirs += part.dirs;
+        self.others += part.others;
+        self.bytes_total += part.bytes_total;
+        self.bytes_written += part.bytes_written;
+        self.bytes_fetched += part.bytes_fetched;
+        self.bytes_in_place += part.bytes_in_place;
+        self.bytes_zero += part.bytes_zero;
+        self.deleted += part.deleted;
+        self.verified += part.verified;
+        self.batches += part.batches;
+        self.failed.extend(part.failed);
+        self.warnings.extend(part.warnings);
+        self.stalls.extend(part.stalls);
+        for (mine, theirs) in self.profile.iter_mut().zip(part.profile) {
+            mine.add(theirs);
+        }
+        if let Some(dry) = part.dry_run {
+            self.dry_run.get_or_insert_with(DryRun::default).add(dry);
+        }
+        for (name, took) in part.phases {
+            super::batch::add_phase(&mut self.phases, name, took);
+        }
     }
 
     /// Lists the entries of `plan` that `failed` (with why), no longer counting them as

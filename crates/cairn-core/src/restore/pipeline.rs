@@ -7,7 +7,8 @@ use crossbeam_channel::bounded;
 
 use super::options::{Progress, RestoreOptions};
 use super::shared::Shared;
-use super::{watchdog, write};
+use super::watchdog::{self, Base};
+use super::write;
 use crate::error::Error;
 use crate::pack::BlobEntry;
 use crate::read::{spawn_named, Decoded, PackRead, Sink};
@@ -41,7 +42,7 @@ pub fn run(
     sh: &Shared<'_>,
     opts: &RestoreOptions,
     progress: &Progress,
-    base_done: u64,
+    base: Base,
     stalls: &mut Vec<String>,
     create: impl FnOnce() + Send,
 ) {
@@ -60,7 +61,7 @@ pub fn run(
         for rx in writer_queues {
             workers.push(spawn_named(s, "write", move || write::write_worker(sh, rx)));
         }
-        let watchdog = s.spawn(|| watchdog::pipeline(sh, opts.stall_timeout, progress, base_done, &finished));
+        let watchdog = s.spawn(|| watchdog::pipeline(sh, opts.stall_timeout, progress, base, &finished));
         // A worker's panic is passed on only once the watchdog has stopped: the scope would
         // otherwise wait for it forever.
         let mut panicked = None;

@@ -5,21 +5,21 @@
 //! Each distinct blob appears once, with all of its destinations (file, offset); the blobs of
 //! one pack are sorted by offset and neighbours are coalesced into one read.
 
-use std::collections::HashMap;
-use std::ffi::OsStr;
+use std::collections::{HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
-use super::types::{Dest, Entry, Fetches, NeededChunk, Plan};
+use super::types::{ClosedDir, Dest, Entry, Fetches, Link, NeededChunk, Plan};
 use crate::error::{Error, Result};
-use crate::id::{BlobId, IdMap};
+use crate::id::BlobId;
 use crate::read::{coalesce, coalesce_gap};
 use crate::repository::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::{Node, NodeKind};
-use crate::trees::{load_all, LoadedTree, Loading, MAX_DEPTH};
+use crate::trees::{Ahead, Loading, TreeLoader, MAX_DEPTH};
 
 /// Which snapshot paths a restore takes.
 #[derive(Default)]
@@ -102,19 +102,47 @@ pub fn start(
     })
 }
 
-struct Builder<'a> {
-    repo: &'a Repository,
-    filter: &'a Filter,
-    plan: Plan,
-    links: HashMap<(u64, u64), usize>,
-    depth: usize,
-    trees: IdMap<BlobId, LoadedTree>,
-    /// Trees on the current path that will be listed again (see [`LoadedTree`]).
-    again: usize,
+/// How a restore's entries are cut into batches, each planned, fetched and written before the
+/// next: the entries' estimated memory ([`entry_cost`]) a batch may reach.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchLimit {
+    /// Estimated bytes of a batch's entries and the state the stages keep for them.
+    pub bytes: u64,
 }
 
-/// Lists the entries for restoring `top`, whose snapshot path is `base`; trees are loaded on
-/// `threads` threads first.
+impl BatchLimit {
+    /// One batch, however large (a dump of a directory lists every entry before it streams).
+    pub const NONE: BatchLimit = BatchLimit { bytes: u64::MAX };
+
+    /// The share of a restore's `--max-memory` its entries may take: an eighth, at least
+    /// [`BATCH_MIN`] (see docs/DESIGN.md, "Restore in batches").
+    pub fn for_memory(max_memory: u64) -> Self {
+        BatchLimit { bytes: (max_memory / 8).max(BATCH_MIN) }
+    }
+}
+
+/// The smallest batch limit: below it, a batch's start and drain cost more than it saves.
+pub const BATCH_MIN: u64 = 4 * 1024 * 1024;
+
+/// Estimated bytes an entry costs while its batch is restored: the entry itself and what the
+/// compare, schedule and write stages keep per entry and per chunk (measured: see
+/// docs/DESIGN.md, "Restore in batches").
+pub fn entry_cost(e: &Entry) -> u64 {
+    let n = &e.node;
+    let xattrs: usize = n.xattrs.iter().map(|x| x.name.len() + x.value.len() + 48).sum();
+    let acl = n.acl_access.as_ref().map_or(0, Vec::len) + n.acl_default.as_ref().map_or(0, Vec::len);
+    (640 + 2 * e.rel.as_os_str().len() + n.name.len() + n.target.len() + xattrs + acl + 160 * n.content.len()) as u64
+}
+
+/// Trees loaded ahead of the walk: enough to keep a remote repository's round trips overlapped.
+const TREES_AHEAD: usize = 64;
+
+/// Bytes of trees (as stored, unpacked) loaded ahead of the walk at most, beyond the next one;
+/// a tree takes about three times its stored size in memory.
+const TREE_BYTES_AHEAD: u64 = 8 * 1024 * 1024;
+
+/// Lists the entries for restoring `top`, whose snapshot path is `base`, in one plan (trees are
+/// loaded on `threads` threads).
 pub fn build(
     repo: &Repository,
     top: Top,
@@ -123,53 +151,123 @@ pub fn build(
     threads: usize,
     loading: &Loading,
 ) -> Result<Plan> {
-    let trees = match &top {
-        Top::Tree(id) => load_all(repo, *id, threads, loading)?,
-        Top::Node(_) => IdMap::default(),
-    };
-    let mut b = Builder { repo, filter, plan: Plan::default(), links: HashMap::new(), depth: 0, trees, again: 0 };
-    match top {
-        Top::Tree(id) => {
-            b.add_tree(&id, Path::new(""), base, false)?;
-        }
-        Top::Node(node) => {
-            let abs = base.to_path_buf();
-            b.add_node(*node, Path::new(""), &abs, false)?;
-        }
-    }
-    Ok(b.plan)
+    let mut all = None;
+    stream(repo, top, base, filter, false, threads, loading, BatchLimit::NONE, |plan| {
+        all = Some(plan);
+        true
+    })?;
+    Ok(all.unwrap_or_default())
 }
 
-impl Builder<'_> {
+/// Lists the entries for restoring `top`, whose snapshot path is `base`, depth first in tree
+/// order, and hands them to `emit` in batches of at most `limit` (the last batch closes the
+/// walk; `emit` returning false stops it). Trees are loaded a window ahead on `threads`
+/// threads, so memory holds the walk's path, the window and one batch, not the whole tree.
+/// With `names`, each closed directory lists its children in the restore (for `--delete`).
+#[allow(clippy::too_many_arguments)]
+pub fn stream(
+    repo: &Repository,
+    top: Top,
+    base: &Path,
+    filter: &Filter,
+    names: bool,
+    threads: usize,
+    loading: &Loading,
+    limit: BatchLimit,
+    emit: impl FnMut(Plan) -> bool,
+) -> Result<()> {
+    std::thread::scope(|s| {
+        let loader = TreeLoader::start(s, repo, threads.max(1));
+        let mut b = Builder {
+            filter,
+            ahead: Ahead::new(repo, &loader, TREES_AHEAD, (limit.bytes / 2).min(TREE_BYTES_AHEAD)),
+            loading,
+            plan: Plan::default(),
+            cost: 0,
+            limit,
+            emit,
+            batch: 0,
+            links: HashMap::new(),
+            open: Vec::new(),
+            materialized: 0,
+            names,
+        };
+        match top {
+            Top::Tree(id) => {
+                // The target itself: open, made, never an entry.
+                b.open.push(OpenDir { rel: PathBuf::new(), node: None, names: names.then(HashSet::new) });
+                b.materialized = 1;
+                b.add_tree(&id, Path::new(""), base, false)?;
+                b.close_dir();
+            }
+            Top::Node(node) => {
+                let abs = base.to_path_buf();
+                b.add_node(*node, Path::new(""), &abs, false)?;
+            }
+        }
+        let last = std::mem::take(&mut b.plan);
+        (b.emit)(last);
+        Ok(())
+    })
+}
+
+/// A directory on the walk's path.
+struct OpenDir {
+    rel: PathBuf,
+    /// Its node (none for the target itself).
+    node: Option<Node>,
+    /// Its children in the restore so far (for `--delete`).
+    names: Option<HashSet<OsString>>,
+}
+
+/// Where a hard-linked file's first entry went.
+struct FirstLink {
+    batch: u64,
+    index: usize,
+    rel: PathBuf,
+}
+
+struct Builder<'a, 'l, E> {
+    filter: &'a Filter,
+    ahead: Ahead<'l>,
+    loading: &'a Loading,
+    plan: Plan,
+    /// Estimated bytes of `plan`'s entries.
+    cost: u64,
+    limit: BatchLimit,
+    emit: E,
+    /// How many batches were handed on.
+    batch: u64,
+    links: HashMap<(u64, u64), FirstLink>,
+    /// The directories on the walk's path, the target first.
+    open: Vec<OpenDir>,
+    /// How many of `open` are entries already: a directory becomes one once it or something
+    /// below it is selected (a directory the filters leave empty is not restored).
+    materialized: usize,
+    names: bool,
+}
+
+impl<E: FnMut(Plan) -> bool> Builder<'_, '_, E> {
     /// Adds a tree's entries; returns whether anything was added.
     fn add_tree(&mut self, id: &BlobId, dir: &Path, abs_dir: &Path, parent_included: bool) -> Result<bool> {
-        self.depth += 1;
-        if self.depth > MAX_DEPTH {
+        if self.open.len() > MAX_DEPTH {
             return Err(Error::invalid(
                 format!("tree {}", id.short()),
                 format!("directories nested deeper than {MAX_DEPTH} levels"),
             ));
         }
-        // Below a tree that will be listed again, every tree will be listed again too: copied.
-        let again_above = self.again > 0;
-        let (tree, again) = match self.trees.get_mut(id) {
-            Some(t) if again_above => (t.tree.clone(), true),
-            Some(t) if t.uses > 1 => {
-                t.uses -= 1;
-                (t.tree.clone(), true)
-            }
-            Some(_) => (self.trees.remove(id).expect("tree just found").tree, false),
-            None => (self.repo.read_tree(id)?, again_above),
-        };
-        self.again += usize::from(again);
+        if self.loading.cancel.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::Interrupted);
+        }
+        let tree = self.ahead.take(id)?;
+        self.loading.reads_done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut any = false;
         for node in tree.nodes {
             // Absolute paths are only for the filters; without any, none is built.
             let abs = if self.filter.is_empty() { PathBuf::new() } else { abs_dir.join(OsStr::from_bytes(&node.name)) };
             any |= self.add_node(node, dir, &abs, parent_included)?;
         }
-        self.again -= usize::from(again);
-        self.depth -= 1;
+        self.ahead.left();
         Ok(any)
     }
 
@@ -180,30 +278,87 @@ impl Builder<'_> {
         let included = parent_included || self.filter.included(abs);
         let rel = dir.join(OsStr::from_bytes(&node.name));
         if let Some(sub) = node.subtree {
-            let index = self.plan.entries.len();
-            self.plan.entries.push(Entry { rel: rel.clone(), node, link_of: None });
-            let any = self.add_tree(&sub, &rel, abs, included)?;
-            if !included && !any {
-                self.plan.entries.truncate(index);
-                return Ok(false);
+            self.open.push(OpenDir { rel: rel.clone(), node: Some(node), names: self.names.then(HashSet::new) });
+            if included {
+                self.materialize()?;
             }
-            return Ok(true);
+            let any = self.add_tree(&sub, &rel, abs, included)?;
+            self.close_dir();
+            return Ok(included || any);
         }
         if !included {
             return Ok(false);
         }
-        let index = self.plan.entries.len();
+        self.materialize()?;
         let mut link_of = None;
         if node.kind == NodeKind::File && node.links > 1 {
             match self.links.get(&(node.device_id, node.inode)) {
-                Some(&first) => link_of = Some(first),
+                Some(first) if first.batch == self.batch => link_of = Some(Link::Entry(first.index)),
+                Some(first) => link_of = Some(Link::Earlier(first.rel.clone())),
                 None => {
-                    self.links.insert((node.device_id, node.inode), index);
+                    let first = FirstLink { batch: self.batch, index: self.plan.entries.len(), rel: rel.clone() };
+                    self.links.insert((node.device_id, node.inode), first);
                 }
             }
         }
-        self.plan.entries.push(Entry { rel, node, link_of });
+        self.push(Entry { rel, node, link_of })?;
         Ok(true)
+    }
+
+    /// Makes entries of the open directories that are not yet (parents first).
+    fn materialize(&mut self) -> Result<()> {
+        while self.materialized < self.open.len() {
+            let d = &self.open[self.materialized];
+            let entry =
+                Entry { rel: d.rel.clone(), node: d.node.clone().expect("only the target has no node"), link_of: None };
+            self.materialized += 1;
+            self.push_entry(entry, self.materialized - 1)?;
+        }
+        Ok(())
+    }
+
+    /// Adds an entry whose parent is the innermost open directory.
+    fn push(&mut self, e: Entry) -> Result<()> {
+        self.push_entry(e, self.open.len())
+    }
+
+    /// Adds an entry whose parent is open directory `depth - 1`; hands the batch on once it
+    /// is full.
+    fn push_entry(&mut self, e: Entry, depth: usize) -> Result<()> {
+        if let (Some(parent), Some(name)) = (depth.checked_sub(1).and_then(|d| self.open.get_mut(d)), e.rel.file_name())
+        {
+            if let Some(names) = &mut parent.names {
+                names.insert(name.to_os_string());
+            }
+        }
+        self.cost += entry_cost(&e);
+        self.plan.entries.push(e);
+        if self.cost >= self.limit.bytes {
+            self.cut()?;
+        }
+        Ok(())
+    }
+
+    /// Hands the batch on.
+    fn cut(&mut self) -> Result<()> {
+        let plan = std::mem::take(&mut self.plan);
+        self.cost = 0;
+        self.batch += 1;
+        if (self.emit)(plan) {
+            Ok(())
+        } else {
+            Err(Error::Interrupted)
+        }
+    }
+
+    /// The innermost open directory is complete: once its batch is written, its metadata can
+    /// be set (and `--delete` can look through it).
+    fn close_dir(&mut self) {
+        let d = self.open.pop().expect("a directory is open");
+        if self.materialized > self.open.len() {
+            self.materialized = self.open.len();
+            self.plan.closed.push(ClosedDir { rel: d.rel, node: d.node, names: d.names });
+        }
     }
 }
 

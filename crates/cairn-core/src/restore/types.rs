@@ -14,8 +14,29 @@ pub struct Entry {
     pub rel: PathBuf,
     /// Its metadata and content.
     pub node: Node,
-    /// For a hard link: the entry it is a link of.
-    pub link_of: Option<usize>,
+    /// For a hard link: the file it is a link of.
+    pub link_of: Option<Link>,
+}
+
+/// The file a hard link links to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Link {
+    /// An entry of the same plan (batch).
+    Entry(usize),
+    /// A file an earlier batch restored, at this path relative to the target.
+    Earlier(PathBuf),
+}
+
+/// A directory whose entries are all in this batch or earlier ones: once the batch is
+/// written, its metadata is set (deepest first) and `--delete` may look through it.
+#[derive(Debug)]
+pub struct ClosedDir {
+    /// Path relative to the target (`""` for the target itself).
+    pub rel: PathBuf,
+    /// Its node (none for the target, whose metadata the restore sets at the end).
+    pub node: Option<Node>,
+    /// The names of its children in the restore, when `--delete` needs them.
+    pub names: Option<std::collections::HashSet<std::ffi::OsString>>,
 }
 
 /// One place a blob's bytes go.
@@ -27,11 +48,13 @@ pub struct Dest {
     pub offset: u64,
 }
 
-/// The entries of a restore, parents before children.
+/// The entries of a restore (or of one batch of it), parents before children.
 #[derive(Debug, Default)]
 pub struct Plan {
     /// Entries, parents before children.
     pub entries: Vec<Entry>,
+    /// Directories completed with this batch, children before parents.
+    pub closed: Vec<ClosedDir>,
 }
 
 /// Where the needed blobs go and how to fetch them.

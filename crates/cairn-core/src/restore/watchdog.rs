@@ -8,13 +8,23 @@ use super::options::Progress;
 use super::shared::Shared;
 use crate::profile;
 
+/// What earlier batches (and the compare stage) did before this pipeline: its own counts are
+/// added to these.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Base {
+    /// Bytes done (written, in place or zero).
+    pub bytes: u64,
+    /// Stored bytes fetched.
+    pub fetched: u64,
+}
+
 /// While the pipeline runs (until `finished`), publishes progress and reports a stall (no bytes
 /// moved for `timeout`), naming the stage that is waiting.
 pub fn pipeline(
     sh: &Shared<'_>,
     timeout: Duration,
     progress: &Progress,
-    base_done: u64,
+    base: Base,
     finished: &AtomicBool,
 ) -> Vec<String> {
     let stalls = watch(
@@ -23,8 +33,8 @@ pub fn pipeline(
         finished,
         || {
             let now = (sh.reader.fetched_bytes(), sh.written.load(Ordering::Relaxed));
-            progress.fetched_bytes.store(now.0, Ordering::Relaxed);
-            progress.done_bytes.store(base_done + now.1, Ordering::Relaxed);
+            progress.fetched_bytes.store(base.fetched + now.0, Ordering::Relaxed);
+            progress.done_bytes.store(base.bytes + now.1, Ordering::Relaxed);
             progress.done_files.store(sh.files_done.load(Ordering::Relaxed), Ordering::Relaxed);
             (now, sh.created.load(Ordering::Relaxed))
         },
@@ -38,8 +48,8 @@ pub fn pipeline(
             }
         },
     );
-    progress.done_bytes.store(base_done + sh.written.load(Ordering::Relaxed), Ordering::Relaxed);
-    progress.fetched_bytes.store(sh.reader.fetched_bytes(), Ordering::Relaxed);
+    progress.done_bytes.store(base.bytes + sh.written.load(Ordering::Relaxed), Ordering::Relaxed);
+    progress.fetched_bytes.store(base.fetched + sh.reader.fetched_bytes(), Ordering::Relaxed);
     stalls
 }
 

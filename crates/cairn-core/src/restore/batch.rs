@@ -1,0 +1,219 @@
+//! One batch of a restore: `dirs → compare → schedule → pipeline → finish`, over the entries
+//! the plan stage handed on; and what the batches hand each other (the directories with a
+//! default ACL, the directories and hard-link targets that failed, the counts so far).
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::options::{DryRun, Progress, RestoreOptions, RestoreOutcome, Sparse};
+use super::plan::{self, Filter};
+use super::shared::{Failures, Gate, Shared};
+use super::types::{Link, Plan};
+use super::watchdog::Base;
+use super::{compare, create, delete, finish, pipeline, verify};
+use crate::error::{Error, Result};
+use crate::read::Reader;
+use crate::repository::Repository;
+use crate::tree::NodeKind;
+
+/// Adds `took` to phase `name` (the batches' times of one phase are summed).
+pub fn add_phase(phases: &mut Vec<(&'static str, Duration)>, name: &'static str, took: Duration) {
+    match phases.iter_mut().find(|(n, _)| *n == name) {
+        Some((_, d)) => *d += took,
+        None => phases.push((name, took)),
+    }
+}
+
+/// Measures consecutive phases of a batch.
+struct PhaseClock(Instant);
+
+impl PhaseClock {
+    fn lap(&mut self, phases: &mut Vec<(&'static str, Duration)>, name: &'static str) {
+        add_phase(phases, name, self.0.elapsed());
+        self.0 = Instant::now();
+    }
+}
+
+/// A restore in progress: what it was asked, and what its batches hand each other.
+pub struct Run<'a> {
+    pub repo: &'a Repository,
+    pub target: &'a Path,
+    pub opts: &'a RestoreOptions,
+    pub progress: &'a Progress,
+    pub filter: &'a Filter,
+    /// The restore's path inside the snapshot (for the filters `--delete` respects).
+    pub base_path: &'a Path,
+    /// Whether the restore's entries go into the target (so `--delete` looks through it).
+    pub into_dir: bool,
+    /// The target was empty when the restore began: nothing to compare.
+    pub empty: bool,
+    pub is_root: bool,
+    pub threads: usize,
+    pub cancel: Arc<AtomicBool>,
+    /// Whether the first batch has begun (and made the target).
+    pub started: bool,
+    /// Directories (relative to the target) with a default ACL.
+    pub acl: HashSet<PathBuf>,
+    /// Directories that could not be made: their metadata is not set.
+    pub failed_dirs: HashSet<PathBuf>,
+    /// Hard-linked files (their first entry) that failed, with why: their links fail too.
+    pub failed_links: HashMap<PathBuf, String>,
+    /// Bytes done and fetched by the batches before.
+    pub base: Base,
+    /// What the batches did.
+    pub out: RestoreOutcome,
+}
+
+impl Run<'_> {
+    /// Restores one batch.
+    pub fn batch(&mut self, plan: Plan) -> Result<()> {
+        let (opts, target, is_root, threads) = (self.opts, self.target, self.is_root, self.threads);
+        let mut phase = PhaseClock(Instant::now());
+        let mut part = RestoreOutcome { batches: 1, ..Default::default() };
+        if !self.started {
+            self.started = true;
+            // Made once the plan has its first batch: a plan that fails leaves no target.
+            if !opts.dry_run {
+                std::fs::create_dir_all(target).map_err(|e| Error::io(target, "cannot create restore target", e))?;
+                if create::has_default_acl(target) {
+                    self.acl.insert(PathBuf::new());
+                }
+            }
+        }
+        // Into an empty target the directories are made alongside the pipeline (create::run):
+        // nothing there needs comparing, and fetching and decoding need no directory. Otherwise
+        // they come first, so the compare stage never looks through a symlink standing where a
+        // directory belongs (it is replaced by a real directory here).
+        let dirs_made = if opts.dry_run || self.empty {
+            None
+        } else {
+            let acl = std::mem::take(&mut self.acl);
+            Some(create::directories(target, &plan, false, is_root, acl, &AtomicU64::new(0), &self.cancel)?)
+        };
+        phase.lap(&mut part.phases, "dirs");
+        let (states, meta_ok) = if self.empty {
+            compare::fresh(&plan)
+        } else {
+            compare::compare(target, &plan, self.repo.key(), opts.overwrite, threads, is_root)
+        };
+        let files_already_done = meta_ok.iter().filter(|&&ok| ok).count() as u64;
+        let needed: Vec<_> = plan.entries.iter().zip(&states).map(|(e, s)| s.needed(&e.node)).collect();
+        phase.lap(&mut part.phases, "compare");
+        let fetches = plan::fetches(self.repo, &plan, &needed, opts.max_memory);
+        phase.lap(&mut part.phases, "schedule");
+
+        let counted = RestoreOutcome::counted(&plan, &states, &needed);
+        let progress = self.progress;
+        progress.total_bytes.fetch_add(counted.bytes_total, Ordering::Relaxed);
+        progress.total_files.fetch_add(counted.files, Ordering::Relaxed);
+        part.absorb(counted);
+        if opts.dry_run {
+            let dry = self.out.dry_run.get_or_insert_with(DryRun::default);
+            dry.add(DryRun::listed(&plan, &states));
+            if opts.delete {
+                let selected = |rel: &Path| self.filter.selects(self.base_path, rel);
+                dry.delete.extend(delete::extra_entries(target, &plan.closed, self.into_dir, selected));
+            }
+            part.bytes_fetched = fetches.fetch_bytes;
+            self.out.absorb(part);
+            return Ok(());
+        }
+
+        let base_done = self.base.bytes + part.bytes_in_place + part.bytes_zero;
+        let files_before = progress.done_files.load(Ordering::Relaxed);
+        let sh = Shared {
+            plan: &plan,
+            fetches: &fetches,
+            states: &states,
+            target,
+            reader: Reader::new(self.repo, opts.max_memory, self.cancel.clone()),
+            failures: Failures::new(&fetches),
+            write_clock: Default::default(),
+            remaining: super::shared::chunks_to_write(&plan, &fetches),
+            touched: (0..plan.entries.len()).map(|_| OnceLock::new()).collect(),
+            // Files the compare stage found complete with their metadata need nothing more.
+            meta_done: meta_ok.into_iter().map(AtomicBool::new).collect(),
+            written: AtomicU64::new(0),
+            files_done: AtomicU64::new(files_before + files_already_done),
+            cancel: self.cancel.clone(),
+            fatal: Mutex::new(None),
+            warnings: Mutex::new(Vec::new()),
+            sparse: Sparse::choose(opts, target),
+            is_root,
+            umask: crate::platform::umask(),
+            acl_dirs: OnceLock::new(),
+            dirs_ready: Gate::default(),
+            created: AtomicU64::new(0),
+        };
+        progress.done_bytes.store(base_done, Ordering::Relaxed);
+        progress.done_files.store(files_before + files_already_done, Ordering::Relaxed);
+        let create_took = Mutex::new(Duration::ZERO);
+        // Directories (unless made above) and the entries without data, while fetching starts;
+        // writers wait for it (Shared::dirs_ready).
+        let acl = std::mem::take(&mut self.acl);
+        let create = || *create_took.lock().expect("create clock") = create::run(&sh, dirs_made, acl);
+        let base = Base { bytes: base_done, fetched: self.base.fetched };
+        pipeline::run(&sh, opts, progress, base, &mut part.stalls, create);
+        phase.lap(&mut part.phases, "pipeline");
+        // The create stage ran alongside the pipeline: its own time is listed after it.
+        add_phase(&mut part.phases, "(create, alongside)", create_took.into_inner().expect("create clock"));
+        if let Some(e) = sh.fatal.lock().expect("fatal lock").take() {
+            return Err(e);
+        }
+        if sh.cancelled() {
+            return Err(Error::Interrupted);
+        }
+        part.bytes_written = sh.written.load(Ordering::Relaxed);
+        part.bytes_fetched = sh.reader.fetched_bytes();
+        let [fetch, decode] = sh.reader.times();
+        part.profile = [fetch, decode, sh.write_clock.times()];
+
+        let failed = sh.take_failures();
+        finish::finish_all(&sh, &failed, &self.failed_links, threads, progress);
+        for (&i, why) in &failed {
+            let e = &plan.entries[i];
+            match e.node.kind {
+                NodeKind::Dir => {
+                    self.failed_dirs.insert(e.rel.clone());
+                }
+                NodeKind::File if e.node.links > 1 && e.link_of.is_none() => {
+                    self.failed_links.insert(e.rel.clone(), why.clone());
+                }
+                _ => {}
+            }
+        }
+        if opts.delete {
+            let selected = |rel: &Path| self.filter.selects(self.base_path, rel);
+            part.deleted = delete::delete_extra(&sh, self.into_dir, selected);
+        }
+        finish::finish_dirs(&sh, &self.failed_dirs, threads);
+        phase.lap(&mut part.phases, "finish");
+        if opts.verify {
+            let (checked, bad) = verify::verify(target, &plan, &states, &failed, self.repo.key(), threads);
+            part.verified = checked;
+            part.failed.extend(bad);
+            phase.lap(&mut part.phases, "verify");
+        }
+        part.add_failed(&plan, failed);
+        part.warnings = std::mem::take(&mut *sh.warnings.lock().expect("warnings lock"));
+        self.acl = sh.acl_dirs.into_inner().unwrap_or_default();
+        self.base = Base { bytes: base_done + part.bytes_written, fetched: self.base.fetched + part.bytes_fetched };
+        self.out.absorb(part);
+        Ok(())
+    }
+}
+
+/// Whether hard link `link` (of an entry of this batch) points at a file that failed, and why.
+pub fn link_failed<'f>(
+    link: &Link,
+    failed: &'f std::collections::BTreeMap<usize, String>,
+    failed_links: &'f HashMap<PathBuf, String>,
+) -> Option<&'f String> {
+    match link {
+        Link::Entry(first) => failed.get(first),
+        Link::Earlier(rel) => failed_links.get(rel),
+    }
+}
