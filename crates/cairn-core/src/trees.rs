@@ -225,17 +225,48 @@ pub fn load_many(
 }
 
 /// Visits every node below tree `root` depth first, in tree order, with its absolute path
-/// (`base` joined with the names on the way); trees are loaded first ([`load_all`]).
+/// (`base` joined with the names on the way). Trees are loaded a bounded window ahead of the
+/// walk on `threads` threads ([`Ahead`]), so memory holds the walk's path and the window, not
+/// the whole snapshot's trees.
 pub fn walk(
     repo: &Repository,
     root: BlobId,
     base: &Path,
     threads: usize,
-    visit: impl FnMut(&Path, &Node) -> Result<()>,
+    mut visit: impl FnMut(&Path, &Node) -> Result<()>,
 ) -> Result<()> {
-    let trees = load_all(repo, root, threads, &Loading::default())?;
-    walk_loaded(&trees, root, base, visit)
+    std::thread::scope(|s| {
+        let loader = TreeLoader::start(s, repo, threads.max(1));
+        let mut ahead = Ahead::new(repo, &loader, WALK_TREES_AHEAD, WALK_BYTES_AHEAD);
+        // The trees on the walk's path, each with the next node to visit.
+        let mut stack: Vec<(PathBuf, Tree, usize)> = vec![(base.to_path_buf(), ahead.take(&root)?, 0)];
+        while let Some((dir, tree, at)) = stack.last_mut() {
+            let Some(node) = tree.nodes.get(*at) else {
+                stack.pop();
+                ahead.left();
+                continue;
+            };
+            *at += 1;
+            let path = dir.join(OsStr::from_bytes(&node.name));
+            visit(&path, node)?;
+            if let Some(sub) = node.subtree {
+                if stack.len() > MAX_DEPTH {
+                    return Err(Error::invalid(
+                        format!("tree {}", sub.short()),
+                        format!("directories nested deeper than {MAX_DEPTH} levels"),
+                    ));
+                }
+                let tree = ahead.take(&sub)?;
+                stack.push((path, tree, 0));
+            }
+        }
+        Ok(())
+    })
 }
+
+/// Trees [`walk`] loads ahead at most, and their bytes as stored (beyond the next one).
+const WALK_TREES_AHEAD: usize = 64;
+const WALK_BYTES_AHEAD: u64 = 8 * 1024 * 1024;
 
 /// Visits every node below tree `root` depth first, in tree order, with its absolute path
 /// (`base` joined with the names on the way), in trees loaded before ([`load_many`]): several
