@@ -112,6 +112,9 @@ impl Index {
     /// Builds an index from decoded index files, the packs in `doomed` about to be deleted.
     pub fn with_doomed(all: impl IntoIterator<Item = IndexedPack>, doomed: &IdSet<PackId>) -> Self {
         let mut idx = Index::default();
+        let all: Vec<IndexedPack> = all.into_iter().collect();
+        // Sized once: growing by doubling held up to three times the slots at the peak.
+        idx.sorted.reserve_exact(all.iter().map(|p| p.blobs.len()).sum());
         for p in all {
             let pack = idx.packs.len() as u32;
             idx.packs.push((p.id, p.salt));

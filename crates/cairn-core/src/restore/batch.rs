@@ -53,6 +53,8 @@ pub struct Run<'a> {
     pub is_root: bool,
     pub threads: usize,
     pub cancel: Arc<AtomicBool>,
+    /// The share of `--max-memory` for the data in flight ([`plan::BatchLimit::data_budget`]).
+    pub data_budget: u64,
     /// Whether the first batch has begun (and made the target).
     pub started: bool,
     /// Directories (relative to the target) with a default ACL.
@@ -102,7 +104,7 @@ impl Run<'_> {
         let files_already_done = meta_ok.iter().filter(|&&ok| ok).count() as u64;
         let needed: Vec<_> = plan.entries.iter().zip(&states).map(|(e, s)| s.needed(&e.node)).collect();
         phase.lap(&mut part.phases, "compare");
-        let fetches = plan::fetches(self.repo, &plan, &needed, opts.max_memory);
+        let fetches = plan::fetches(self.repo, &plan, &needed, self.data_budget);
         phase.lap(&mut part.phases, "schedule");
 
         let counted = RestoreOutcome::counted(&plan, &states, &needed);
@@ -129,7 +131,7 @@ impl Run<'_> {
             fetches: &fetches,
             states: &states,
             target,
-            reader: Reader::new(self.repo, opts.max_memory, self.cancel.clone()),
+            reader: Reader::new(self.repo, self.data_budget, self.cancel.clone()),
             failures: Failures::new(&fetches),
             write_clock: Default::default(),
             remaining: super::shared::chunks_to_write(&plan, &fetches),

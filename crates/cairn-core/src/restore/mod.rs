@@ -79,6 +79,7 @@ pub fn restore(
     let cancel = opts.cancel.clone().unwrap_or_default();
     let loading = crate::trees::Loading { cancel: cancel.clone(), ..Default::default() };
     let empty = fsops::target_is_empty(target);
+    let limit = plan::BatchLimit::for_memory(opts.max_memory);
     let mut run = Run {
         repo,
         target,
@@ -91,6 +92,7 @@ pub fn restore(
         is_root: crate::platform::is_root(),
         threads: opts.write_threads.max(1),
         cancel: cancel.clone(),
+        data_budget: limit.data_budget(opts.max_memory),
         started: false,
         acl: HashSet::new(),
         failed_dirs: HashSet::new(),
@@ -98,9 +100,8 @@ pub fn restore(
         base: Default::default(),
         out: RestoreOutcome::default(),
     };
-    let limit = plan::BatchLimit::for_memory(opts.max_memory);
     std::thread::scope(|s| -> Result<()> {
-        let (tx, batches) = crossbeam_channel::bounded::<Plan>(1);
+        let (tx, batches) = crossbeam_channel::bounded::<Plan>(0);
         let (filter, base_path, loading) = (&filter, &base_path, &loading);
         let planner = std::thread::Builder::new()
             .name("plan".into())

@@ -119,7 +119,23 @@ impl BatchLimit {
     pub fn for_memory(max_memory: u64) -> Self {
         BatchLimit { bytes: (max_memory / 8).max(BATCH_MIN) }
     }
+
+    /// Stored bytes of trees the walk loads ahead at most (beyond the next one): half a batch,
+    /// at most [`TREE_BYTES_AHEAD`].
+    pub fn trees_ahead(self) -> u64 {
+        (self.bytes / 2).min(TREE_BYTES_AHEAD)
+    }
+
+    /// What is left of `max_memory` for the data in flight: two batches are in memory at once
+    /// (one restored, the next being planned) and the trees ahead take about three times
+    /// their stored size; at least [`DATA_MIN`].
+    pub fn data_budget(self, max_memory: u64) -> u64 {
+        max_memory.saturating_sub(2 * self.bytes + 3 * self.trees_ahead()).max(DATA_MIN)
+    }
 }
+
+/// The smallest data budget a restore runs with, whatever `--max-memory` is left for it.
+pub const DATA_MIN: u64 = 1024 * 1024;
 
 /// The smallest batch limit: below it, a batch's start and drain cost more than it saves.
 pub const BATCH_MIN: u64 = 4 * 1024 * 1024;
@@ -180,7 +196,7 @@ pub fn stream(
         let loader = TreeLoader::start(s, repo, threads.max(1));
         let mut b = Builder {
             filter,
-            ahead: Ahead::new(repo, &loader, TREES_AHEAD, (limit.bytes / 2).min(TREE_BYTES_AHEAD)),
+            ahead: Ahead::new(repo, &loader, TREES_AHEAD, limit.trees_ahead()),
             loading,
             plan: Plan::default(),
             cost: 0,
