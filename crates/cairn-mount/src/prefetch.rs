@@ -21,7 +21,7 @@ use std::time::Duration;
 use cairn_core::error::{Error, Result};
 use cairn_core::id::BlobId;
 use cairn_core::pack::BlobEntry;
-use cairn_core::read::{coalesce_gap, ordered_reads, Decoded, PackRead, Plain, Queued, Reader, Sink, Slots};
+use cairn_core::read::{coalesce, coalesce_gap, ordered_reads, Decoded, PackRead, Plain, Queued, Reader, Sink, Slots};
 use cairn_core::repository::Repository;
 
 use crate::cache::BlobCache;
@@ -47,6 +47,13 @@ pub struct Limits {
 pub trait Source: Send {
     /// The next blobs, or `None` when there are no more.
     fn more(&mut self) -> Option<Vec<BlobId>>;
+
+    /// Whether the blobs of one batch may be fetched in any order (all of them are wanted
+    /// soon: the files of a walk), so they are read in pack order, coalesced as a restore's
+    /// are, instead of in the order given (a large file read from start to end).
+    fn batch_in_any_order(&self) -> bool {
+        false
+    }
 }
 
 /// A source of one list of blobs, planned at once (a large file from the chunk being read).
@@ -254,14 +261,24 @@ struct Planned {
     reads: VecDeque<PackRead>,
     /// Reads handed out (or skipped because the reader went past them).
     sent: usize,
-    /// The read (number) of each planned blob (its first, if it comes more than once).
-    positions: HashMap<BlobId, usize>,
+    /// Where each planned blob is (its first place, if it comes more than once).
+    positions: HashMap<BlobId, Place>,
     /// Bytes (range plus plaintext) of all planned reads up to the end of each.
     ends: Vec<u64>,
+    /// For each planned read, the read after the last one of its batch.
+    batch_ends: Vec<usize>,
     /// The read the reader wants now.
     reached: usize,
     /// When it was last used (the queue's tick).
     used: u64,
+}
+
+/// Where a planned blob is: the read (number) that brings it, and the first read of its batch
+/// (a reader that wants it has reached that: the reads of a batch come in pack order).
+#[derive(Clone, Copy)]
+struct Place {
+    read: usize,
+    batch: usize,
 }
 
 impl Planned {
@@ -281,7 +298,7 @@ impl Stream {
     /// becomes the most recently used. Returns false if this stream does not bring it.
     pub fn want(&self, id: &BlobId) -> bool {
         let mut st = self.state.lock().expect("stream lock");
-        let Some(&at) = st.positions.get(id) else { return false };
+        let Some(at) = st.positions.get(id).map(|p| p.batch) else { return false };
         let moved = at > st.reached;
         if moved {
             st.reached = at;
@@ -311,7 +328,7 @@ impl Stream {
         let st = self.state.lock().expect("stream lock");
         match st.positions.get(id) {
             None => true,
-            Some(&at) if at < st.sent => {
+            Some(p) if p.read < st.sent => {
                 drop(st);
                 !self.shared.is_in_flight(id)
             }
@@ -337,7 +354,7 @@ impl Stream {
         }
         let st = self.state.lock().expect("stream lock");
         let unread: Vec<BlobId> =
-            st.positions.iter().filter(|(_, &at)| at > st.reached && at < st.sent).map(|(id, _)| *id).collect();
+            st.positions.iter().filter(|(_, p)| p.batch > st.reached && p.read < st.sent).map(|(id, _)| *id).collect();
         drop(st);
         self.shared.forget(&unread);
     }
@@ -369,8 +386,11 @@ impl Stream {
             if st.reads.is_empty() {
                 return None;
             }
+            // The reader's whole batch may go (its reads come in pack order, the one the reader
+            // is at maybe last), then reads up to a window beyond the reader.
             let n = st.sent;
-            if n > st.reached && ahead(&st, n) > window {
+            let batch_end = st.batch_ends.get(st.reached).copied().unwrap_or(0);
+            if n > st.reached && n >= batch_end && ahead(&st, n) > window {
                 return None;
             }
             st.sent += 1;
@@ -385,18 +405,33 @@ impl Stream {
             *source = None;
             return false;
         };
-        // A blob missing from the index is reported when its file is read.
-        let reads = ordered_reads(&self.shared.repo.index(), &blobs, coalesce_gap(&self.shared.repo))
-            .unwrap_or_else(|_| known_only(&self.shared.repo, &blobs));
+        let any_order = source.as_ref().is_some_and(|s| s.batch_in_any_order());
+        let (repo, gap) = (&self.shared.repo, coalesce_gap(&self.shared.repo));
+        let reads = if any_order {
+            // Each blob once, in pack order. A blob missing from the index is reported when its
+            // file is read.
+            let index = repo.index();
+            let mut seen = HashSet::with_capacity(blobs.len());
+            let located = blobs.iter().filter(|b| seen.insert(**b)).filter_map(|b| index.get(b)).collect();
+            coalesce(located, self.shared.limits.budget, gap)
+        } else {
+            ordered_reads(&repo.index(), &blobs, gap).unwrap_or_else(|_| known_only(repo, &blobs))
+        };
         let mut st = self.state.lock().expect("stream lock");
+        let batch = st.ends.len();
         for r in reads {
             let n = st.ends.len();
             for b in &r.blobs {
-                st.positions.entry(b.id).or_insert(n);
+                st.positions.entry(b.id).or_insert(Place { read: n, batch: if any_order { batch } else { n } });
             }
             let end = st.before(n) + r.length + r.raw_bytes();
             st.ends.push(end);
+            st.batch_ends.push(n + 1);
             st.reads.push_back(r);
+        }
+        if any_order {
+            let end = st.ends.len();
+            st.batch_ends[batch..].fill(end);
         }
         true
     }
@@ -524,6 +559,50 @@ mod tests {
         assert_eq!(here(&wanted[4..8]), 0, "passed blobs are not fetched");
         assert!(s.gave_up(&wanted[5]), "a reader waiting for a skipped blob reads it itself");
         assert!(!s.covers(&blobs[1]) && s.gave_up(&blobs[1]));
+    }
+
+    /// A batch of blobs wanted in any order (as a walk's).
+    struct AnyOrder(Option<Vec<BlobId>>);
+
+    impl Source for AnyOrder {
+        fn more(&mut self) -> Option<Vec<BlobId>> {
+            self.0.take()
+        }
+
+        fn batch_in_any_order(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_walk_batch_is_read_in_pack_order_and_whole_when_its_reader_wants_any_of_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (repo, blobs) = repository(dir.path());
+        // A window smaller than the batch.
+        let (p, cache) = prefetch(&repo, 500_000);
+        let mut in_pack = blobs.clone();
+        in_pack.sort_by_key(|b| {
+            let loc = repo.index().get(b).unwrap();
+            (loc.pack_no, loc.entry.offset)
+        });
+        // Every other blob (12 reads of one blob: the gaps are too wide to merge, 960 KB in
+        // all), given in the reverse of their order in the pack.
+        let given: Vec<BlobId> = in_pack.iter().step_by(2).rev().copied().collect();
+        let s = p.stream(Box::new(AnyOrder(Some(given.clone()))));
+        // The reader wants the batch's last blob in the pack first: the reads before it are not
+        // passed over, and the whole batch comes although it is larger than the window.
+        until("the batch planned", || s.covers(&given[0]));
+        assert!(s.want(&given[0]));
+        let here = |b: &[BlobId]| b.iter().filter(|id| cache.get(id).is_some()).count();
+        until("the whole batch", || here(&given) == given.len());
+        assert_eq!(s.state.lock().unwrap().ends.len(), 12);
+        // All 24 blobs in reverse: in the order given each would be a read of its own; in pack
+        // order they merge.
+        let all: Vec<BlobId> = in_pack.iter().rev().copied().collect();
+        let t = p.stream(Box::new(AnyOrder(Some(all.clone()))));
+        until("the second batch planned", || t.covers(&all[0]));
+        let reads = t.state.lock().unwrap().ends.len();
+        assert!(reads <= 2, "24 neighbouring blobs of one pack in {reads} reads");
     }
 
     #[test]

@@ -105,6 +105,10 @@ impl Source for Walk {
         }
         (!blobs.is_empty()).then_some(blobs)
     }
+
+    fn batch_in_any_order(&self) -> bool {
+        true
+    }
 }
 
 /// The blobs of `chunks`, in order.
