@@ -258,6 +258,77 @@ fn a_large_file_reads_in_order_and_at_random_offsets() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// Many small files in nested directories, a large file among them, each file's relative path
+/// and bytes in name order (the order a `tar` of the mount reads them).
+fn many_small_files(root: &Path, rng: &mut Rng) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    for d in 0..6 {
+        for sub in ["", "inner", "inner/deeper"] {
+            let dir = PathBuf::from(format!("d{d}")).join(sub);
+            fs::create_dir_all(root.join(&dir)).unwrap();
+            for f in 0..25 {
+                let len = (rng.next_u64() % 30_000) as usize;
+                files.push((dir.join(format!("f{f:02}")), rng.bytes(len)));
+            }
+        }
+    }
+    files.push((PathBuf::from("d3/large"), rng.bytes(5 << 20)));
+    for (path, bytes) in &files {
+        fs::write(root.join(path), bytes).unwrap();
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn many_small_files_across_directories_read_concurrently_return_the_right_bytes() {
+    let base = tempfile::tempdir().unwrap();
+    let src = base.path().join("src");
+    let files = many_small_files(&src, &mut Rng(23));
+    let cairn = Cairn::new(&base.path().join("repo"), common::PASSWORD);
+    cairn.init(&INIT);
+    cairn.backup(&[&src], &[]);
+    let point = base.path().join("mnt");
+    // A budget small enough that read-ahead walks evict each other's blobs.
+    let mount = Mount::start(&cairn, &point, &["--max-memory", "24M"]);
+    let root = restored_path(&point.join("snapshots/latest"), &src);
+    // Four readers at once, each in its own order: the walk's order (a `tar`), backwards,
+    // every third file, and from the middle on then back to the start.
+    let n = files.len();
+    let orders: Vec<Vec<usize>> = vec![
+        (0..n).collect(),
+        (0..n).rev().collect(),
+        (0..n).filter(|i| i % 3 == 0).collect(),
+        (n / 2..n).chain(0..n / 2).collect(),
+    ];
+    std::thread::scope(|s| {
+        for order in &orders {
+            let (root, files) = (&root, &files);
+            s.spawn(move || {
+                for &i in order {
+                    let (path, bytes) = &files[i];
+                    let got = fs::read(root.join(path)).unwrap();
+                    assert!(got == *bytes, "{} read from the mount differs from the source", path.display());
+                }
+            });
+        }
+    });
+    // The same for `tar`, which reads through every directory in one go (in name order: the
+    // source's own directories list in another).
+    let tar = |dir: &Path| {
+        let out =
+            std::process::Command::new("tar").args(["--sort=name", "-cf", "-", "."]).current_dir(dir).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    // The same names, attributes and bytes in the same order: the same archive.
+    let (mounted, source) = (tar(&root), tar(&src));
+    assert_eq!(mounted.len(), source.len());
+    assert!(mounted == source, "tar of the mounted snapshot differs from tar of the source");
+    let out = mount.stop(libc::SIGTERM);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[test]
 fn sigterm_and_sigint_unmount_cleanly_and_drop_the_lock() {
     let fx = Fixture::local();

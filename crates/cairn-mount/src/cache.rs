@@ -70,6 +70,17 @@ impl BlobCache {
         self.arrived.notify_all();
     }
 
+    /// Drops `ids` (read ahead for a reader that is gone), leaving their room to others.
+    pub fn remove(&self, ids: &[BlobId]) {
+        let mut st = self.state.lock().expect("cache lock");
+        for id in ids {
+            if let Some((gone, used)) = st.blobs.remove(id) {
+                st.by_use.remove(&used);
+                st.bytes -= gone.len() as u64;
+            }
+        }
+    }
+
     /// Waits for blob `id` to arrive until `give_up` says it will not (checked at least every
     /// 50 ms and after every arrival).
     pub fn wait(&self, id: &BlobId, give_up: impl Fn() -> bool) -> Option<Blob> {

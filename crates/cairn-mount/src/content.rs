@@ -2,12 +2,13 @@
 //! zeros, data chunks come from the [`BlobCache`], where read-ahead put them, or are read on
 //! the spot (a random read).
 //!
-//! Which read-ahead feeds a file: a large file read sequentially gets one of its own, from
-//! the chunk being read to the end of the file, moved along as the reader goes and started
-//! again after a jump; a small file is fed by its directory's, which brings the small files of
-//! the directory in order from the first one opened (a `tar` or `cp -r` of the mount reads them
-//! one after another, so their blobs arrive in a few large coalesced reads instead of one
-//! round trip each).
+//! Which read-ahead feeds a file ([`Prefetch`] streams, one pipeline for the whole mount): a
+//! large file read sequentially gets a stream of its own, from the chunk being read to the end
+//! of the file, moved along as the reader goes, started again after a jump and cancelled when
+//! the file is closed; a small file is fed by a walk of its snapshot from the first file opened
+//! on, across directories in the order a `tar` or `cp -r` of the mount reads them, so their
+//! blobs arrive in a few large coalesced reads ahead of the reader instead of one round trip
+//! each, and the pipeline never drains between directories.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -15,26 +16,19 @@ use std::sync::{Arc, Mutex};
 use cairn_core::error::{Error, Result};
 use cairn_core::id::BlobId;
 use cairn_core::repository::Repository;
-use cairn_core::tree::{Chunk, Node, NodeKind};
+use cairn_core::tree::{Chunk, Node};
 
 use crate::cache::{Blob, BlobCache};
-use crate::inodes::Ino;
-use crate::readahead::{Limits, ReadAhead};
-
-/// Files up to this size are read ahead with their directory; larger ones on their own.
-const SMALL_FILE: u64 = 4 * 1024 * 1024;
+use crate::prefetch::{Blobs, Prefetch, Source, Stream};
+use crate::walk::{data_blobs, SMALL_FILE};
 
 /// A read within this distance of where the last one ended counts as sequential (the kernel
 /// reads ahead itself, several requests at once, not always in order).
 const SEQUENTIAL_SLACK: u64 = 8 * 1024 * 1024;
 
-/// Most files and plaintext bytes one directory read-ahead plans (a larger directory gets
-/// another one when its reader gets there).
-const DIR_FILES: usize = 4096;
-const DIR_BYTES: u64 = 512 * 1024 * 1024;
-
-/// Directory read-aheads kept at once (a `tar` goes into a subdirectory and comes back).
-const DIR_READAHEADS: usize = 2;
+/// Walks kept at once (two readers walking different trees each keep theirs; a third one
+/// cancels the least recently used).
+const WALKS: usize = 2;
 
 /// An open file.
 pub struct OpenFile {
@@ -46,7 +40,10 @@ pub struct OpenFile {
 
 /// Where an open file is being read and what reads ahead for it.
 struct Streaming {
-    ahead: Option<Arc<ReadAhead>>,
+    /// The walk that brings a small file, or a large file's own stream.
+    ahead: Option<Arc<Stream>>,
+    /// Whether `ahead` is the file's own (cancelled when the file is closed or read elsewhere).
+    own: bool,
     /// Where the last read ended.
     end: u64,
 }
@@ -58,63 +55,58 @@ impl OpenFile {
     }
 }
 
-/// The content side of the mount: the cache, the read-ahead limits and the directories'
-/// read-aheads.
+impl Drop for OpenFile {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().expect("file lock");
+        if let Some(a) = st.ahead.take().filter(|_| st.own) {
+            a.cancel(true);
+        }
+    }
+}
+
+/// The content side of the mount: the cache, the read pipeline and the walks.
 pub struct Content {
     repo: Arc<Repository>,
     cache: Arc<BlobCache>,
-    limits: Limits,
-    dirs: Mutex<VecDeque<(Ino, Arc<ReadAhead>)>>,
+    prefetch: Prefetch,
+    walks: Mutex<VecDeque<Arc<Stream>>>,
 }
 
 impl Content {
-    /// Content of `repo`'s snapshots, decoded blobs kept within `cache_bytes`, each read-ahead
-    /// within `limits`.
-    pub fn new(repo: Arc<Repository>, cache_bytes: u64, limits: Limits) -> Self {
-        Content { repo, cache: Arc::new(BlobCache::new(cache_bytes)), limits, dirs: Mutex::new(VecDeque::new()) }
+    /// Content of `repo`'s snapshots, decoded blobs kept in `cache`, read ahead by `prefetch`.
+    pub fn new(repo: Arc<Repository>, cache: Arc<BlobCache>, prefetch: Prefetch) -> Self {
+        Content { repo, cache, prefetch, walks: Mutex::new(VecDeque::new()) }
     }
 
-    /// Opens a file of directory `parent`; `siblings` gives the files of that directory from
-    /// this one on, in order (asked only when a directory read-ahead has to start).
-    pub fn open(&self, node: Arc<Node>, parent: Ino, siblings: impl FnOnce() -> Vec<Arc<Node>>) -> OpenFile {
+    /// Opens a file; `walk` starts a walk of its snapshot from this file on (asked only when
+    /// no walk brings the file already).
+    pub fn open(&self, node: Arc<Node>, walk: impl FnOnce() -> Box<dyn Source>) -> OpenFile {
         let starts = node.content.iter().scan(0u64, |at, c| Some(std::mem::replace(at, *at + c.len()))).collect();
-        let ahead = match first_blob(&node) {
-            Some(first) if node.size <= SMALL_FILE => self.dir_ahead(parent, &first, siblings),
+        let ahead = match data_blobs(&node.content).next() {
+            Some(first) if node.size <= SMALL_FILE => Some(self.walk_ahead(&first, walk)),
             _ => None,
         };
-        OpenFile { node, starts, state: Mutex::new(Streaming { ahead, end: 0 }) }
+        OpenFile { node, starts, state: Mutex::new(Streaming { ahead, own: false, end: 0 }) }
     }
 
-    /// The directory read-ahead of `parent` that brings `first`, started if there is none.
-    fn dir_ahead(
-        &self,
-        parent: Ino,
-        first: &BlobId,
-        siblings: impl FnOnce() -> Vec<Arc<Node>>,
-    ) -> Option<Arc<ReadAhead>> {
-        let mut dirs = self.dirs.lock().expect("dirs lock");
-        if let Some((_, a)) = dirs.iter().find(|(p, a)| *p == parent && a.covers(first) && !a.passed(first)) {
-            return Some(a.clone());
+    /// The walk that brings blob `first` (now wanted), started if there is none.
+    fn walk_ahead(&self, first: &BlobId, walk: impl FnOnce() -> Box<dyn Source>) -> Arc<Stream> {
+        let mut walks = self.walks.lock().expect("walks lock");
+        if let Some(at) = walks.iter().position(|w| w.covers(first)) {
+            let w = walks.remove(at).expect("found");
+            walks.push_back(w.clone());
+            drop(walks);
+            w.want(first);
+            return w;
         }
-        let (mut files, mut bytes, mut wanted) = (0, 0, Vec::new());
-        for n in siblings() {
-            if n.kind != NodeKind::File || n.size > SMALL_FILE || first_blob(&n).is_none() {
-                continue;
-            }
-            files += 1;
-            bytes += n.size;
-            wanted.extend(data_blobs(&n.content));
-            if files >= DIR_FILES || bytes >= DIR_BYTES {
-                break;
-            }
+        let w = self.prefetch.stream(walk());
+        walks.push_back(w.clone());
+        let old = (walks.len() > WALKS).then(|| walks.pop_front()).flatten();
+        drop(walks);
+        if let Some(old) = old {
+            old.cancel(true);
         }
-        // A blob missing from the index is reported when the file is read.
-        let ahead = Arc::new(ReadAhead::start(&self.repo, &self.cache, &wanted, self.limits).ok()?);
-        dirs.push_back((parent, ahead.clone()));
-        let old = (dirs.len() > DIR_READAHEADS).then(|| dirs.pop_front());
-        drop(dirs);
-        drop(old); // stopped outside the lock
-        Some(ahead)
+        w
     }
 
     /// Reads up to `size` bytes of `file` at `offset` (fewer at the end of the file).
@@ -164,7 +156,7 @@ impl Content {
             }
             return Ok(b);
         }
-        if let Some(a) = self.ahead_for(file, i, id, sequential)? {
+        if let Some(a) = self.ahead_for(file, i, id, sequential) {
             a.want(id);
             if let Some(b) = self.cache.wait(id, || a.gave_up(id)) {
                 return Ok(b);
@@ -177,35 +169,25 @@ impl Content {
         Ok(b)
     }
 
-    /// The read-ahead that will bring chunk `i` of `file`: the file's own or its directory's
-    /// if it has not passed the chunk; for a sequential read of a large file a new one from
-    /// chunk `i` on.
-    fn ahead_for(&self, file: &OpenFile, i: usize, id: &BlobId, sequential: bool) -> Result<Option<Arc<ReadAhead>>> {
+    /// The stream that will bring chunk `i` of `file`: the file's own or its walk if it has
+    /// not given the chunk up; for a sequential read of a large file a new one from chunk `i`
+    /// on.
+    fn ahead_for(&self, file: &OpenFile, i: usize, id: &BlobId, sequential: bool) -> Option<Arc<Stream>> {
         let mut st = file.state.lock().expect("file lock");
-        if let Some(a) = st.ahead.as_ref().filter(|a| a.covers(id) && !a.passed(id)) {
-            return Ok(Some(a.clone()));
+        if let Some(a) = st.ahead.as_ref().filter(|a| a.covers(id) && !a.gave_up(id)) {
+            return Some(a.clone());
         }
         if !sequential || file.node.size <= SMALL_FILE {
-            return Ok(None);
+            return None;
         }
         let wanted: Vec<BlobId> = data_blobs(&file.node.content[i..]).collect();
-        let old = st.ahead.take();
-        drop(old); // the old one stops before the new one starts reading
-        let a = Arc::new(ReadAhead::start(&self.repo, &self.cache, &wanted, self.limits)?);
+        if let Some(old) = st.ahead.take().filter(|_| st.own) {
+            // The reader jumped: what the old stream brought beyond the jump may still be read.
+            old.cancel(false);
+        }
+        let a = self.prefetch.stream(Box::new(Blobs(Some(wanted))));
         st.ahead = Some(a.clone());
-        Ok(Some(a))
+        st.own = true;
+        Some(a)
     }
-}
-
-/// The blob of a file's first data chunk.
-fn first_blob(node: &Node) -> Option<BlobId> {
-    data_blobs(&node.content).next()
-}
-
-/// The blobs of `chunks`, in order.
-fn data_blobs(chunks: &[Chunk]) -> impl Iterator<Item = BlobId> + '_ {
-    chunks.iter().filter_map(|c| match c {
-        Chunk::Data { id, .. } => Some(*id),
-        Chunk::Zero { .. } => None,
-    })
 }

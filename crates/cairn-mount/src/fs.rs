@@ -13,13 +13,15 @@ use cairn_core::error::Error;
 use cairn_core::repository::Repository;
 use cairn_core::tree::{Node, NodeKind, Timestamp};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
-    OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyXattr, Request,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 
 use crate::content::{Content, OpenFile};
 use crate::inodes::{Inode, Inodes, What};
+use crate::prefetch::Source;
+use crate::walk::Walk;
 
 /// How long the kernel may keep names and attributes: a snapshot never changes.
 const TTL: Duration = Duration::from_secs(24 * 3600);
@@ -30,7 +32,7 @@ const KERNEL_READAHEAD: u32 = 1024 * 1024;
 /// The mounted file system.
 pub struct CairnFs {
     repo: Arc<Repository>,
-    inodes: Inodes,
+    inodes: Arc<Inodes>,
     content: Content,
     open: Mutex<HashMap<u64, Arc<OpenFile>>>,
     next_fh: AtomicU64,
@@ -40,7 +42,7 @@ pub struct CairnFs {
 
 impl CairnFs {
     /// A file system over `repo` with the inodes of its layout and `content` to read files.
-    pub fn new(repo: Arc<Repository>, inodes: Inodes, content: Content) -> Self {
+    pub fn new(repo: Arc<Repository>, inodes: Arc<Inodes>, content: Content) -> Self {
         // SAFETY: getuid and getgid cannot fail and touch no memory.
         let owner = unsafe { (libc::getuid(), libc::getgid()) };
         CairnFs { repo, inodes, content, open: Mutex::new(HashMap::new()), next_fh: AtomicU64::new(1), owner }
@@ -76,12 +78,32 @@ impl CairnFs {
         }
     }
 
+    /// The entries of directory `ino` as listed: `.` and `..` (offsets 1 and 2), then each
+    /// entry (offset 3 + its place).
+    fn listing(&self, ino: INodeNo) -> Result<Vec<Listed>, Errno> {
+        let dir = self.inode(ino)?;
+        let entries = self
+            .inodes
+            .children(&self.repo, &dir)
+            .map_err(|e| self.failed(&format!("cannot list directory {}", ino.0), &e))?;
+        let parent = match &dir.what {
+            What::Node { parent, .. } => self.inodes.get(*parent).unwrap_or_else(|| dir.clone()),
+            _ => dir.clone(),
+        };
+        let mut all = vec![(dir.clone(), b".".to_vec()), (parent, b"..".to_vec())];
+        all.extend(entries.iter().filter_map(|(name, i)| Some((self.inodes.get(*i)?, name.clone()))));
+        Ok(all)
+    }
+
     /// Logs why a request failed (the kernel only passes the errno on) and returns `EIO`.
     fn failed(&self, what: &str, e: &Error) -> Errno {
         eprintln!("cairn mount: {what}: {e}");
         Errno::EIO
     }
 }
+
+/// A listed entry: its inode and name.
+type Listed = (Arc<Inode>, Vec<u8>);
 
 /// The attributes a snapshot node records.
 fn node_attr(ino: u64, n: &Node) -> FileAttr {
@@ -153,6 +175,13 @@ impl Filesystem for CairnFs {
         if let Err(most) = config.set_max_readahead(KERNEL_READAHEAD) {
             let _ = config.set_max_readahead(most);
         }
+        // Listings carry each entry's attributes (a `tar` or `ls -l` then looks nothing up
+        // one name at a time), lookups in one directory run in parallel, and symlink targets
+        // are cached like file pages: a snapshot never changes. A kernel without one of these
+        // just goes without it.
+        for flag in [InitFlags::FUSE_DO_READDIRPLUS, InitFlags::FUSE_PARALLEL_DIROPS, InitFlags::FUSE_CACHE_SYMLINKS] {
+            let _ = config.add_capabilities(flag);
+        }
         Ok(())
     }
 
@@ -202,20 +231,17 @@ impl Filesystem for CairnFs {
         if node.kind != NodeKind::File {
             return reply.error(Errno::EINVAL);
         }
-        // The files of its directory from this one on, for the directory's read-ahead.
-        let siblings = || {
-            let Some(dir) = self.inodes.get(*parent) else { return Vec::new() };
-            let Ok(entries) = self.inodes.children(&self.repo, &dir) else { return Vec::new() };
-            let from = entries.iter().position(|(_, i)| *i == inode.ino).unwrap_or(0);
-            entries[from..]
-                .iter()
-                .filter_map(|(_, i)| match self.inodes.get(*i).as_ref().map(|i| &i.what) {
-                    Some(What::Node { node, .. }) => Some(node.clone()),
-                    _ => None,
-                })
-                .collect()
+        // A walk of the snapshot from this file on, for the read-ahead of small files.
+        let walk = || -> Box<dyn Source> {
+            let from = self
+                .inodes
+                .get(*parent)
+                .and_then(|dir| self.inodes.children(&self.repo, &dir).ok())
+                .and_then(|entries| entries.iter().position(|(_, i)| *i == inode.ino))
+                .unwrap_or(0);
+            Box::new(Walk::new(self.repo.clone(), self.inodes.clone(), *parent, from))
         };
-        let file = Arc::new(self.content.open(node.clone(), *parent, siblings));
+        let file = Arc::new(self.content.open(node.clone(), walk));
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.open.lock().expect("open files lock").insert(fh, file);
         // A snapshot never changes: what the kernel cached from an earlier open stays valid.
@@ -274,22 +300,26 @@ impl Filesystem for CairnFs {
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let dir = match self.inode(ino) {
-            Ok(d) => d,
+        let entries = match self.listing(ino) {
+            Ok(e) => e,
             Err(e) => return reply.error(e),
         };
-        let entries = match self.inodes.children(&self.repo, &dir) {
-            Ok(c) => c,
-            Err(e) => return reply.error(self.failed(&format!("cannot list directory {}", ino.0), &e)),
+        for (at, (inode, name)) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(inode.ino), at as u64 + 1, self.attr(inode).kind, OsStr::from_bytes(name)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let entries = match self.listing(ino) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
         };
-        // Offsets: 1 and 2 are `.` and `..`, then 3 + the entry's place.
-        let dots: [(u64, &[u8]); 2] = [(ino.0, b"."), (ino.0, b"..")];
-        let all = dots.iter().map(|(i, n)| (*i, FileType::Directory, *n)).chain(entries.iter().map(|(name, i)| {
-            let kind = self.inodes.get(*i).map_or(FileType::RegularFile, |inode| self.attr(&inode).kind);
-            (*i, kind, name.as_slice())
-        }));
-        for (at, (i, kind, name)) in all.enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(i), at as u64 + 1, kind, OsStr::from_bytes(name)) {
+        for (at, (inode, name)) in entries.iter().enumerate().skip(offset as usize) {
+            let attr = self.attr(inode);
+            if reply.add(INodeNo(inode.ino), at as u64 + 1, OsStr::from_bytes(name), &TTL, &attr, Generation(0)) {
                 break;
             }
         }

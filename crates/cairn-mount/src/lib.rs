@@ -5,10 +5,11 @@
 //! owners, times, symlinks, hard links (one inode number per group) and extended attributes
 //! the snapshot recorded; holes read as zeros.
 //!
-//! Reads go through the shared read path ([`cairn_core::read`]): a large file read in order
-//! and the small files of a directory are read ahead, many coalesced reads in flight, blobs
+//! Reads go through the shared read path ([`cairn_core::read`]): one long-lived pipeline per
+//! mount reads ahead for every reader — a large file read in order, the small files along a
+//! walk of the snapshot's tree from the one opened — many coalesced reads in flight, blobs
 //! decoded once on all cores into a cache of verified plaintext kept within a byte budget
-//! (`content`, `readahead`, `cache`). Trees are loaded lazily, one directory when it is first
+//! (`content`, `prefetch`, `walk`, `cache`). Trees are loaded lazily, one directory when it is first
 //! visited (`inodes`, through the repository's tree reader and its metadata cache).
 //!
 //! This crate keeps FUSE out of `cairn-core`: it depends on the core, never the other way.
@@ -18,7 +19,8 @@ mod content;
 mod fs;
 mod inodes;
 mod layout;
-mod readahead;
+mod prefetch;
+mod walk;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,11 +37,11 @@ pub use layout::time_name;
 #[derive(Clone, Debug)]
 pub struct MountOptions {
     /// Byte budget for decoded blobs: half for the cache of plaintext, half for the
-    /// read-aheads' reads in flight (a quarter each for at most two at once).
+    /// read pipeline's reads in flight.
     pub max_memory: u64,
-    /// Reads in flight per read-ahead.
+    /// Reads in flight in the read pipeline.
     pub fetch_concurrency: usize,
-    /// Decode workers per read-ahead.
+    /// Decode workers of the read pipeline.
     pub decode_threads: usize,
     /// Threads answering the kernel's requests.
     pub fuse_threads: usize,
@@ -139,15 +141,21 @@ pub fn mount(
 ) -> Result<Mounted> {
     check_mountpoint(mountpoint)?;
     let repo = Arc::new(repo);
-    let inodes = inodes::Inodes::new();
+    let inodes = Arc::new(inodes::Inodes::new());
     layout::build(&inodes, snapshots, cairn_core::tree::Timestamp { secs: chrono::Utc::now().timestamp(), nanos: 0 });
-    let limits = readahead::Limits {
-        budget: (opts.max_memory / 4).max(cairn_core::read::MAX_READ * 2),
+    let budget = (opts.max_memory / 2).max(cairn_core::read::MAX_READ * 4);
+    let cache = Arc::new(cache::BlobCache::new((opts.max_memory / 2).max(cairn_core::read::MAX_READ * 4)));
+    let limits = prefetch::Limits {
+        budget,
+        // A stream's blobs handed out ahead of its reader fit in half the cache (ranges plus
+        // plaintext count, so about a quarter of it in plaintext): read-ahead does not evict
+        // what it brought before it is read.
+        window: budget / 2,
         fetchers: opts.fetch_concurrency.max(1),
         decoders: opts.decode_threads.max(1),
     };
-    let content =
-        content::Content::new(repo.clone(), (opts.max_memory / 2).max(cairn_core::read::MAX_READ * 4), limits);
+    let prefetch = prefetch::Prefetch::start(repo.clone(), cache.clone(), limits)?;
+    let content = content::Content::new(repo.clone(), cache, prefetch);
     let fs = fs::CairnFs::new(repo, inodes, content);
     let mut config = fuser::Config::default();
     config.mount_options = vec![

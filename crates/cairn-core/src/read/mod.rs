@@ -16,6 +16,7 @@ mod buffers;
 mod decode;
 mod fetch;
 mod pace;
+mod queue;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -27,6 +28,7 @@ pub use budget::{Budget, Reservation};
 pub use buffers::{Buf, BufferPool};
 pub use decode::{Decoded, Plain};
 pub use pace::{ordered_reads, Pace, Paced};
+pub use queue::{Queued, Slots};
 
 use crate::crypto::SALT_LEN;
 use crate::error::Error;
