@@ -18,6 +18,7 @@ mod dirs;
 mod dump;
 mod finish;
 mod fsops;
+mod local;
 mod meta;
 mod options;
 mod pipeline;
@@ -36,8 +37,8 @@ use std::time::{Duration, Instant};
 pub use crate::profile::StageTimes;
 pub use dump::{dump, DumpStats};
 pub use options::{
-    DryRun, Overwrite, Progress, RestoreOptions, RestoreOutcome, Sparse, SparseMode, DEFAULT_MAX_MEMORY, RESERVE_MIN,
-    STAGE_NAMES,
+    DryRun, LocalData, Overwrite, Progress, RestoreOptions, RestoreOutcome, Sparse, SparseMode, DEFAULT_MAX_MEMORY,
+    RESERVE_MIN, STAGE_NAMES,
 };
 pub use plan::Filter;
 #[doc(hidden)]
@@ -115,10 +116,15 @@ pub fn restore(
     let files_already_done = meta_ok.iter().filter(|&&ok| ok).count() as u64;
     let needed: Vec<_> = plan.entries.iter().zip(&states).map(|(e, s)| s.needed(&e.node)).collect();
     phase.lap(&mut phases, "compare");
-    let fetches = plan::fetches(repo, &plan, &needed, opts.max_memory);
+    // Chunks already on this machine (local/): found, verified and copied now, not fetched.
+    let places = local::Places { target, empty, source: local::Source::locate(&opts.local_data, base, into_dir) };
+    let reused = local::reuse(repo, &plan, &states, &needed, places, opts)?;
+    phase.lap(&mut phases, "local");
+    let fetches = plan::fetches(repo, &plan, &reused.needed, opts.max_memory);
     phase.lap(&mut phases, "schedule");
 
     let mut out = RestoreOutcome { phases, stalls: plan_stalls, ..RestoreOutcome::counted(&plan, &states, &needed) };
+    (out.bytes_reused_source, out.bytes_reused_target) = (reused.from_source, reused.from_target);
     progress.total_bytes.store(out.bytes_total, Ordering::Relaxed);
     progress.total_files.store(out.files, Ordering::Relaxed);
     let selected = |rel: &Path| filter.selects(&base_path, rel);
@@ -142,7 +148,8 @@ pub fn restore(
         failures: Failures::new(&fetches),
         write_clock: StageClock::default(),
         remaining: shared::chunks_to_write(&plan, &fetches),
-        touched: (0..plan.entries.len()).map(|_| OnceLock::new()).collect(),
+        // Files the local-data stage wrote into are prepared already.
+        touched: reused.prepared.iter().map(|&p| if p { OnceLock::from(Ok(())) } else { OnceLock::new() }).collect(),
         // Files the compare stage found complete with their metadata need nothing more.
         meta_done: meta_ok.into_iter().map(AtomicBool::new).collect(),
         written: AtomicU64::new(0),
@@ -157,7 +164,7 @@ pub fn restore(
         dirs_ready: Gate::default(),
         created: AtomicU64::new(0),
     };
-    let base_done: u64 = out.bytes_in_place + out.bytes_zero;
+    let base_done: u64 = out.bytes_in_place + out.bytes_zero + out.bytes_reused_source + out.bytes_reused_target;
     progress.done_bytes.store(base_done, Ordering::Relaxed);
     progress.done_files.store(files_already_done, Ordering::Relaxed);
     let create_took = Mutex::new(Duration::ZERO);
@@ -174,7 +181,7 @@ pub fn restore(
     if sh.cancelled() {
         return Err(Error::Interrupted);
     }
-    out.bytes_written = sh.written.load(Ordering::Relaxed);
+    out.bytes_written = sh.written.load(Ordering::Relaxed) + reused.from_source + reused.from_target;
     out.bytes_fetched = sh.reader.fetched_bytes();
     let [fetch, decode] = sh.reader.times();
     out.profile = [fetch, decode, sh.write_clock.times()];
