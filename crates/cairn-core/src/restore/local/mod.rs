@@ -222,3 +222,47 @@ fn open_beneath(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<File> {
     }
     Ok(File::from(fd))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn located(local: &LocalData, base: Option<&str>, into_dir: bool, rel: &str) -> Option<PathBuf> {
+        let s = Source::locate(local, base.map(Path::new), into_dir)?;
+        Some(s.dir.join(s.rel(Path::new(rel))))
+    }
+
+    #[test]
+    fn originals_are_found_below_the_snapshot_path_or_the_given_one() {
+        let snap = LocalData::SnapshotPaths;
+        // The whole snapshot: its root tree is the file system from `/`.
+        assert_eq!(located(&snap, None, true, "home/me/a.txt"), Some(PathBuf::from("/home/me/a.txt")));
+        // A directory of it: the plan's paths are below that directory.
+        assert_eq!(located(&snap, Some("home/me"), true, "a.txt"), Some(PathBuf::from("/home/me/a.txt")));
+        // A single file: the plan's one entry is named after it.
+        assert_eq!(located(&snap, Some("home/me/a.txt"), false, "a.txt"), Some(PathBuf::from("/home/me/a.txt")));
+        // --use-source=PATH stands for the restored path, whatever its name.
+        let at = LocalData::SourceAt(PathBuf::from("/mnt/old/me"));
+        assert_eq!(located(&at, Some("home/me"), true, "d/a.txt"), Some(PathBuf::from("/mnt/old/me/d/a.txt")));
+        let file = LocalData::SourceAt(PathBuf::from("/mnt/old/renamed.txt"));
+        assert_eq!(located(&file, Some("home/me/a.txt"), false, "a.txt"), Some(PathBuf::from("/mnt/old/renamed.txt")));
+        assert_eq!(located(&LocalData::Off, Some("home/me"), true, "a.txt"), None);
+    }
+
+    #[test]
+    fn opening_below_a_directory_follows_no_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("real")).unwrap();
+        std::fs::write(dir.path().join("real/f"), b"data").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("real"), dir.path().join("link")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("real/f"), dir.path().join("real/flink")).unwrap();
+        let fd = open_dir(dir.path()).unwrap();
+        assert!(open_beneath(fd.as_fd(), Path::new("real/f")).is_ok());
+        assert!(open_beneath(fd.as_fd(), Path::new("link/f")).is_err(), "a symlinked directory is not followed");
+        assert!(open_beneath(fd.as_fd(), Path::new("real/flink")).is_err(), "a symlinked file is not followed");
+        assert!(open_beneath(fd.as_fd(), Path::new("../x")).is_err(), "nothing outside the directory");
+        assert!(open_beneath(fd.as_fd(), Path::new("real")).is_err(), "only regular files");
+        rustix::fs::mknodat(fd.as_fd(), "fifo", rustix::fs::FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+        assert!(open_beneath(fd.as_fd(), Path::new("fifo")).is_err(), "a FIFO is refused without waiting");
+    }
+}
