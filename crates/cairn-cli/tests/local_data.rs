@@ -14,6 +14,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use cairn_core::id::BlobId;
+use cairn_core::pack::BlobKind;
 use cairn_core::tree::Chunk;
 use common::{assert_same, last_json, read_noatime, restored_path, scan, scan_source, Cairn, Rng, Scan, PASSWORD};
 use serde_json::Value;
@@ -338,4 +339,27 @@ fn s3_restore_with_the_source_present_fetches_only_what_changed() {
     assert!(fetched > 0 && fetched as f64 <= 1.2 * file_bytes(&changed) as f64, "{out}");
     assert!(num(&everything, "bytes_fetched") >= num(&everything, "bytes_total"), "{everything}");
     assert!(fetched * 5 < num(&everything, "bytes_fetched"), "{out} {everything}");
+}
+
+/// A pack lost from the repository costs nothing while the source still holds its chunks: the
+/// restore copies them, verified, and is exact; without local data the files needing the pack
+/// fail, named.
+#[test]
+fn a_lost_pack_is_replaced_by_the_source() {
+    let env = Env::new();
+    let packs: Vec<String> =
+        env.cairn.stored_blobs().iter().filter(|b| b.kind == BlobKind::Data).map(|b| b.pack.clone()).collect();
+    let lost = &packs[packs.len() / 2];
+    fs::remove_file(env.path("repo").join(lost)).unwrap();
+    let out = env.restore(&env.path("t"), &[]);
+    env.assert_exact(&env.path("t"));
+    assert_eq!(num(&out, "bytes_reused_source"), file_bytes_before(&env), "{out}");
+    let run =
+        env.cairn.run(["restore", &env.snapshot, "--target", env.path("t2").to_str().unwrap(), "--no-local-data"]);
+    assert_eq!(run.status.code(), Some(1), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(
+        String::from_utf8_lossy(&run.stderr).contains("does not exist"),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
 }
