@@ -102,6 +102,7 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
                 "message_type": "summary", "snapshot_id": snapshot, "files": out.files, "dirs": out.dirs,
                 "others": out.others, "bytes_total": out.bytes_total, "bytes_written": out.bytes_written,
                 "bytes_fetched": out.bytes_fetched, "bytes_in_place": out.bytes_in_place, "bytes_zero": out.bytes_zero,
+                "bytes_reused_source": out.bytes_reused_source, "bytes_reused_target": out.bytes_reused_target,
                 "deleted": out.deleted, "verified": out.verified, "failed": out.failed.len(),
                 "warnings": out.warnings.len(), "stalls": out.stalls, "seconds": secs, "profile": stages,
                 "batches": out.batches,
@@ -118,6 +119,9 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
         bytes(out.bytes_in_place),
         bytes(out.bytes_zero)
     );
+    if out.bytes_reused_source + out.bytes_reused_target > 0 {
+        outln!("{}", reused_line("copied", out));
+    }
     if out.deleted > 0 {
         outln!("deleted {} entries the snapshot lacks", count(out.deleted));
     }
@@ -147,6 +151,7 @@ pub fn print_dry_run(dry: &DryRun, out: &RestoreOutcome, json: bool) {
             serde_json::json!({
                 "message_type": "dry_run", "create": dry.create, "update": dry.update,
                 "unchanged": dry.unchanged, "delete": dry.delete, "bytes_to_fetch": out.bytes_fetched,
+                "bytes_reused_source": out.bytes_reused_source, "bytes_reused_target": out.bytes_reused_target,
             })
         );
         return;
@@ -168,6 +173,19 @@ pub fn print_dry_run(dry: &DryRun, out: &RestoreOutcome, json: bool) {
         count(dry.delete.len() as u64),
         bytes(out.bytes_fetched)
     );
+    if out.bytes_reused_source + out.bytes_reused_target > 0 {
+        outln!("{}", reused_line("would copy", out));
+    }
+}
+
+/// What a restore copied (or would copy) from local files instead of fetching it.
+fn reused_line(verb: &str, out: &RestoreOutcome) -> String {
+    format!(
+        "{verb} {} from local files instead of fetching: {} from the original files, {} from other files in the target",
+        bytes(out.bytes_reused_source + out.bytes_reused_target),
+        bytes(out.bytes_reused_source),
+        bytes(out.bytes_reused_target)
+    )
 }
 
 /// Shows backup progress until `done`: on a terminal the files being read right now, files

@@ -136,10 +136,11 @@ fn backup(repo: &Path, path: &Path) -> String {
     v["snapshot_id"].as_str().expect("snapshot_id").to_string()
 }
 
-/// `restore SPEC --target TARGET`.
+/// `restore SPEC --target TARGET --no-local-data`: the damage under test must not be
+/// repaired from the source files, which are still there (local_data.rs tests that).
 fn restore(repo: &Path, spec: &str, target: &Path) -> Run {
     let mut cmd = cairn_cmd(repo);
-    cmd.arg("restore").arg(spec).arg("--target").arg(target);
+    cmd.arg("restore").arg(spec).arg("--target").arg(target).arg("--no-local-data");
     run_cmd(cmd)
 }
 

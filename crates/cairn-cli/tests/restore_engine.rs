@@ -66,14 +66,18 @@ impl Env {
         assert_same(&self.before, &scan(&self.restored(target)), true);
     }
 
-    /// `--json restore latest --target TARGET EXTRA...` that must succeed; the summary.
+    /// `--json restore latest --target TARGET --no-local-data EXTRA...` that must succeed; the
+    /// summary. These tests are of the fetch path: the source files, still there, are not
+    /// read (local_data.rs tests that).
     fn restore(&self, target: &Path, extra: &[&str]) -> Value {
-        self.cairn.restore_with("latest", target, extra)
+        self.cairn.restore_with("latest", target, &[&["--no-local-data"], extra].concat())
     }
 
-    /// Runs `--json restore latest --target TARGET EXTRA...` with `env`, whatever happens.
+    /// Runs `--json restore latest --target TARGET --no-local-data EXTRA...` with `env`,
+    /// whatever happens.
     fn run_restore(&self, env: &[(&str, &str)], target: &Path, extra: &[&str]) -> Output {
-        let mut args = vec!["--json", "restore", "latest", "--target", target.to_str().expect("UTF-8 path")];
+        let mut args =
+            vec!["--json", "restore", "latest", "--target", target.to_str().expect("UTF-8 path"), "--no-local-data"];
         args.extend(extra);
         self.cairn.run_env(env, args)
     }
@@ -353,7 +357,15 @@ fn dry_run_lists_changes_and_delete_removes_extras() {
     assert!(to_fetch >= (9 * KIB) as u64 && to_fetch <= (9 * KIB + 256 * KIB + 64 * KIB) as u64, "{dry}");
     assert_eq!(fingerprint(&scan(&t)), before, "--dry-run changed the target");
 
-    let text = env.cairn.run(["restore", "latest", "--target", t.to_str().expect("UTF-8"), "--dry-run", "--delete"]);
+    let text = env.cairn.run([
+        "restore",
+        "latest",
+        "--target",
+        t.to_str().expect("UTF-8"),
+        "--dry-run",
+        "--delete",
+        "--no-local-data",
+    ]);
     assert!(text.status.success(), "{text:?}");
     let text = stdout(&text);
     for line in [
@@ -909,7 +921,7 @@ fn sigint_stops_cleanly_and_a_rerun_finishes_the_job() {
     let t = env.path("t");
     let mut cmd = env.cairn.command();
     cmd.env("CAIRN_INJECT_FAULTS", "latency=300ms")
-        .args(["--json", "restore", "latest", "--target"])
+        .args(["--json", "restore", "latest", "--no-local-data", "--target"])
         .arg(&t)
         .args(["--fetch-concurrency", "1"])
         .stdin(Stdio::null())
@@ -968,7 +980,7 @@ fn stalled_tree_reads_are_reported_and_sigint_stops_them() {
         .cairn
         .command()
         .env("CAIRN_INJECT_FAULTS", format!("stall={pack},stall-for=3s"))
-        .args(["--json", "restore", "latest", "--target"])
+        .args(["--json", "restore", "latest", "--no-local-data", "--target"])
         .arg(&t)
         .args(["--stall-timeout", "1"])
         .stdin(Stdio::null())
@@ -1127,7 +1139,14 @@ fn json_progress_summary_and_profile() {
         }
     }
 
-    let text = env.cairn.run(["restore", "latest", "--target", env.path("t2").to_str().expect("UTF-8"), "--profile"]);
+    let text = env.cairn.run([
+        "restore",
+        "latest",
+        "--target",
+        env.path("t2").to_str().expect("UTF-8"),
+        "--profile",
+        "--no-local-data",
+    ]);
     assert!(text.status.success(), "{text:?}");
     let text = stdout(&text);
     assert!(text.lines().any(|l| l.starts_with("restored 10 files, ")), "{text}");

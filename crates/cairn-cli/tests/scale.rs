@@ -104,7 +104,7 @@ fn a_restore_in_many_batches_is_exact_and_repairs_and_deletes() {
     let env = Env::new(FILES);
     let src_scan = &env.before;
     let t = env.path("t");
-    let first = env.cairn.restore_with("latest", &t, &["--max-memory", "1M"]);
+    let first = env.cairn.restore_with("latest", &t, &["--max-memory", "1M", "--no-local-data"]);
     assert!(num(&first, "batches") >= 3, "expected several batches: {first}");
     assert_eq!(num(&first, "files"), (FILES / 48 * 48 + 20 + 5) as u64, "{first}");
     let restored = restored_path(&t, &env.src);
@@ -121,7 +121,7 @@ fn a_restore_in_many_batches_is_exact_and_repairs_and_deletes() {
 
     // Nothing else to do: only the hard-linked files are written again (a file with other
     // names is always replaced, never written through, as in every restore).
-    let again = env.cairn.restore_with("latest", &t, &["--max-memory", "1M"]);
+    let again = env.cairn.restore_with("latest", &t, &["--max-memory", "1M", "--no-local-data"]);
     let linked: u64 =
         (0..20).map(|i| fs::metadata(env.src.join("d00/sub0").join(format!("f{i:04}"))).expect("stat").len()).sum();
     assert_eq!(num(&again, "bytes_written"), linked, "{again}");
@@ -133,7 +133,7 @@ fn a_restore_in_many_batches_is_exact_and_repairs_and_deletes() {
     fs::create_dir(restored.join("d46/sub1/extra-dir")).expect("mkdir");
     fs::write(restored.join("d46/sub1/extra-dir/x"), b"x").expect("write");
     fs::write(t.join("top-extra"), b"x").expect("write");
-    let fixed = env.cairn.restore_with("latest", &t, &["--max-memory", "1M", "--delete"]);
+    let fixed = env.cairn.restore_with("latest", &t, &["--max-memory", "1M", "--delete", "--no-local-data"]);
     assert!(num(&fixed, "batches") >= 3, "{fixed}");
     assert_eq!(num(&fixed, "deleted"), 3, "{fixed}");
     assert!(num(&fixed, "bytes_fetched") > 0, "{fixed}");
@@ -193,7 +193,9 @@ fn peak_rss_of_a_restore_of_200k_files_stays_within_the_budget() {
         .command()
         .args(["--json", "restore", "latest", "--target"])
         .arg(&t)
-        .args(["--max-memory", &format!("{budget_mib}M")])
+        // The source is still here; this measures the fetching restore (the local-data stage's
+        // own memory is not bounded by batches yet: docs/DESIGN.md, "Restore in batches").
+        .args(["--max-memory", &format!("{budget_mib}M"), "--no-local-data"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -10,13 +10,27 @@ pub fn cores() -> usize {
 /// Calls `work(index, item)` for every item, on up to `threads` scoped threads taking the next
 /// item as they become free.
 pub fn in_parallel<T: Sync>(items: &[T], threads: usize, work: impl Fn(usize, &T) + Sync) {
+    in_parallel_with(items, threads, || (), |_, i, item| work(i, item));
+}
+
+/// [`in_parallel`] where each thread keeps state of its own (buffers, open files): made by
+/// `init` when the thread starts, handed to every `work(state, index, item)` on that thread.
+pub fn in_parallel_with<T: Sync, S>(
+    items: &[T],
+    threads: usize,
+    init: impl Fn() -> S + Sync,
+    work: impl Fn(&mut S, usize, &T) + Sync,
+) {
     let next = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for _ in 0..threads.clamp(1, items.len().max(1)) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(item) = items.get(i) else { break };
-                work(i, item);
+            s.spawn(|| {
+                let mut state = init();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(item) = items.get(i) else { break };
+                    work(&mut state, i, item);
+                }
             });
         }
     });

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Result;
-use cairn_core::restore::{self, Progress, RestoreOptions};
+use cairn_core::restore::{self, LocalData, Progress, RestoreOptions};
 use clap::Args as ClapArgs;
 
 use super::{cancel_on_sigint, open_snapshot, parse_size, Global, Opened};
@@ -60,6 +60,16 @@ pub struct Args {
     /// Print per-stage busy / idle / blocked time at the end
     #[arg(long)]
     pub profile: bool,
+    /// Copy chunks that are still on this machine instead of fetching them: from the files the
+    /// snapshot was taken from (at their original paths, or at PATH, which stands for the
+    /// restored path, e.g. the old disk mounted elsewhere) and from files in the target the
+    /// snapshot does not name (renamed, moved). Each chunk is verified against its ID before it
+    /// is written. On by default; the original paths are not read when they are the target
+    #[arg(long, value_name = "PATH", num_args = 0..=1, require_equals = true, conflicts_with = "no_local_data")]
+    pub use_source: Option<Option<PathBuf>>,
+    /// Read no local files: fetch everything the target does not already hold at its place
+    #[arg(long)]
+    pub no_local_data: bool,
     /// Report a stall after this many seconds without progress
     #[arg(long, default_value_t = 60, value_name = "SECS")]
     pub stall_timeout: u64,
@@ -84,6 +94,12 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         exclude: a.exclude,
         stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
         cancel: Some(cancel),
+        local_data: match (a.no_local_data, a.use_source) {
+            (true, _) => LocalData::Off,
+            (false, Some(Some(path))) => LocalData::SourceAt(std::path::absolute(path)?),
+            (false, _) => LocalData::SnapshotPaths,
+        },
+        local_scanned_hook: std::env::var("CAIRN_TEST_LOCAL_SCANNED_HOOK").ok().filter(|c| !c.is_empty()),
     };
     let progress = Progress::default();
     let result = crate::progress::while_showing(

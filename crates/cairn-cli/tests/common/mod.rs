@@ -200,6 +200,7 @@ impl Cairn {
                 kind: e.kind,
                 codec: e.codec,
                 raw_length: e.raw_length,
+                length: e.length,
             }));
         }
         out
@@ -261,6 +262,8 @@ pub struct StoredBlob {
     pub codec: Codec,
     /// Plaintext length.
     pub raw_length: u32,
+    /// Stored length (nonce + ciphertext + tag).
+    pub length: u32,
 }
 
 /// Parses the last non-empty line of `stdout` as JSON.

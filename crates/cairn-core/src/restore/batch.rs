@@ -13,7 +13,7 @@ use super::plan::{self, Filter};
 use super::shared::{Failures, Gate, Shared};
 use super::types::{Link, Plan};
 use super::watchdog::Base;
-use super::{compare, create, delete, finish, pipeline, verify};
+use super::{compare, create, delete, finish, local, pipeline, verify};
 use crate::error::{Error, Result};
 use crate::read::Reader;
 use crate::repository::Repository;
@@ -46,6 +46,9 @@ pub struct Run<'a> {
     pub filter: &'a Filter,
     /// The restore's path inside the snapshot (for the filters `--delete` respects).
     pub base_path: &'a Path,
+    /// The path inside the snapshot asked for (`SNAP:PATH`), if any (where the local-data
+    /// stage finds the source).
+    pub snapshot_path: Option<&'a Path>,
     /// Whether the restore's entries go into the target (so `--delete` looks through it).
     pub into_dir: bool,
     /// The target was empty when the restore began: nothing to compare.
@@ -104,7 +107,12 @@ impl Run<'_> {
         let files_already_done = meta_ok.iter().filter(|&&ok| ok).count() as u64;
         let needed: Vec<_> = plan.entries.iter().zip(&states).map(|(e, s)| s.needed(&e.node)).collect();
         phase.lap(&mut part.phases, "compare");
-        let fetches = plan::fetches(self.repo, &plan, &needed, self.data_budget);
+        // Chunks already on this machine (local/): found, verified and copied now, not fetched.
+        let source = local::Source::locate(&opts.local_data, self.snapshot_path, self.into_dir);
+        let places = local::Places { target, empty: self.empty, source };
+        let reused = local::reuse(self.repo, &plan, &states, &needed, places, opts)?;
+        phase.lap(&mut part.phases, "local");
+        let fetches = plan::fetches(self.repo, &plan, &reused.needed, self.data_budget);
         phase.lap(&mut part.phases, "schedule");
 
         let counted = RestoreOutcome::counted(&plan, &states, &needed);
@@ -112,6 +120,7 @@ impl Run<'_> {
         progress.total_bytes.fetch_add(counted.bytes_total, Ordering::Relaxed);
         progress.total_files.fetch_add(counted.files, Ordering::Relaxed);
         part.absorb(counted);
+        (part.bytes_reused_source, part.bytes_reused_target) = (reused.from_source, reused.from_target);
         if opts.dry_run {
             let dry = self.out.dry_run.get_or_insert_with(DryRun::default);
             dry.add(DryRun::listed(&plan, &states));
@@ -124,7 +133,11 @@ impl Run<'_> {
             return Ok(());
         }
 
-        let base_done = self.base.bytes + part.bytes_in_place + part.bytes_zero;
+        let base_done = self.base.bytes
+            + part.bytes_in_place
+            + part.bytes_zero
+            + part.bytes_reused_source
+            + part.bytes_reused_target;
         let files_before = progress.done_files.load(Ordering::Relaxed);
         let sh = Shared {
             plan: &plan,
@@ -135,7 +148,12 @@ impl Run<'_> {
             failures: Failures::new(&fetches),
             write_clock: Default::default(),
             remaining: super::shared::chunks_to_write(&plan, &fetches),
-            touched: (0..plan.entries.len()).map(|_| OnceLock::new()).collect(),
+            // Files the local-data stage wrote into are prepared already.
+            touched: reused
+                .prepared
+                .iter()
+                .map(|&p| if p { OnceLock::from(Ok(())) } else { OnceLock::new() })
+                .collect(),
             // Files the compare stage found complete with their metadata need nothing more.
             meta_done: meta_ok.into_iter().map(AtomicBool::new).collect(),
             written: AtomicU64::new(0),
@@ -168,7 +186,8 @@ impl Run<'_> {
         if sh.cancelled() {
             return Err(Error::Interrupted);
         }
-        part.bytes_written = sh.written.load(Ordering::Relaxed);
+        let written = sh.written.load(Ordering::Relaxed);
+        part.bytes_written = written + reused.from_source + reused.from_target;
         part.bytes_fetched = sh.reader.fetched_bytes();
         let [fetch, decode] = sh.reader.times();
         part.profile = [fetch, decode, sh.write_clock.times()];
@@ -202,7 +221,7 @@ impl Run<'_> {
         part.add_failed(&plan, failed);
         part.warnings = std::mem::take(&mut *sh.warnings.lock().expect("warnings lock"));
         self.acl = sh.acl_dirs.into_inner().unwrap_or_default();
-        self.base = Base { bytes: base_done + part.bytes_written, fetched: self.base.fetched + part.bytes_fetched };
+        self.base = Base { bytes: base_done + written, fetched: self.base.fetched + part.bytes_fetched };
         self.out.absorb(part);
         Ok(())
     }

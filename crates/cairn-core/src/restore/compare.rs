@@ -161,7 +161,7 @@ fn compare_open(file: &File, node: &Node, key: &MasterKey, size: u64, buf: &mut 
 const HASH_PIECE: usize = 128 * 1024;
 
 /// The blob ID of the `len` bytes of `file` at `off`.
-fn chunk_id(file: &File, off: u64, len: u32, key: &MasterKey, buf: &mut Vec<u8>) -> io::Result<BlobId> {
+pub(super) fn chunk_id(file: &File, off: u64, len: u32, key: &MasterKey, buf: &mut Vec<u8>) -> io::Result<BlobId> {
     let len = len as usize;
     buf.resize(len.min(HASH_PIECE), 0);
     if len <= HASH_PIECE {

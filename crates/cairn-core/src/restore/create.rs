@@ -203,8 +203,11 @@ fn create_entries(sh: &Shared<'_>) -> Result<()> {
         if failed_early.contains(&i)
             || entry.link_of.is_some()
             || (has_data && matches!(sh.states[i], FileState::Create { .. } | FileState::InPlace { .. }))
+            || sh.touched[i].get().is_some()
         {
-            continue; // prepared by its first write (write.rs), or linked once its file is complete
+            // Prepared by its first write (write.rs) or by the local-data stage (local/), or
+            // linked once its file is complete.
+            continue;
         }
         if sh.cancelled() {
             return Ok(()); // the restore ends with Interrupted (or the error that stopped it)

@@ -22,6 +22,7 @@ mod dirs;
 mod dump;
 mod finish;
 mod fsops;
+mod local;
 mod meta;
 mod options;
 mod pipeline;
@@ -40,8 +41,8 @@ use std::time::Instant;
 pub use crate::profile::StageTimes;
 pub use dump::{dump, DumpStats};
 pub use options::{
-    DryRun, Overwrite, Progress, RestoreOptions, RestoreOutcome, Sparse, SparseMode, DEFAULT_MAX_MEMORY, RESERVE_MIN,
-    STAGE_NAMES,
+    DryRun, LocalData, Overwrite, Progress, RestoreOptions, RestoreOutcome, Sparse, SparseMode, DEFAULT_MAX_MEMORY,
+    RESERVE_MIN, STAGE_NAMES,
 };
 pub use plan::Filter;
 #[doc(hidden)]
@@ -87,6 +88,7 @@ pub fn restore(
         progress,
         filter: &filter,
         base_path: &base_path,
+        snapshot_path: base,
         into_dir,
         empty,
         is_root: crate::platform::is_root(),
@@ -100,6 +102,9 @@ pub fn restore(
         base: Default::default(),
         out: RestoreOutcome::default(),
     };
+    // Closed directories list their children for `--delete`, and for the local-data stage,
+    // which looks for chunks in the target's files the snapshot does not name.
+    let names = opts.delete || (opts.local_data != LocalData::Off && !empty);
     std::thread::scope(|s| -> Result<()> {
         let (tx, batches) = crossbeam_channel::bounded::<Plan>(0);
         let (filter, base_path, loading) = (&filter, &base_path, &loading);
@@ -109,7 +114,7 @@ pub fn restore(
             .stack_size(PLANNER_STACK)
             .spawn_scoped(s, move || {
                 let emit = |batch| tx.send(batch).is_ok();
-                plan::stream(repo, top, base_path, filter, opts.delete, opts.fetch_concurrency, loading, limit, emit)
+                plan::stream(repo, top, base_path, filter, names, opts.fetch_concurrency, loading, limit, emit)
             })
             .map_err(|e| Error::io("plan thread", "cannot start", e))?;
         let mut done = Ok(());

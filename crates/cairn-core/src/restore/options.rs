@@ -38,6 +38,22 @@ impl std::str::FromStr for Overwrite {
     }
 }
 
+/// Where a restore looks for chunks that are already on this machine before it fetches them
+/// (the local-data stage, `local/`). Every chunk found is verified against its ID as it is
+/// copied.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum LocalData {
+    /// Nowhere: everything the target lacks is fetched (`--no-local-data`).
+    Off,
+    /// In the files the snapshot was taken from, at its original paths, unless those are the
+    /// target itself; and in the target's files the snapshot does not name (renamed, moved).
+    #[default]
+    SnapshotPaths,
+    /// As [`LocalData::SnapshotPaths`], but the restored path's original files are read from
+    /// this path instead (`--use-source=PATH`, e.g. the old disk mounted elsewhere).
+    SourceAt(PathBuf),
+}
+
 /// What happens to zero ranges.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SparseMode {
@@ -130,6 +146,12 @@ pub struct RestoreOptions {
     pub stall_timeout: Duration,
     /// Set to stop the restore early (for example on SIGINT).
     pub cancel: Option<Arc<AtomicBool>>,
+    /// Where to look for chunks already on this machine.
+    pub local_data: LocalData,
+    /// For tests: a shell command run after the local-data stage found its chunks and before it
+    /// copies them (to change a local file in between).
+    #[doc(hidden)]
+    pub local_scanned_hook: Option<String>,
 }
 
 /// The restore's stages, for reports, in pipeline order (the read path's fetch and decode,
@@ -157,6 +179,8 @@ impl Default for RestoreOptions {
             exclude: Vec::new(),
             stall_timeout: Duration::from_secs(60),
             cancel: None,
+            local_data: LocalData::SnapshotPaths,
+            local_scanned_hook: None,
         }
     }
 }
@@ -232,6 +256,11 @@ pub struct RestoreOutcome {
     pub bytes_fetched: u64,
     /// Bytes already correct in the target.
     pub bytes_in_place: u64,
+    /// Bytes copied (with `--dry-run`: that would be copied) from the files the snapshot was
+    /// taken from instead of fetched.
+    pub bytes_reused_source: u64,
+    /// Bytes copied (or that would be) from other files in the target instead of fetched.
+    pub bytes_reused_target: u64,
     /// Bytes restored as holes.
     pub bytes_zero: u64,
     /// Entries removed by `--delete`.
@@ -292,6 +321,8 @@ impl RestoreOutcome {
         self.bytes_fetched += part.bytes_fetched;
         self.bytes_in_place += part.bytes_in_place;
         self.bytes_zero += part.bytes_zero;
+        self.bytes_reused_source += part.bytes_reused_source;
+        self.bytes_reused_target += part.bytes_reused_target;
         self.deleted += part.deleted;
         self.verified += part.verified;
         self.batches += part.batches;

@@ -18,7 +18,7 @@ use super::fsops::{fix_in_place, is_fatal, remove_any, size_new_file};
 use super::meta::apply_to_file;
 use super::options::Sparse;
 use super::shared::Shared;
-use super::types::{Dest, FileState};
+use super::types::{Dest, Entry, FileState};
 use crate::chunker::is_zero;
 use crate::profile::work;
 use crate::read::Decoded;
@@ -77,11 +77,7 @@ fn write_one(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, d: &Dest, data: &[u8]) 
         None => dirs.create(&entry.rel, entry.node.mode)?,
     };
     let fresh = matches!(sh.states[i], FileState::Create { .. });
-    if fresh && sh.sparse == Sparse::Always {
-        write_skipping_zeros(&file, data, d.offset)?;
-    } else {
-        file.write_all_at(data, d.offset)?;
-    }
+    write_data(&file, data, d.offset, fresh, sh.sparse)?;
     sh.written.fetch_add(data.len() as u64, Ordering::Relaxed);
     if sh.remaining[i].fetch_sub(1, Ordering::AcqRel) == 1 {
         finish_file(sh, i, &file, fresh);
@@ -92,17 +88,38 @@ fn write_one(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, d: &Dest, data: &[u8]) 
 /// Readies file `i` for its first write and opens it: clears what is in the way and sizes a new
 /// file, or resizes an existing one and punches holes where the snapshot has zeros.
 fn first_touch(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, i: usize) -> io::Result<File> {
-    let entry = &sh.plan.entries[i];
-    if sh.states[i] == (FileState::Create { clear: true }) {
-        remove_any(&sh.target.join(&entry.rel))?;
+    prepare_file(sh.target, dirs, &sh.plan.entries[i], &sh.states[i], sh.sparse)
+}
+
+/// Readies the file of `entry` (in `state` against the target) for its first write and opens
+/// it; the local-data stage (`local/`) prepares the files it writes into the same way.
+pub(super) fn prepare_file(
+    target: &Path,
+    dirs: &mut ParentDirs<'_>,
+    entry: &Entry,
+    state: &FileState,
+    sparse: Sparse,
+) -> io::Result<File> {
+    if *state == (FileState::Create { clear: true }) {
+        remove_any(&target.join(&entry.rel))?;
     }
     let file = dirs.create(&entry.rel, entry.node.mode)?;
-    match &sh.states[i] {
-        FileState::Create { .. } => size_new_file(&file, &entry.node, sh.sparse)?,
+    match state {
+        FileState::Create { .. } => size_new_file(&file, &entry.node, sparse)?,
         FileState::InPlace { zero_fix, resize, .. } => fix_in_place(&file, &entry.node, zero_fix, *resize)?,
         _ => {}
     }
     Ok(file)
+}
+
+/// Writes a chunk's `data` at `offset`; into a `fresh` file with `--sparse always`, 4 KiB
+/// blocks of zeros are left as holes.
+pub(super) fn write_data(file: &File, data: &[u8], offset: u64, fresh: bool, sparse: Sparse) -> io::Result<()> {
+    if fresh && sparse == Sparse::Always {
+        write_skipping_zeros(file, data, offset)
+    } else {
+        file.write_all_at(data, offset)
+    }
 }
 
 /// The last chunk of file `i` is written: apply its metadata now, while it is open.
