@@ -138,7 +138,7 @@ pub fn restore(
         fetches: &fetches,
         states: &states,
         target,
-        reader: Reader::new(repo, opts.max_memory, cancel.clone()),
+        reader: Reader::new(repo, opts.max_memory, cancel.clone()).auto_tuned(opts.fetch_auto),
         failures: Failures::new(&fetches),
         write_clock: StageClock::default(),
         remaining: shared::chunks_to_write(&plan, &fetches),
@@ -178,6 +178,7 @@ pub fn restore(
     out.bytes_fetched = sh.reader.fetched_bytes();
     let [fetch, decode] = sh.reader.times();
     out.profile = [fetch, decode, sh.write_clock.times()];
+    out.fetch_tuning = sh.reader.tuning_log();
 
     let failed = sh.take_failures();
     finish::finish_all(&sh, &failed, opts.write_threads, progress);
