@@ -67,16 +67,20 @@ pub(crate) fn open(global: &Global) -> Result<Repository> {
 /// keys and read the config, read a key file, derive the key) instead of after them. If either
 /// fails, the lock is removed; where there is no repository, none is written.
 pub(crate) fn open_locked(global: &Global, kind: LockKind) -> Result<(Repository, Lock)> {
-    open_locked_preloaded(global, kind, |_| Preload::none())
+    let (repo, lock, ()) = open_locked_then(global, kind, |_| Preload::none(), |_| Ok(()))?;
+    Ok((repo, lock))
 }
 
 /// [`open_locked`], reading ahead beside both what `preload` asks for (given whether a
-/// metadata cache will serve the repository's files).
-fn open_locked_preloaded(
+/// metadata cache will serve the repository's files), and doing `then` with the opened
+/// repository while the lock is still being taken (it may read, not write). Errors come in
+/// that order: opening, the lock, then `then`'s.
+fn open_locked_then<T>(
     global: &Global,
     kind: LockKind,
     preload: impl FnOnce(bool) -> Preload,
-) -> Result<(Repository, Lock)> {
+    then: impl FnOnce(&Repository) -> Result<T>,
+) -> Result<(Repository, Lock, T)> {
     let storage = storage(global)?;
     let preload = preload(cache_base(global, &*storage).is_some());
     let pw = password::get(global.password_file.as_deref(), "CAIRN_PASSWORD", "repository password", false)?;
@@ -91,11 +95,15 @@ fn open_locked_preloaded(
                 take_lock(storage.clone(), kind)
             })
             .map_err(|e| cairn_core::Error::io("lock", "cannot start a thread", e))?;
-        let opened = open_preloaded(global, storage.clone(), &pw, &preload);
+        let opened = open_preloaded(global, storage.clone(), &pw, &preload).map(|repo| {
+            let done = then(&repo);
+            (repo, done)
+        });
         Ok::<_, cairn_core::Error>((opened, locking.join().expect("the lock thread panicked")))
     })?;
-    let repo = opened?;
-    Ok((repo, held?))
+    let (repo, done) = opened?;
+    let lock = held?;
+    Ok((repo, lock, done?))
 }
 
 /// Opens the repository in `storage` with `pw`, with the metadata cache the global options
@@ -143,15 +151,25 @@ fn take_lock(storage: Arc<dyn Storage>, kind: LockKind) -> Result<Lock> {
 /// a remote repository waits two round trips, not six, before the first tree.
 pub(crate) fn open_snapshot<'s>(g: &Global, spec: &'s std::ffi::OsStr) -> Result<Opened<'s>> {
     let (name, path) = split_spec(spec)?;
-    let (repo, lock) = open_locked_preloaded(g, LockKind::Shared, |cached| Preload::snapshot(name, !cached))?;
-    repo.load_index()?;
-    let (id, snapshot) = repo.find_snapshot(name)?;
+    // The index and the snapshot are loaded while the lock is taken. (The trees are not: their
+    // walk belongs to the command, under its watchdog and SIGINT handler.)
+    let (repo, lock, (id, snapshot)) = open_locked_then(
+        g,
+        LockKind::Shared,
+        |cached| Preload::snapshot(name, !cached),
+        |repo| {
+            repo.load_index()?;
+            let (id, snapshot) = repo.find_snapshot(name)?;
+            Ok((id, snapshot))
+        },
+    )?;
     Ok(Opened { repo, _lock: lock, id, snapshot, path })
 }
 
 /// What [`open_snapshot`] opened.
 pub(crate) struct Opened<'a> {
     pub repo: Repository,
+    /// Held until the command ends: bind it (`_lock`); a pattern with `..` drops it at once.
     _lock: Lock,
     pub id: cairn_core::id::SnapshotId,
     pub snapshot: cairn_core::snapshot::Snapshot,

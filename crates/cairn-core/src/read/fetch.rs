@@ -7,8 +7,8 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::budget::Reservation;
-use super::tune::Gate;
 use super::buffers::{Buf, BufferPool};
+use super::tune::Gate;
 use super::{PackRead, Reader, Sink, POOLED_BLOB};
 use crate::crypto::ObjectKey;
 use crate::layout::pack_path;

@@ -28,7 +28,8 @@ const GAIN: f64 = 1.05;
 /// Samples to hold at the best limit before probing higher again.
 const HOLD: u32 = 4;
 
-/// Downstream pressure (share of fetch-worker time blocked) above which the limit is lowered.
+/// Downstream pressure (share of fetch-worker time blocked) above which the limit is lowered
+/// (down to what the measured throughput needs at the measured latency).
 const PRESSURE: f64 = 0.5;
 
 /// Bounds how many fetch workers may have a request out at once.
@@ -157,10 +158,14 @@ impl Controller {
         let throughput = s.throughput();
         let pressure = s.blocked.as_secs_f64() / (s.elapsed.as_secs_f64() * self.limit as f64).max(1e-9);
         let (next, reason) = if pressure > PRESSURE {
-            // Decoding or the budget holds the fetches back: fewer in flight hold less memory.
+            // Decoding or the budget holds the fetches back: fewer in flight hold less memory,
+            // but never fewer than it takes to keep this throughput at this latency (Little's
+            // law: the requests in flight on average, with half again to spare).
             self.starting = false;
             self.best = throughput;
-            let lower = (self.limit - self.limit / 4).max(1);
+            let in_flight = s.request_time.as_secs_f64() / s.elapsed.as_secs_f64().max(1e-9);
+            let needed = (in_flight * 1.5).ceil() as usize;
+            let lower = (self.limit - self.limit / 4).max(needed).max(1);
             self.best_limit = lower;
             (lower, "decode or memory budget is the bottleneck")
         } else if throughput >= self.best * GAIN {
@@ -271,6 +276,16 @@ mod tests {
         // A slow decoder (20 MB/s) behind a fast, slow-to-answer link.
         let mut c = Controller::new(32, 1 << 30);
         let limits = run(&mut c, 20, |n| simulate(n, 0.05, 1e9, 1 << 20, 20e6));
+        assert!(*limits.last().unwrap() < 32, "{limits:?}");
+    }
+
+    #[test]
+    fn pressure_never_lowers_it_below_what_the_throughput_needs_in_flight() {
+        // A decoder at 100 MB/s behind 200 ms per request and 4 MiB reads: about 5 reads must be
+        // in flight to keep it fed, so the limit stays above that however blocked the workers.
+        let mut c = Controller::new(32, 1 << 30);
+        let limits = run(&mut c, 20, |n| simulate(n, 0.2, 1e9, 4 << 20, 100e6));
+        assert!(limits.iter().all(|&l| l >= 5), "{limits:?}");
         assert!(*limits.last().unwrap() < 32, "{limits:?}");
     }
 
