@@ -107,6 +107,12 @@ impl ReadAhead {
     fn hold(&self, read: &PackRead, bytes: Arc<Vec<u8>>) {
         self.held.lock().expect("read-ahead lock").push(Held { pack: read.pack, offset: read.offset, bytes });
     }
+
+    /// Frees what is held (a finished walk: a restore's [`Loading`] lives on through its data
+    /// pipeline, which must not carry tree packs beside its budget).
+    fn release(&self) {
+        self.held.lock().expect("read-ahead lock").clear();
+    }
 }
 
 /// Finds the node at `path` (absolute, inside the snapshot; any bytes, not only UTF-8) without
@@ -169,6 +175,7 @@ pub fn for_each_tree(
         next.sort_unstable();
         level = next;
     }
+    loading.read_ahead.release();
     Ok(())
 }
 
