@@ -96,6 +96,14 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
                 serde_json::json!({"stage": n, "busy_s": t.busy.as_secs_f64(), "idle_s": t.idle.as_secs_f64(), "blocked_s": t.blocked.as_secs_f64()})
             })
             .collect();
+        let tuning: Vec<_> = out
+            .fetch_tuning
+            .iter()
+            .map(|s| {
+                serde_json::json!({"at_s": s.at.as_secs_f64(), "limit": s.limit, "reason": s.reason,
+                    "bytes_per_s": s.throughput, "latency_ms": s.latency.as_secs_f64() * 1000.0})
+            })
+            .collect();
         outln!(
             "{}",
             serde_json::json!({
@@ -106,6 +114,7 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
                 "deleted": out.deleted, "verified": out.verified, "failed": out.failed.len(),
                 "warnings": out.warnings.len(), "stalls": out.stalls, "seconds": secs, "profile": stages,
                 "batches": out.batches,
+                "fetch_tuning": tuning,
             })
         );
         return;
@@ -140,6 +149,41 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
                 t.blocked.as_secs_f64()
             );
         }
+        print_tuning(&out.fetch_tuning);
+    }
+}
+
+/// The fetch concurrency's controller's choices (`--profile`): when, to what, and from what
+/// it measured.
+fn print_tuning(steps: &[cairn_core::read::TuneStep]) {
+    if steps.is_empty() {
+        return;
+    }
+    outln!("fetch concurrency, tuned while running:");
+    for s in steps {
+        outln!(
+            "  {:>7.2} s  {:>3} in flight  ({}: {}/s at {:.0} ms per request)",
+            s.at.as_secs_f64(),
+            s.limit,
+            s.reason,
+            bytes(s.throughput as u64),
+            s.latency.as_secs_f64() * 1000.0
+        );
+    }
+}
+
+/// With a tracing storage layer (fault injection), prints the longest chain of requests waited
+/// for one after another before the first data fetch (`--profile`).
+pub fn print_round_trips(storage: &dyn cairn_core::storage::Storage, json: bool) {
+    let Some(trace) = storage.trace() else { return };
+    let chain = trace.critical_path();
+    if json {
+        outln!(
+            "{}",
+            serde_json::json!({"message_type": "round_trips", "serial_before_data": chain.len(), "chain": chain})
+        );
+    } else {
+        outln!("serial round trips before the first data fetch: {} ({})", chain.len(), chain.join(" → "));
     }
 }
 

@@ -207,6 +207,17 @@ impl Index {
     pub fn pack_count(&self) -> usize {
         self.packs.len()
     }
+
+    /// Where the last blob listed in each pack (by number) ends: how much of it a read of all
+    /// its blobs takes.
+    pub fn pack_ends(&self) -> Vec<u64> {
+        let mut ends = vec![0u64; self.packs.len()];
+        for s in self.sorted.iter().chain(self.recent.values()) {
+            let end = u64::from(s.entry.offset) + u64::from(s.entry.length);
+            ends[s.pack as usize] = ends[s.pack as usize].max(end);
+        }
+        ends
+    }
 }
 
 #[cfg(test)]

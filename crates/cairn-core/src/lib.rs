@@ -40,6 +40,7 @@ pub mod pack;
 pub mod packwrite;
 pub(crate) mod parallel;
 pub mod platform;
+pub mod preload;
 pub mod profile;
 pub mod prune;
 pub mod read;

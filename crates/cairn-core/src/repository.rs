@@ -15,6 +15,7 @@ use crate::keyfile::{KdfParams, KeyFile};
 use crate::layout::{self, pack_path, Dir, CONFIG};
 use crate::pack::{decode_blob, verify_stored, BlobEntry, BlobKind, PackWriter};
 use crate::parallel::map_parallel;
+use crate::preload::{Preload, Preloaded};
 use crate::sealed::{self, SealedKind};
 use crate::snapshot::Snapshot;
 use crate::storage::Storage;
@@ -64,6 +65,8 @@ pub struct Repository {
     cache: Option<Cache>,
     /// The key file that opened the repository (or was made by `init`).
     key_id: Option<KeyId>,
+    /// Listings and files read ahead while opening, each taken once.
+    preloaded: Preloaded,
 }
 
 impl Repository {
@@ -83,8 +86,15 @@ impl Repository {
             config = config.with_chunking(from);
             key = key.with_chunk_id_key(from.chunk_id_key);
         }
-        let mut repo =
-            Repository { storage, key, config, index: RwLock::new(Index::default()), cache: None, key_id: None };
+        let mut repo = Repository {
+            storage,
+            key,
+            config,
+            index: RwLock::new(Index::default()),
+            cache: None,
+            key_id: None,
+            preloaded: Preloaded::default(),
+        };
         repo.key_id = Some(repo.add_key(password, opts.kdf)?);
         let body = serde_json::to_vec(&repo.config).expect("config serializes");
         repo.storage.write(CONFIG, sealed::seal(&repo.key, SealedKind::Config, &body))?;
@@ -103,6 +113,29 @@ impl Repository {
     /// Opens a repository: finds a key file that `password` unlocks, then reads the config.
     /// The index is not loaded; call [`Repository::load_index`].
     pub fn open(storage: Arc<dyn Storage>, password: &[u8]) -> Result<Self> {
+        Self::open_preloaded(storage, password, &Preload::none())
+    }
+
+    /// [`Repository::open`], listing and fetching what `preload` names beside the key's round
+    /// trips (see [`crate::preload`]): the repository's first listings and reads of those
+    /// files are then served from what was read ahead.
+    pub fn open_preloaded(storage: Arc<dyn Storage>, password: &[u8], preload: &Preload) -> Result<Self> {
+        let threads = crate::parallel::cores().max(storage.default_concurrency());
+        let (opened, preloaded) = std::thread::scope(|s| {
+            let ahead = std::thread::Builder::new()
+                .name("cairn-preload".into())
+                .spawn_scoped(s, || Preloaded::fetch(&*storage, preload, threads));
+            let opened = Self::open_keyed(storage.clone(), password);
+            // Without a thread nothing is read ahead; the repository reads as usual.
+            let preloaded = ahead.map(|t| t.join().expect("the read-ahead panicked")).unwrap_or_default();
+            (opened, preloaded)
+        });
+        let mut repo = opened?;
+        repo.preloaded = preloaded;
+        Ok(repo)
+    }
+
+    fn open_keyed(storage: Arc<dyn Storage>, password: &[u8]) -> Result<Self> {
         // The config is read beside the key files (a remote repository waits one round trip
         // for both, not two in a row); it is decrypted once a key opens.
         let (config_bytes, key) = std::thread::scope(|s| {
@@ -141,7 +174,15 @@ impl Repository {
             Some(k) => key.with_chunk_id_key(k),
             None => key,
         };
-        Ok(Repository { storage, key, config, index: RwLock::new(Index::default()), cache: None, key_id })
+        Ok(Repository {
+            storage,
+            key,
+            config,
+            index: RwLock::new(Index::default()),
+            cache: None,
+            key_id,
+            preloaded: Preloaded::default(),
+        })
     }
 
     /// Reads every index file into memory, several at once (each is read, decrypted and
@@ -172,7 +213,7 @@ impl Repository {
     /// Every deletion manifest of a pending prune, each read on its own (a damaged one is its
     /// own error).
     pub fn deletions(&self) -> Result<Vec<(DeletionId, Result<Deletion>)>> {
-        let listed = self.storage.list(Dir::Deletions.name())?;
+        let listed = self.preloaded.list(&*self.storage, Dir::Deletions)?;
         let ids: Vec<DeletionId> = listed.iter().filter_map(|o| layout::parse_deletion_path(&o.path)).collect();
         let threads = crate::parallel::cores().max(self.storage.default_concurrency());
         let read = map_parallel(&ids, threads, |id| {
@@ -190,7 +231,7 @@ impl Repository {
     /// Reads and decodes every index file, each on its own (on as many threads as the storage
     /// keeps requests in flight, at least one per core): a damaged one is its own error.
     pub fn index_files(&self) -> Result<Vec<(String, Result<Vec<IndexedPack>>)>> {
-        let files = self.storage.list(Dir::Index.name())?;
+        let files = self.preloaded.list(&*self.storage, Dir::Index)?;
         let threads = crate::parallel::cores().max(self.storage.default_concurrency());
         let read = map_parallel(&files, threads, |obj| self.read_index_file(&obj.path));
         Ok(files.into_iter().map(|obj| obj.path).zip(read).collect())
@@ -226,10 +267,13 @@ impl Repository {
         self.cache = Some(cache);
     }
 
-    /// Reads a content-addressed sealed file, checking its name and authenticity; from the
-    /// cache if it holds an intact copy.
+    /// Reads a content-addressed sealed file, checking its name and authenticity; read ahead
+    /// while opening, or from the cache if it holds an intact copy.
     fn read_sealed(&self, path: &str, kind: SealedKind) -> Result<Vec<u8>> {
-        let cached = self.cache.as_ref().and_then(|c| c.get(path, |b| check_name(path, b).is_ok()));
+        let cached = self
+            .preloaded
+            .take_file(path)
+            .or_else(|| self.cache.as_ref().and_then(|c| c.get(path, |b| check_name(path, b).is_ok())));
         let bytes = match cached {
             Some(b) => b,
             None => {
@@ -410,7 +454,7 @@ impl Repository {
     /// read several at once (a remote one waits a round trip). A snapshot listed but gone when
     /// read was removed meanwhile and is left out.
     pub fn read_snapshots(&self) -> Result<(Vec<(SnapshotId, Snapshot)>, DamagedFiles)> {
-        let listed = self.storage.list(Dir::Snapshots.name())?;
+        let listed = self.preloaded.list(&*self.storage, Dir::Snapshots)?;
         let threads = crate::parallel::cores().max(self.storage.default_concurrency());
         let read = map_parallel(&listed, threads, |obj| match layout::parse_snapshot_path(&obj.path) {
             Some(id) => self.read_snapshot(&id).map(|s| (id, s)),
@@ -440,7 +484,7 @@ impl Repository {
                 .next_back()
                 .ok_or_else(|| Error::SnapshotSelect("the repository has no snapshots".into()));
         }
-        let all = self.storage.list(Dir::Snapshots.name())?;
+        let all = self.preloaded.list(&*self.storage, Dir::Snapshots)?;
         let candidates: Vec<SnapshotId> = all
             .iter()
             .filter_map(|o| layout::parse_snapshot_path(&o.path))
@@ -614,7 +658,7 @@ fn no_key_opens(repo: &str, intact: usize, damaged: Vec<(String, Error)>) -> Err
 
 /// Reads a content-addressed object whose bytes must hash to its name, reading it again if a
 /// transfer came back short or damaged.
-fn read_checked(storage: &dyn Storage, path: &str) -> Result<Vec<u8>> {
+pub(crate) fn read_checked(storage: &dyn Storage, path: &str) -> Result<Vec<u8>> {
     retry_damaged(|| {
         let bytes = storage.read(path)?;
         check_name(path, &bytes)?;

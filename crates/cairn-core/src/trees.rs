@@ -9,6 +9,13 @@
 //! once through the read path: one round of many requests instead of one per level. A walker
 //! that goes one directory at a time beside something else (a backup beside its parent
 //! snapshot) asks a [`TreeLoader`], which loads the trees it will want next on a few threads.
+//!
+//! Level by level still costs one round trip per level of nesting (a backup of `/home/me/src`
+//! is six levels deep before the first file). But a backup writes a directory's tree after its
+//! subdirectories', into packs of trees only, so the trees below a tree lie in the same few
+//! packs: a walk reads all of each tree pack it meets ([`ReadAhead`], up to a pack's target
+//! size) and finds the next levels already in memory. A restore then waits one round trip for
+//! its trees when they lie in one pack, and one per further pack they lead into.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -19,7 +26,8 @@ use std::sync::{Arc, Mutex};
 use crossbeam_channel::{bounded, Receiver, Sender};
 
 use crate::error::{Error, Result};
-use crate::id::{BlobId, IdMap, IdSet};
+use crate::id::{BlobId, IdMap, IdSet, PackId};
+use crate::index::BlobLocation;
 use crate::layout::pack_path;
 use crate::pack::BlobEntry;
 use crate::read::{coalesce, coalesce_gap, Decoded, PackRead, Reader, Sink};
@@ -41,6 +49,70 @@ pub struct Loading {
     pub cancel: Arc<AtomicBool>,
     /// Tree reads completed so far.
     pub reads_done: AtomicU64,
+    /// Tree pack bytes read ahead of the levels that will want them.
+    pub read_ahead: ReadAhead,
+}
+
+/// Most bytes of tree packs one walk reads ahead and holds (the Linux tree's trees take about
+/// 5 MiB stored; a walk of many snapshots holds at most this much beyond the trees it loads).
+const READ_AHEAD_MAX: u64 = 64 * 1024 * 1024;
+
+/// Tree pack bytes read ahead by one walk: the ranges read, by pack, the packs already read
+/// whole (each at most once) and where each pack's blobs end. Dropped with the walk's
+/// [`Loading`].
+#[derive(Default)]
+pub struct ReadAhead {
+    held: Mutex<Vec<Held>>,
+    packs: Mutex<IdSet<PackId>>,
+    bytes: AtomicU64,
+    pack_ends: std::sync::OnceLock<Vec<u64>>,
+}
+
+/// One range of a pack read ahead.
+struct Held {
+    pack: PackId,
+    offset: u64,
+    bytes: Arc<Vec<u8>>,
+}
+
+impl ReadAhead {
+    /// The held bytes of a blob at `loc`, and where in them it lies.
+    fn find(&self, loc: &BlobLocation) -> Option<(Arc<Vec<u8>>, usize)> {
+        let (start, len) = (u64::from(loc.entry.offset), u64::from(loc.entry.length));
+        let held = self.held.lock().expect("read-ahead lock");
+        held.iter()
+            .find(|h| h.pack == loc.pack && h.offset <= start && start + len <= h.offset + h.bytes.len() as u64)
+            .map(|h| (h.bytes.clone(), (start - h.offset) as usize))
+    }
+
+    /// Widens `read` (of pack number `pack_no` in `repo`'s index) to all the blobs of its pack,
+    /// the first time the pack is read, if the pack is no larger than `pack_size` and the walk
+    /// holds less than [`READ_AHEAD_MAX`].
+    fn extend(&self, repo: &Repository, read: &mut PackRead, pack_no: u32, pack_size: u64) {
+        let ends = self.pack_ends.get_or_init(|| repo.index().pack_ends());
+        let end = ends.get(pack_no as usize).copied().unwrap_or(0).max(read.offset + read.length);
+        let room = READ_AHEAD_MAX.saturating_sub(self.bytes.load(Ordering::Relaxed));
+        if end > pack_size || end - read.length > room {
+            return;
+        }
+        if !self.packs.lock().expect("read-ahead lock").insert(read.pack) {
+            return;
+        }
+        self.bytes.fetch_add(end - read.length, Ordering::Relaxed);
+        read.offset = 0;
+        read.length = end;
+    }
+
+    /// Keeps the bytes of `read` for the levels to come.
+    fn hold(&self, read: &PackRead, bytes: Arc<Vec<u8>>) {
+        self.held.lock().expect("read-ahead lock").push(Held { pack: read.pack, offset: read.offset, bytes });
+    }
+
+    /// Frees what is held (a finished walk: a restore's [`Loading`] lives on through its data
+    /// pipeline, which must not carry tree packs beside its budget).
+    pub(crate) fn release(&self) {
+        self.held.lock().expect("read-ahead lock").clear();
+    }
 }
 
 /// Finds the node at `path` (absolute, inside the snapshot; any bytes, not only UTF-8) without
@@ -103,6 +175,7 @@ pub fn for_each_tree(
         next.sort_unstable();
         level = next;
     }
+    loading.read_ahead.release();
     Ok(())
 }
 
@@ -121,35 +194,55 @@ pub fn load_level(
     let mut out: Vec<(BlobId, Result<Tree>)> = Vec::with_capacity(level.len());
     let index = repo.index();
     let mut located = Vec::with_capacity(level.len());
+    let mut held = Vec::new();
     for id in level {
         if let Some(t) = repo.cached_tree(id) {
             out.push((*id, Ok(t)));
             continue;
         }
         match index.get(id) {
-            Some(loc) => located.push(loc),
+            Some(loc) => match loading.read_ahead.find(&loc) {
+                Some((bytes, at)) => held.push((loc, bytes, at)),
+                None => located.push(loc),
+            },
             None => out.push((*id, Err(Error::NotFound(format!("tree {} (not in any index)", id.short()))))),
         }
     }
     drop(index);
     let level_bytes: u64 = located.iter().map(|l| u64::from(l.entry.length) + u64::from(l.entry.raw_length)).sum();
     let share = (level_bytes / (threads.max(1) as u64 * 4)).max(TREE_READ_MIN);
-    let reads = coalesce(located, share, coalesce_gap(repo));
+    let pack_nos: IdMap<PackId, u32> = located.iter().map(|l| (l.pack, l.pack_no)).collect();
+    let mut reads = coalesce(located, share, coalesce_gap(repo));
+    // A tree pack a little over its target size (the packer closes one past it) still counts.
+    let pack_size = u64::from(repo.config().pack_size) * 5 / 4;
+    for read in &mut reads {
+        loading.read_ahead.extend(repo, read, pack_nos[&read.pack], pack_size);
+    }
     let next = AtomicUsize::new(0);
+    let next_held = AtomicUsize::new(0);
     let loaded = Mutex::new(out);
     std::thread::scope(|s| {
-        for _ in 0..threads.clamp(1, reads.len().max(1)) {
+        for _ in 0..threads.clamp(1, (reads.len() + held.len()).max(1)) {
             s.spawn(|| {
                 while let Some(read) = reads.get(next.fetch_add(1, Ordering::Relaxed)) {
                     if loading.cancel.load(Ordering::Relaxed) {
                         return;
                     }
-                    let trees: Vec<(BlobId, Result<Tree>)> = match read_trees(repo, read) {
+                    let trees: Vec<(BlobId, Result<Tree>)> = match read_trees(repo, read, &loading.read_ahead) {
                         Ok(t) => t.into_iter().map(|(id, t)| (id, Ok(t))).collect(),
                         Err(_) => read.blobs.iter().map(|b| (b.id, repo.read_tree(&b.id))).collect(),
                     };
                     loading.reads_done.fetch_add(1, Ordering::Relaxed);
                     loaded.lock().expect("lock").extend(trees);
+                }
+                // Trees read ahead by an earlier level: only decoded (a damaged one is read again).
+                while let Some((loc, bytes, at)) = held.get(next_held.fetch_add(1, Ordering::Relaxed)) {
+                    let path = pack_path(&loc.pack);
+                    let sealed = &bytes[*at..*at + loc.entry.length as usize];
+                    let tree = repo
+                        .decode_tree(&repo.key().object_key(&loc.salt), &loc.entry, sealed, &path)
+                        .or_else(|_| repo.read_tree(&loc.entry.id));
+                    loaded.lock().expect("lock").push((loc.entry.id, tree));
                 }
             });
         }
@@ -160,13 +253,47 @@ pub fn load_level(
     Ok(loaded.into_inner().expect("lock"))
 }
 
+/// Tree `id`: from the bytes `ahead` holds, else by reading its whole pack (the first time)
+/// or its own range. Whatever fails is read again on its own, so the error is the read's.
+fn load_through(repo: &Repository, id: &BlobId, ahead: &ReadAhead) -> Result<Tree> {
+    if let Some(t) = repo.cached_tree(id) {
+        return Ok(t);
+    }
+    let Some(loc) = repo.index().get(id) else { return repo.read_tree(id) };
+    let path = pack_path(&loc.pack);
+    if let Some((bytes, at)) = ahead.find(&loc) {
+        let sealed = &bytes[at..at + loc.entry.length as usize];
+        return repo
+            .decode_tree(&repo.key().object_key(&loc.salt), &loc.entry, sealed, &path)
+            .or_else(|_| repo.read_tree(id));
+    }
+    let mut read = PackRead {
+        pack: loc.pack,
+        salt: loc.salt,
+        offset: u64::from(loc.entry.offset),
+        length: u64::from(loc.entry.length),
+        blobs: vec![loc.entry],
+    };
+    let pack_size = u64::from(repo.config().pack_size) * 5 / 4;
+    ahead.extend(repo, &mut read, loc.pack_no, pack_size);
+    match read_trees(repo, &read, ahead) {
+        Ok(mut trees) if !trees.is_empty() => Ok(trees.swap_remove(0).1),
+        _ => repo.read_tree(id),
+    }
+}
+
 /// Reads one coalesced range of tree blobs (again, if the transfer came back damaged) and
-/// keeps each verified tree in the metadata cache.
-fn read_trees(repo: &Repository, read: &PackRead) -> Result<Vec<(BlobId, Tree)>> {
+/// keeps each verified tree in the metadata cache; a range read further back than its first
+/// tree is held in `ahead` for the levels to come.
+fn read_trees(repo: &Repository, read: &PackRead, ahead: &ReadAhead) -> Result<Vec<(BlobId, Tree)>> {
     let path = pack_path(&read.pack);
     let key = repo.key().object_key(&read.salt);
     crate::repository::retry_damaged(|| {
-        let bytes = repo.storage().read_range(&path, read.offset, read.length)?;
+        let bytes = Arc::new(repo.storage().read_range(&path, read.offset, read.length)?);
+        let wanted: u64 = read.blobs.iter().map(|b| u64::from(b.length)).sum();
+        if read.length > wanted {
+            ahead.hold(read, bytes.clone());
+        }
         read.blobs
             .iter()
             .map(|b| {
@@ -355,13 +482,29 @@ impl TreeLoader {
         repo: &'scope Repository,
         threads: usize,
     ) -> Self {
+        Self::start_with(scope, repo, threads, None)
+    }
+
+    /// As [`TreeLoader::start`], reading each tree pack whole the first time a tree in it is
+    /// wanted and keeping it in `ahead` (see [`ReadAhead`]): a walk then waits one round trip
+    /// per tree pack, not one per directory level.
+    pub fn start_with<'scope>(
+        scope: &'scope std::thread::Scope<'scope, '_>,
+        repo: &'scope Repository,
+        threads: usize,
+        ahead: Option<&'scope ReadAhead>,
+    ) -> Self {
         let (requests, rx) = bounded::<(BlobId, Sender<Loaded>)>(threads * 64);
         for _ in 0..threads {
             let rx = rx.clone();
             scope.spawn(move || {
                 for (id, reply) in rx {
+                    let tree = match ahead {
+                        Some(ahead) => load_through(repo, &id, ahead),
+                        None => repo.read_tree(&id),
+                    };
                     // The walker may have stopped early; then nobody wants the tree.
-                    let _ = reply.send(repo.read_tree(&id).map_err(|e| e.to_string()));
+                    let _ = reply.send(tree.map_err(|e| e.to_string()));
                 }
             });
         }
@@ -421,7 +564,8 @@ impl<'l> Ahead<'l> {
         let loaded = match self.slots.remove(id) {
             Some((Slot::Ready(t), _)) => t,
             Some((Slot::Loading(rx), _)) => rx.recv().unwrap_or_else(|_| Err("tree loader stopped".into())),
-            None => Err(String::new()),
+            // Not asked for ahead (a root): through the loader too, which may read its pack whole.
+            None => self.loader.request(*id).recv().unwrap_or_else(|_| Err("tree loader stopped".into())),
         };
         let tree = match loaded {
             Ok(t) => t,

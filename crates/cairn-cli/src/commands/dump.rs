@@ -20,7 +20,7 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
-    let Opened { repo, id, snapshot: snap, path, .. } = open_snapshot(g, &a.snapshot)?;
+    let Opened { repo, _lock, id, snapshot: snap, path } = open_snapshot(g, &a.snapshot)?;
     let stdout = std::io::stdout();
     if stdout.is_terminal() {
         bail!("refusing to write a dump to a terminal: redirect stdout to a file or a pipe");

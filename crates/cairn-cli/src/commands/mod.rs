@@ -6,6 +6,7 @@ use anyhow::{bail, Result};
 use cairn_core::cache::Cache;
 use cairn_core::compress::Codec;
 use cairn_core::lock::{Lock, LockKind};
+use cairn_core::preload::Preload;
 use cairn_core::repository::Repository;
 use cairn_core::storage::{Faults, FaultyStorage, Location, OpendalStorage, RemoteOptions, Storage};
 
@@ -66,7 +67,22 @@ pub(crate) fn open(global: &Global) -> Result<Repository> {
 /// keys and read the config, read a key file, derive the key) instead of after them. If either
 /// fails, the lock is removed; where there is no repository, none is written.
 pub(crate) fn open_locked(global: &Global, kind: LockKind) -> Result<(Repository, Lock)> {
+    let (repo, lock, ()) = open_locked_then(global, kind, |_| Preload::none(), |_| Ok(()))?;
+    Ok((repo, lock))
+}
+
+/// [`open_locked`], reading ahead beside both what `preload` asks for (given whether a
+/// metadata cache will serve the repository's files), and doing `then` with the opened
+/// repository while the lock is still being taken (it may read, not write). Errors come in
+/// that order: opening, the lock, then `then`'s.
+fn open_locked_then<T>(
+    global: &Global,
+    kind: LockKind,
+    preload: impl FnOnce(bool) -> Preload,
+    then: impl FnOnce(&Repository) -> Result<T>,
+) -> Result<(Repository, Lock, T)> {
     let storage = storage(global)?;
+    let preload = preload(cache_base(global, &*storage).is_some());
     let pw = password::get(global.password_file.as_deref(), "CAIRN_PASSWORD", "repository password", false)?;
     let (opened, held) = std::thread::scope(|s| {
         let locking = std::thread::Builder::new()
@@ -79,27 +95,40 @@ pub(crate) fn open_locked(global: &Global, kind: LockKind) -> Result<(Repository
                 take_lock(storage.clone(), kind)
             })
             .map_err(|e| cairn_core::Error::io("lock", "cannot start a thread", e))?;
-        let opened = open_with(global, storage.clone(), &pw);
+        let opened = open_preloaded(global, storage.clone(), &pw, &preload).map(|repo| {
+            let done = then(&repo);
+            (repo, done)
+        });
         Ok::<_, cairn_core::Error>((opened, locking.join().expect("the lock thread panicked")))
     })?;
-    let repo = opened?;
-    Ok((repo, held?))
+    let (repo, done) = opened?;
+    let lock = held?;
+    Ok((repo, lock, done?))
 }
 
 /// Opens the repository in `storage` with `pw`, with the metadata cache the global options
 /// choose.
 pub(crate) fn open_with(global: &Global, storage: Arc<dyn Storage>, pw: &[u8]) -> Result<Repository> {
-    let mut repo = Repository::open(storage, pw)?;
-    let base = match (&global.cache_dir, global.no_cache) {
-        (_, true) => None,
-        (Some(dir), false) => Some(dir.clone()),
-        (None, false) if repo.storage().is_remote() => Cache::default_base(),
-        (None, false) => None,
-    };
-    if let Some(base) = base {
+    open_preloaded(global, storage, pw, &Preload::none())
+}
+
+/// [`open_with`], reading ahead what `preload` asks for while the key is found.
+fn open_preloaded(global: &Global, storage: Arc<dyn Storage>, pw: &[u8], preload: &Preload) -> Result<Repository> {
+    let mut repo = Repository::open_preloaded(storage, pw, preload)?;
+    if let Some(base) = cache_base(global, &**repo.storage()) {
         repo.set_cache(Cache::open(&base, &repo.config().id)?);
     }
     Ok(repo)
+}
+
+/// Where the metadata cache for `storage` lives, if the global options want one.
+fn cache_base(global: &Global, storage: &dyn Storage) -> Option<std::path::PathBuf> {
+    match (&global.cache_dir, global.no_cache) {
+        (_, true) => None,
+        (Some(dir), false) => Some(dir.clone()),
+        (None, false) if storage.is_remote() => Cache::default_base(),
+        (None, false) => None,
+    }
 }
 
 /// Takes a lock for the rest of the command, reporting stale locks it ignores.
@@ -117,18 +146,30 @@ fn take_lock(storage: Arc<dyn Storage>, kind: LockKind) -> Result<Lock> {
 }
 
 /// Opens the repository for reading a snapshot: a shared lock, the index, and the snapshot
-/// `SNAPSHOT[:PATH]` names, with the path inside it.
+/// `SNAPSHOT[:PATH]` names, with the path inside it. The index and snapshot files are listed and
+/// fetched beside the lock and the key's round trips (unless a metadata cache holds them), so
+/// a remote repository waits two round trips, not six, before the first tree.
 pub(crate) fn open_snapshot<'s>(g: &Global, spec: &'s std::ffi::OsStr) -> Result<Opened<'s>> {
-    let (repo, lock) = open_locked(g, LockKind::Shared)?;
-    repo.load_index()?;
     let (name, path) = split_spec(spec)?;
-    let (id, snapshot) = repo.find_snapshot(name)?;
+    // The index and the snapshot are loaded while the lock is taken. (The trees are not: their
+    // walk belongs to the command, under its watchdog and SIGINT handler.)
+    let (repo, lock, (id, snapshot)) = open_locked_then(
+        g,
+        LockKind::Shared,
+        |cached| Preload::snapshot(name, !cached),
+        |repo| {
+            repo.load_index()?;
+            let (id, snapshot) = repo.find_snapshot(name)?;
+            Ok((id, snapshot))
+        },
+    )?;
     Ok(Opened { repo, _lock: lock, id, snapshot, path })
 }
 
 /// What [`open_snapshot`] opened.
 pub(crate) struct Opened<'a> {
     pub repo: Repository,
+    /// Held until the command ends: bind it (`_lock`); a pattern with `..` drops it at once.
     _lock: Lock,
     pub id: cairn_core::id::SnapshotId,
     pub snapshot: cairn_core::snapshot::Snapshot,

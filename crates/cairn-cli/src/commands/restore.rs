@@ -45,7 +45,8 @@ pub struct Args {
     /// or more, on ext4 and XFS)
     #[arg(long)]
     pub preallocate: bool,
-    /// Ranged pack reads in flight [default: 4 for a local repository, 32 for S3, 8 for SFTP]
+    /// Ranged pack reads in flight, fixed [default: tuned while restoring, starting from 4 for a
+    /// local repository, 32 for S3, 8 for SFTP]
     #[arg(long, value_name = "N")]
     pub fetch_concurrency: Option<usize>,
     /// Threads that decrypt, decompress and verify [default: number of cores]
@@ -76,11 +77,12 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
-    let Opened { repo, id, snapshot: snap, path, .. } = open_snapshot(g, &a.snapshot)?;
+    let Opened { repo, _lock, id, snapshot: snap, path } = open_snapshot(g, &a.snapshot)?;
     let defaults = RestoreOptions::default();
     let cancel = cancel_on_sigint()?;
     let opts = RestoreOptions {
         fetch_concurrency: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency()),
+        fetch_auto: a.fetch_concurrency.is_none(),
         decode_threads: a.decode_threads.unwrap_or(defaults.decode_threads),
         write_threads: a.write_threads.unwrap_or(defaults.write_threads),
         max_memory: parse_size(&a.max_memory)?,
@@ -125,6 +127,9 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     }
     for s in &out.stalls {
         eprintln!("warning: restore stalled: {s}");
+    }
+    if a.profile {
+        crate::progress::print_round_trips(&**repo.storage(), g.json);
     }
     crate::progress::print_restore_summary(&id.to_hex(), &out, g.json, a.profile);
     if !out.failed.is_empty() {

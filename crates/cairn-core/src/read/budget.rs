@@ -59,6 +59,11 @@ impl Budget {
         Some(Reservation { budget: self, bytes })
     }
 
+    /// The budget's size.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
     /// Bytes reserved right now.
     #[cfg(test)]
     pub fn used(&self) -> u64 {

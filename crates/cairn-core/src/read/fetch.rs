@@ -1,15 +1,18 @@
 //! Fetch stage: many ranged reads of packs in flight, each reserved against the budget first. A
 //! read goes to the decode stage whole, with the blobs it covers.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 
 use super::budget::Reservation;
 use super::buffers::{Buf, BufferPool};
+use super::tune::Gate;
 use super::{PackRead, Reader, Sink, POOLED_BLOB};
 use crate::crypto::ObjectKey;
 use crate::layout::pack_path;
+use crate::pack::BlobKind;
 use crate::profile::work;
 
 /// One ranged read of a pack, still encrypted.
@@ -29,6 +32,27 @@ pub struct Fetched<'b> {
     /// dropped by the sink (none for a verify-only or stored-only sink: the range's reservation
     /// covers its one decoded blob at a time).
     pub blob_reservations: Vec<Reservation<'b>>,
+}
+
+/// A place at an auto-tuned reader's gate (nothing for a fixed one), given back when dropped.
+struct Place<'g>(Option<&'g Gate>);
+
+impl<'g> Place<'g> {
+    /// Waits for a place; `None` if the reader was cancelled meanwhile.
+    fn enter(r: &'g Reader<'_>) -> Option<Self> {
+        match r.gate() {
+            Some(g) => g.enter(|| r.cancelled()).then_some(Place(Some(g))),
+            None => Some(Place(None)),
+        }
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if let Some(g) = self.0 {
+            g.leave();
+        }
+    }
 }
 
 /// Runs until `reads` is drained, the reader is cancelled, or `out` is closed.
@@ -53,20 +77,34 @@ pub fn fetch_worker<'s, S: Sink<'s>>(
         } else {
             read.raw_bytes()
         };
+        // An auto-tuned reader lets only so many workers fetch at once (read/tune.rs); a place
+        // is held from the budget to the hand-off, so the time blocked there is the controller's
+        // measure of pressure from downstream.
+        let Some(_place) = Place::enter(r) else { return };
+        let waited = Instant::now();
         let Some(mut range_reservation) = r.budget.reserve(read.length + plain, || r.cancelled()) else {
             return;
         };
+        let requested = Instant::now();
+        r.meter.budget_wait_nanos.fetch_add((requested - waited).as_nanos() as u64, Relaxed);
         let pack = pack_path(&read.pack);
         let mut range = if read.length / read.blobs.len().max(1) as u64 >= POOLED_BLOB {
             r.buffers.take(read.length as usize)
         } else {
             BufferPool::adopt(Vec::with_capacity(read.length as usize))
         };
-        if let Err(e) = work(clock, || r.repo.read_pack_range_into(&pack, read.offset, read.length, &mut range)) {
+        if let Some(trace) = r.repo.storage().trace().filter(|_| read.blobs.iter().any(|b| b.kind == BlobKind::Data)) {
+            trace.data_fetch_starts();
+        }
+        let fetched = work(clock, || r.repo.read_pack_range_into(&pack, read.offset, read.length, &mut range));
+        r.meter.requests.fetch_add(1, Relaxed);
+        r.meter.request_nanos.fetch_add(requested.elapsed().as_nanos() as u64, Relaxed);
+        r.meter.reserved.fetch_add(read.length + plain, Relaxed);
+        if let Err(e) = fetched {
             sink.read_failed(read, &e);
             continue;
         }
-        r.fetched.fetch_add(read.length, std::sync::atomic::Ordering::Relaxed);
+        r.fetched.fetch_add(read.length, Relaxed);
         let blob_reservations = if verify_only {
             Vec::new()
         } else {

@@ -9,7 +9,11 @@
 //!
 //! ```text
 //!   reads ─▶ fetch (N in flight, budget) ─▶ decode (CPU pool, verify) ─▶ Sink
+//!                 ▲
+//!            tune (N from throughput, latency, pressure)
 //! ```
+//!
+//! N is the caller's, or — [`Reader::auto_tuned`] — moved while reading by `tune.rs`.
 
 mod budget;
 mod buffers;
@@ -17,10 +21,12 @@ mod decode;
 mod fetch;
 mod pace;
 mod queue;
+mod tune;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::{Scope, ScopedJoinHandle};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::bounded;
 
@@ -29,6 +35,7 @@ pub use buffers::{Buf, BufferPool};
 pub use decode::{Decoded, Plain};
 pub use pace::{ordered_reads, Pace, Paced};
 pub use queue::{Queued, Slots};
+pub use tune::{Step as TuneStep, AUTO_MAX};
 
 use crate::crypto::SALT_LEN;
 use crate::error::Error;
@@ -169,6 +176,25 @@ pub struct Reader<'a> {
     clocks: [StageClock; 2],
     fetched: AtomicU64,
     cancel: Arc<AtomicBool>,
+    /// Set by [`Reader::auto_tuned`]: the gate on reads in flight and what the controller did.
+    tuning: Option<Tuning>,
+    meter: Meter,
+}
+
+/// The fetch stage's running totals the controller samples.
+#[derive(Default)]
+struct Meter {
+    requests: AtomicU64,
+    request_nanos: AtomicU64,
+    budget_wait_nanos: AtomicU64,
+    reserved: AtomicU64,
+    live_fetchers: AtomicUsize,
+}
+
+/// An auto-tuned reader's gate and log.
+struct Tuning {
+    gate: tune::Gate,
+    log: Mutex<Vec<tune::Step>>,
 }
 
 impl<'a> Reader<'a> {
@@ -182,7 +208,22 @@ impl<'a> Reader<'a> {
             clocks: Default::default(),
             fetched: AtomicU64::new(0),
             cancel,
+            tuning: None,
+            meter: Meter::default(),
         }
+    }
+
+    /// With `on`, the number of reads in flight is the `fetchers` [`Reader::start`] is given
+    /// only at first: it is moved while reading from measured throughput, latency and
+    /// downstream pressure, up to [`AUTO_MAX`] and within the budget (see `read/tune.rs`).
+    pub fn auto_tuned(mut self, on: bool) -> Self {
+        self.tuning = on.then(|| Tuning { gate: tune::Gate::new(1), log: Mutex::new(Vec::new()) });
+        self
+    }
+
+    /// What the controller chose, in order (empty when not auto-tuned).
+    pub fn tuning_log(&self) -> Vec<TuneStep> {
+        self.tuning.as_ref().map(|t| t.log.lock().expect("tuning log").clone()).unwrap_or_default()
     }
 
     /// Starts, inside `s`, a feeder that hands `reads` out in order, `fetchers` fetch workers
@@ -201,10 +242,19 @@ impl<'a> Reader<'a> {
         I: IntoIterator<Item = &'s PackRead>,
         I::IntoIter: Send + 's,
     {
-        let (fetchers, decoders) = (fetchers.max(1), decoders.max(1));
+        let (mut fetchers, decoders) = (fetchers.max(1), decoders.max(1));
+        let mut workers = Vec::new();
+        let start = fetchers;
+        if let Some(tuning) = &self.tuning {
+            tuning.gate.set_limit(fetchers);
+            fetchers = AUTO_MAX.max(fetchers);
+        }
+        self.meter.live_fetchers.fetch_add(fetchers, Ordering::Relaxed);
+        if let Some(tuning) = &self.tuning {
+            workers.push(spawn_named(s, "tune", move || self.tune(tuning, start)));
+        }
         let (reads_tx, reads_rx) = bounded(fetchers);
         let (fetched_tx, fetched_rx) = bounded(decoders * 4);
-        let mut workers = Vec::with_capacity(fetchers + decoders + 1);
         let reads = reads.into_iter();
         workers.push(spawn_named(s, "feed", move || {
             for read in reads {
@@ -215,13 +265,62 @@ impl<'a> Reader<'a> {
         }));
         for _ in 0..fetchers {
             let (rx, tx, sink) = (reads_rx.clone(), fetched_tx.clone(), sink.clone());
-            workers.push(spawn_named(s, "fetch", move || fetch::fetch_worker(self, rx, tx, sink)));
+            workers.push(spawn_named(s, "fetch", move || {
+                fetch::fetch_worker(self, rx, tx, sink);
+                self.meter.live_fetchers.fetch_sub(1, Ordering::Relaxed);
+            }));
         }
         for _ in 0..decoders {
             let (rx, sink) = (fetched_rx.clone(), sink.clone());
             workers.push(spawn_named(s, "decode", move || decode::decode_worker(self, rx, sink)));
         }
         workers
+    }
+
+    /// The controller's loop: samples the fetch stage and moves the gate's limit until every
+    /// fetch worker has ended.
+    fn tune(&self, tuning: &Tuning, start: usize) {
+        let mut controller = tune::Controller::new(start, self.budget.limit());
+        let began = Instant::now();
+        let mut last = (Instant::now(), self.totals());
+        let mut latency = Duration::ZERO;
+        while self.meter.live_fetchers.load(Ordering::Relaxed) > 0 && !self.cancelled() {
+            std::thread::sleep(Duration::from_millis(20));
+            let now = Instant::now();
+            let totals = self.totals();
+            // A sample spans several round trips and as many requests as may be in flight.
+            let long_enough = now - last.0 >= SAMPLE_MIN.max(latency * 4);
+            let enough = totals.requests - last.1.requests >= controller.limit() as u64;
+            if !(long_enough && (enough || now - last.0 >= SAMPLE_MAX)) {
+                continue;
+            }
+            let sample = totals.since(&last.1, now - last.0);
+            latency = sample.request_time.checked_div(sample.requests.max(1) as u32).unwrap_or_default();
+            if let Some((limit, reason)) = controller.step(&sample) {
+                tuning.gate.set_limit(limit);
+                let step = tune::Controller::logged(began.elapsed(), limit, &sample, reason);
+                tuning.log.lock().expect("tuning log").push(step);
+            }
+            last = (now, totals);
+        }
+    }
+
+    /// The fetch stage's running totals.
+    fn totals(&self) -> Totals {
+        let m = &self.meter;
+        Totals {
+            requests: m.requests.load(Ordering::Relaxed),
+            bytes: self.fetched.load(Ordering::Relaxed),
+            request_nanos: m.request_nanos.load(Ordering::Relaxed),
+            blocked_nanos: m.budget_wait_nanos.load(Ordering::Relaxed)
+                + self.clocks[0].times().blocked.as_nanos() as u64,
+            reserved: m.reserved.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The gate on reads in flight, when auto-tuned.
+    fn gate(&self) -> Option<&tune::Gate> {
+        self.tuning.as_ref().map(|t| &t.gate)
     }
 
     /// The repository read.
@@ -257,6 +356,36 @@ impl<'a> Reader<'a> {
     /// The fetch and decode stages' times so far.
     pub fn times(&self) -> [StageTimes; 2] {
         [self.clocks[0].times(), self.clocks[1].times()]
+    }
+}
+
+/// Shortest sample the controller takes.
+const SAMPLE_MIN: Duration = Duration::from_millis(200);
+/// Longest sample (when fewer requests than the limit complete, e.g. large reads on a slow link).
+const SAMPLE_MAX: Duration = Duration::from_secs(2);
+
+/// Running totals of the fetch stage at one moment.
+#[derive(Clone, Copy)]
+struct Totals {
+    requests: u64,
+    bytes: u64,
+    request_nanos: u64,
+    blocked_nanos: u64,
+    reserved: u64,
+}
+
+impl Totals {
+    /// What happened between `before` and these totals, `elapsed` apart.
+    fn since(&self, before: &Totals, elapsed: Duration) -> tune::Sample {
+        let requests = self.requests - before.requests;
+        tune::Sample {
+            elapsed,
+            requests,
+            bytes: self.bytes - before.bytes,
+            request_time: Duration::from_nanos(self.request_nanos - before.request_nanos),
+            blocked: Duration::from_nanos(self.blocked_nanos.saturating_sub(before.blocked_nanos)),
+            reserved_per_read: (self.reserved - before.reserved) / requests.max(1),
+        }
     }
 }
 

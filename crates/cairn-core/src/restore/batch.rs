@@ -144,7 +144,7 @@ impl Run<'_> {
             fetches: &fetches,
             states: &states,
             target,
-            reader: Reader::new(self.repo, self.data_budget, self.cancel.clone()),
+            reader: Reader::new(self.repo, self.data_budget, self.cancel.clone()).auto_tuned(opts.fetch_auto),
             failures: Failures::new(&fetches),
             write_clock: Default::default(),
             remaining: super::shared::chunks_to_write(&plan, &fetches),
@@ -191,6 +191,7 @@ impl Run<'_> {
         part.bytes_fetched = sh.reader.fetched_bytes();
         let [fetch, decode] = sh.reader.times();
         part.profile = [fetch, decode, sh.write_clock.times()];
+        part.fetch_tuning = sh.reader.tuning_log();
 
         let failed = sh.take_failures();
         finish::finish_all(&sh, &failed, &self.failed_links, threads, progress);

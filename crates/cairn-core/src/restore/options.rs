@@ -118,8 +118,11 @@ pub const RESERVE_MIN: u64 = 1024 * 1024;
 /// How to restore.
 #[derive(Clone, Debug)]
 pub struct RestoreOptions {
-    /// Ranged reads in flight.
+    /// Ranged reads in flight (at first only, with `fetch_auto`).
     pub fetch_concurrency: usize,
+    /// Move the reads in flight while restoring from what is measured (`read/tune.rs`); off
+    /// when the user chose `--fetch-concurrency`.
+    pub fetch_auto: bool,
     /// Threads that decrypt, decompress and verify.
     pub decode_threads: usize,
     /// Threads that write files (and compare an existing target with the snapshot).
@@ -166,6 +169,7 @@ impl Default for RestoreOptions {
         let cores = crate::parallel::cores();
         RestoreOptions {
             fetch_concurrency: 4,
+            fetch_auto: true,
             decode_threads: cores,
             write_threads: cores.max(2),
             max_memory: DEFAULT_MAX_MEMORY,
@@ -275,6 +279,8 @@ pub struct RestoreOutcome {
     pub stalls: Vec<String>,
     /// Per-stage time: fetch, decode, write.
     pub profile: [StageTimes; 3],
+    /// What the fetch concurrency's controller chose, and why (empty unless `fetch_auto`).
+    pub fetch_tuning: Vec<crate::read::TuneStep>,
     /// Set for `--dry-run`.
     pub dry_run: Option<DryRun>,
     /// Wall time of each phase: plan, dirs, compare, schedule, pipeline, the create stage's own
@@ -326,6 +332,7 @@ impl RestoreOutcome {
         self.deleted += part.deleted;
         self.verified += part.verified;
         self.batches += part.batches;
+        self.fetch_tuning.extend(part.fetch_tuning);
         self.failed.extend(part.failed);
         self.warnings.extend(part.warnings);
         self.stalls.extend(part.stalls);

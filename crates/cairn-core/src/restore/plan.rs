@@ -193,7 +193,7 @@ pub fn stream(
     emit: impl FnMut(Plan) -> bool,
 ) -> Result<()> {
     std::thread::scope(|s| {
-        let loader = TreeLoader::start(s, repo, threads.max(1));
+        let loader = TreeLoader::start_with(s, repo, threads.max(1), Some(&loading.read_ahead));
         let mut b = Builder {
             filter,
             ahead: Ahead::new(repo, &loader, TREES_AHEAD, limit.trees_ahead()),
@@ -221,6 +221,8 @@ pub fn stream(
                 b.add_node(*node, Path::new(""), &abs, false)?;
             }
         }
+        // The tree packs read ahead are not needed once the walk is over.
+        loading.read_ahead.release();
         let last = std::mem::take(&mut b.plan);
         (b.emit)(last);
         Ok(())

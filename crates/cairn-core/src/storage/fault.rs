@@ -1,10 +1,12 @@
 //! A fault-injection layer around any [`Storage`]: latency per request, stalls, failed,
 //! truncated and corrupted reads. Tests and benchmarks wrap a real backend with it; it is never
-//! a substitute for one.
+//! a substitute for one. It also records its requests ([`RequestTrace`]) so a test or
+//! `--profile` can count the round trips waited for one after another before data flows.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use super::trace::RequestTrace;
 use super::{ObjectInfo, Storage};
 use crate::error::{Error, Result};
 
@@ -70,18 +72,28 @@ pub struct FaultyStorage<S> {
     inner: S,
     faults: Faults,
     reads: AtomicU64,
+    trace: RequestTrace,
 }
 
 impl<S: Storage> FaultyStorage<S> {
     /// Wraps `inner`.
     pub fn new(inner: S, faults: Faults) -> Self {
-        FaultyStorage { inner, faults, reads: AtomicU64::new(0) }
+        FaultyStorage { inner, faults, reads: AtomicU64::new(0), trace: RequestTrace::default() }
     }
 
     fn delay(&self) {
         if !self.faults.latency.is_zero() {
             std::thread::sleep(self.faults.latency);
         }
+    }
+
+    /// Runs request `op` on `path` with the injected latency first, and records it.
+    fn request<T>(&self, op: &str, path: &str, run: impl FnOnce() -> T) -> T {
+        let start = Instant::now();
+        self.delay();
+        let out = run();
+        self.trace.record(|| format!("{op} {path}"), start);
+        out
     }
 
     fn stall(&self, at: &Option<String>, path: &str) {
@@ -118,40 +130,40 @@ impl<S: Storage> Storage for FaultyStorage<S> {
     }
 
     fn read(&self, path: &str) -> Result<Vec<u8>> {
-        self.delay();
-        let mut data = self.inner.read(path)?;
+        let mut data = self.request("read", path, || self.inner.read(path))?;
         self.mangle(path, &mut data, false)?;
         Ok(data)
     }
 
     // Faults land in the caller's buffer, so the layer keeps the backend's own way of reading.
     fn read_range_into(&self, path: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
-        self.delay();
-        self.stall(&self.faults.stall_path, path);
-        self.inner.read_range_into(path, offset, len, buf)?;
+        self.request("read range of", path, || {
+            self.stall(&self.faults.stall_path, path);
+            self.inner.read_range_into(path, offset, len, buf)
+        })?;
         self.mangle(path, buf, true)
     }
 
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {
-        self.delay();
-        self.stall(&self.faults.stall_write, path);
-        self.inner.write(path, data)
+        self.request("write", path, || {
+            self.stall(&self.faults.stall_write, path);
+            self.inner.write(path, data)
+        })
     }
 
     fn list(&self, dir: &str) -> Result<Vec<ObjectInfo>> {
-        self.delay();
-        self.inner.list(dir)
+        self.request("list", dir, || self.inner.list(dir))
     }
 
     fn delete(&self, path: &str) -> Result<()> {
-        self.delay();
-        self.stall(&self.faults.stall_delete, path);
-        self.inner.delete(path)
+        self.request("delete", path, || {
+            self.stall(&self.faults.stall_delete, path);
+            self.inner.delete(path)
+        })
     }
 
     fn exists(&self, path: &str) -> Result<bool> {
-        self.delay();
-        self.inner.exists(path)
+        self.request("exists", path, || self.inner.exists(path))
     }
 
     fn create(&self) -> Result<()> {
@@ -165,6 +177,10 @@ impl<S: Storage> Storage for FaultyStorage<S> {
 
     fn is_remote(&self) -> bool {
         self.inner.is_remote()
+    }
+
+    fn trace(&self) -> Option<&RequestTrace> {
+        Some(&self.trace)
     }
 
     fn remove_stale_temporaries(&self, age: Duration) -> Result<usize> {

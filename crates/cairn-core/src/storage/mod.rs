@@ -6,10 +6,12 @@
 mod fault;
 mod location;
 mod opendal_backend;
+mod trace;
 
 pub use fault::{Faults, FaultyStorage};
 pub use location::Location;
 pub use opendal_backend::{OpendalStorage, RemoteOptions};
+pub use trace::RequestTrace;
 
 use crate::error::Result;
 
@@ -56,6 +58,11 @@ pub trait Storage: Send + Sync {
     /// Removes temporary objects (`.tmp/`, FORMAT.md §1) last modified more than `age` ago:
     /// what killed processes were writing. Returns how many were removed.
     fn remove_stale_temporaries(&self, age: std::time::Duration) -> Result<usize>;
+    /// The record of requests a tracing layer keeps (the fault layer), if any: the read path
+    /// marks its first data fetch in it, `--profile` and tests count round trips with it.
+    fn trace(&self) -> Option<&RequestTrace> {
+        None
+    }
 }
 
 /// How old a temporary object must be before a backup removes it as left behind by a killed

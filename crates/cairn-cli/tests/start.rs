@@ -1,0 +1,127 @@
+//! A restore starts at once (issue #18, part 2): before its first data fetch it waits for at
+//! most 5 requests one after another, however deep the snapshot's directories, counted by the
+//! fault layer's request trace (a count of round trips, not a timing); and it holds its shared
+//! lock until it ends.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{assert_same, restored_path, scan, scan_source, Cairn, PASSWORD};
+use serde_json::Value;
+
+/// A small tree several directories deep, backed up into a fresh repository.
+fn backed_up(base: &Path) -> (Cairn, std::path::PathBuf) {
+    let src = base.join("src");
+    let deep = src.join("a/b/c/d");
+    fs::create_dir_all(&deep).unwrap();
+    fs::write(src.join("top.txt"), b"top").unwrap();
+    fs::write(deep.join("leaf.bin"), vec![7u8; 300_000]).unwrap();
+    for i in 0..20 {
+        fs::write(src.join("a/b").join(format!("f{i}")), format!("file {i}").repeat(100)).unwrap();
+    }
+    let cairn = Cairn::new(&base.join("repo"), PASSWORD);
+    cairn.init(&[]);
+    // Two snapshots: `latest` has more than one to choose from. One packer thread: each backup
+    // writes its trees into one tree pack, so the walk of `latest` leads through two (its own
+    // and the first backup's, which holds the unchanged directories). Each further tree pack
+    // met at a deeper level costs one more round trip (docs/DESIGN.md, "Starting at once").
+    cairn.backup(&[&src], &["--threads", "1"]);
+    fs::write(src.join("later.txt"), b"later").unwrap();
+    cairn.backup(&[&src], &["--threads", "1"]);
+    (cairn, src)
+}
+
+/// The `round_trips` record `--profile --json` printed.
+fn round_trips(stdout: &str) -> Value {
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["message_type"] == "round_trips")
+        .unwrap_or_else(|| panic!("no round_trips record in:\n{stdout}"))
+}
+
+#[test]
+fn a_restore_waits_for_at_most_five_round_trips_before_its_first_data_fetch() {
+    let base = tempfile::tempdir().unwrap();
+    let (cairn, src) = backed_up(base.path());
+    let before = scan_source(&src);
+    let slow = cairn.clone().with_env("CAIRN_INJECT_FAULTS", "latency=20ms");
+    for spec in ["latest", &cairn.snapshots()[0]["id"].as_str().unwrap()[..8]] {
+        let target = base.path().join(format!("target-{spec}"));
+        let out =
+            slow.ok(["--json", "restore", spec, "--target", target.to_str().unwrap(), "--profile", "--no-local-data"]);
+        let trips = round_trips(&out);
+        let chain: Vec<&str> = trips["chain"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+        let n = trips["serial_before_data"].as_u64().unwrap();
+        assert_eq!(n as usize, chain.len());
+        // The key's two round trips at least (list keys/, read a key file) come before any tree.
+        assert!(n >= 2, "the trace counts requests: {chain:?}");
+        // The source lies 5+ directories below the snapshot's root, and a level-by-level walk
+        // alone would take one round trip per level.
+        assert!(n <= 5, "{n} serial round trips before the first data fetch: {chain:?}");
+        assert!(!chain.iter().any(|c| c.starts_with("delete")), "nothing is deleted before data: {chain:?}");
+        if spec == "latest" {
+            assert_same(&before, &scan(&restored_path(&target, &src)), true);
+        }
+    }
+}
+
+#[test]
+fn a_restore_holds_its_shared_lock_until_it_ends() {
+    let base = tempfile::tempdir().unwrap();
+    let (cairn, _src) = backed_up(base.path());
+    let target = base.path().join("target");
+    // Every pack read hangs 2 s: the restore is still reading long after it opened.
+    let child = cairn
+        .command()
+        .env("CAIRN_INJECT_FAULTS", "stall=data/,stall-for=2s")
+        .args(["restore", "latest", "--target"])
+        .arg(&target)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let locks = || fs::read_dir(cairn.repo.join("locks")).map(|d| d.count()).unwrap_or(0);
+    let started = Instant::now();
+    while locks() == 0 && started.elapsed() < Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(1000).saturating_sub(started.elapsed()));
+    assert_eq!(locks(), 1, "a restore still reading holds its lock");
+    let out = common::wait_within_timeout(child, "restore");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(locks(), 0, "the lock is removed when the restore ends");
+}
+
+#[test]
+fn over_a_slow_link_the_fetch_concurrency_rises_unless_it_was_given() {
+    let base = tempfile::tempdir().unwrap();
+    let src = base.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    // 24 MiB that does not compress, in 1 MiB packs: two dozen ranged reads or more.
+    let mut rng = common::Rng(7);
+    for i in 0..12 {
+        fs::write(src.join(format!("f{i}")), rng.bytes(2 << 20)).unwrap();
+    }
+    let cairn = Cairn::new(&base.path().join("repo"), PASSWORD);
+    cairn.init(&["--pack-size", "1"]);
+    cairn.backup(&[&src], &[]);
+    let slow = cairn.with_env("CAIRN_INJECT_FAULTS", "latency=100ms");
+    let target = base.path().join("auto");
+    let summary = slow.restore_with("latest", &target, &["--max-memory", "64M", "--no-local-data"]);
+    let steps = summary["fetch_tuning"].as_array().unwrap();
+    let limits: Vec<u64> = steps.iter().map(|s| s["limit"].as_u64().unwrap()).collect();
+    // Starts at the local default (4); at 100 ms per request more in flight fetch more.
+    assert!(limits.iter().any(|&l| l > 4), "the concurrency rose: {steps:?}");
+    // Never more than the budget holds: 64 MiB over reads reserving about 2 MiB each.
+    assert!(limits.iter().all(|&l| l <= 32), "within the budget: {steps:?}");
+    assert_same(&scan_source(&src), &scan(&restored_path(&target, &src)), true);
+    // An explicit --fetch-concurrency is kept as given.
+    let fixed =
+        slow.restore_with("latest", &base.path().join("fixed"), &["--fetch-concurrency", "4", "--no-local-data"]);
+    assert_eq!(fixed["fetch_tuning"].as_array().unwrap().len(), 0, "{fixed}");
+}

@@ -1,0 +1,145 @@
+//! Reading ahead while a repository is being opened: listings and sealed files that need no key
+//! to fetch (issue #18, "start at once").
+//!
+//! Opening waits for the key files to be listed, one to be read and its key derived. Listing
+//! `index/`, `snapshots/` and `deletions/` needs no key, and neither does fetching the files
+//! they name (each is checked against its name, a hash); only decrypting them does. So
+//! [`Repository::open_preloaded`] lists and fetches them beside the key's round trips, and the
+//! repository's own listing and reading take these results once instead of asking again: a
+//! restore at 50 ms per request waits two round trips before it knows its index and snapshot,
+//! not six.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::error::Result;
+use crate::layout::{self, Dir};
+use crate::parallel::map_parallel;
+use crate::storage::{ObjectInfo, Storage};
+
+#[cfg(doc)]
+use crate::repository::Repository;
+
+/// Most files fetched at once per directory.
+const PRELOAD_THREADS: usize = 32;
+
+/// What to read ahead while opening.
+#[derive(Clone, Debug, Default)]
+pub struct Preload {
+    /// List `index/` and `deletions/` (a command that loads the index).
+    pub index: bool,
+    /// List `snapshots/`, and fetch the snapshots this names: `latest` all of them, anything
+    /// else those whose ID starts with it (a command that opens one snapshot).
+    pub snapshot: Option<String>,
+    /// Fetch the listed files' bytes too (not when a metadata cache will serve them).
+    pub fetch_files: bool,
+}
+
+impl Preload {
+    /// Read nothing ahead.
+    pub fn none() -> Self {
+        Preload::default()
+    }
+
+    /// What a command that reads snapshot `spec` with the index needs.
+    pub fn snapshot(spec: &str, fetch_files: bool) -> Self {
+        Preload { index: true, snapshot: Some(spec.to_ascii_lowercase()), fetch_files }
+    }
+
+    fn dirs(&self) -> Vec<Dir> {
+        let mut dirs = Vec::new();
+        if self.index {
+            dirs.extend([Dir::Index, Dir::Deletions]);
+        }
+        if self.snapshot.is_some() {
+            dirs.push(Dir::Snapshots);
+        }
+        dirs
+    }
+
+    /// Whether the listed file `path` of `dir` is worth fetching ahead.
+    fn wants(&self, dir: Dir, path: &str) -> bool {
+        if !self.fetch_files {
+            return false;
+        }
+        match (dir, &self.snapshot) {
+            (Dir::Snapshots, Some(spec)) if spec != "latest" => {
+                layout::parse_snapshot_path(path).is_some_and(|id| id.to_hex().starts_with(spec.as_str()))
+            }
+            _ => true,
+        }
+    }
+}
+
+/// Listings and files read ahead, each handed out once (a second listing asks the storage
+/// again, so a long-running command never works from an old one).
+#[derive(Default)]
+pub struct Preloaded {
+    listings: Mutex<HashMap<Dir, Vec<ObjectInfo>>>,
+    files: Mutex<HashMap<String, Vec<u8>>>,
+}
+
+impl Preloaded {
+    /// Lists and fetches what `what` asks for, each directory on its own thread and its files
+    /// `threads` at a time. What fails is left out: the repository asks again when it needs it
+    /// and reports the error then.
+    pub fn fetch(storage: &dyn Storage, what: &Preload, threads: usize) -> Self {
+        let out = Preloaded::default();
+        std::thread::scope(|s| {
+            for dir in what.dirs() {
+                let out = &out;
+                let started = std::thread::Builder::new().name("cairn-preload".into()).spawn_scoped(s, move || {
+                    let Ok(listed) = storage.list(dir.name()) else { return };
+                    let wanted: Vec<&ObjectInfo> = listed.iter().filter(|o| what.wants(dir, &o.path)).collect();
+                    // All at once (up to [`PRELOAD_THREADS`]): a few at a time would wait a
+                    // round trip per few files.
+                    let threads = threads.max(wanted.len().min(PRELOAD_THREADS));
+                    let read = map_parallel(&wanted, threads, |o| crate::repository::read_checked(storage, &o.path));
+                    let mut files = out.files.lock().expect("preload lock");
+                    for (o, bytes) in wanted.iter().zip(read) {
+                        if let Ok(bytes) = bytes {
+                            files.insert(o.path.clone(), bytes);
+                        }
+                    }
+                    drop(files);
+                    out.listings.lock().expect("preload lock").insert(dir, listed);
+                });
+                // Without a thread the repository lists and reads as usual.
+                if let Err(e) = started {
+                    tracing::warn!("cannot start a thread to read ahead: {e}");
+                }
+            }
+        });
+        out
+    }
+
+    /// `dir`'s listing, from the read-ahead if it holds one, else from `storage`.
+    pub fn list(&self, storage: &dyn Storage, dir: Dir) -> Result<Vec<ObjectInfo>> {
+        match self.listings.lock().expect("preload lock").remove(&dir) {
+            Some(listed) => Ok(listed),
+            None => storage.list(dir.name()),
+        }
+    }
+
+    /// The bytes of `path` if they were read ahead (already checked against its name).
+    pub fn take_file(&self, path: &str) -> Option<Vec<u8>> {
+        self.files.lock().expect("preload lock").remove(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_prefix_fetches_only_the_snapshots_it_names() {
+        let path = |c: char| format!("snapshots/{}", c.to_string().repeat(64));
+        let p = Preload::snapshot("AB", true);
+        assert!(p.wants(Dir::Snapshots, &format!("snapshots/ab{}", "0".repeat(62))));
+        assert!(!p.wants(Dir::Snapshots, &path('c')));
+        assert!(p.wants(Dir::Index, "index/anything"));
+        assert!(Preload::snapshot("latest", true).wants(Dir::Snapshots, &path('c')));
+        assert!(!Preload::snapshot("latest", false).wants(Dir::Index, "index/x"));
+        assert_eq!(Preload::none().dirs(), []);
+    }
+}

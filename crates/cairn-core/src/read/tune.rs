@@ -1,0 +1,303 @@
+//! Choosing how many ranged reads to keep in flight while reading (issue #18, part 3).
+//!
+//! Without an explicit `--fetch-concurrency`, a [`Reader`](super::Reader) starts
+//! [`AUTO_MAX`] fetch workers but lets only `limit` of them have a request out at a time (a
+//! [`Gate`]), and a [`Controller`] moves `limit` from what it measures every sample:
+//!
+//! - **throughput** (stored bytes fetched per second) and **latency** (mean time per request);
+//! - **downstream pressure**: the share of the fetch workers' time spent blocked handing reads
+//!   to the decode stage or waiting for the memory budget. When that is high, decoding (the CPU)
+//!   or the budget is the bottleneck, and more requests in flight would only hold more memory.
+//!
+//! It climbs like TCP's slow start: while throughput grows by at least [`GAIN`] it doubles the
+//! limit; once a step gains nothing it goes back to the best limit seen and holds there,
+//! probing a quarter higher every [`HOLD`] samples (a link can get faster). Pressure from
+//! downstream lowers the limit by a quarter. It never passes what the budget can hold: the
+//! budget divided by the mean bytes one read reserves (so `--max-memory` bounds it, besides
+//! the budget itself blocking fetches). Every change is logged with its reason for `--profile`.
+
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+/// Most fetch workers an auto-tuned reader starts (and most reads it keeps in flight).
+pub const AUTO_MAX: usize = 64;
+
+/// Least relative throughput gain that counts as growth (5%: less is noise).
+const GAIN: f64 = 1.05;
+
+/// Samples to hold at the best limit before probing higher again.
+const HOLD: u32 = 4;
+
+/// Downstream pressure (share of fetch-worker time blocked) above which the limit is lowered
+/// (down to what the measured throughput needs at the measured latency).
+const PRESSURE: f64 = 0.5;
+
+/// Bounds how many fetch workers may have a request out at once.
+pub struct Gate {
+    state: Mutex<(usize, usize)>, // (limit, active)
+    changed: Condvar,
+}
+
+impl Gate {
+    /// A gate letting `limit` requests through at once.
+    pub fn new(limit: usize) -> Self {
+        Gate { state: Mutex::new((limit.max(1), 0)), changed: Condvar::new() }
+    }
+
+    /// Waits for a free place (or `stop()`); returns whether one was taken.
+    pub fn enter(&self, stop: impl Fn() -> bool) -> bool {
+        let mut st = self.state.lock().expect("gate lock");
+        while st.1 >= st.0 {
+            if stop() {
+                return false;
+            }
+            st = self.changed.wait_timeout(st, Duration::from_millis(100)).expect("gate lock").0;
+        }
+        st.1 += 1;
+        true
+    }
+
+    /// Gives a place back.
+    pub fn leave(&self) {
+        let mut st = self.state.lock().expect("gate lock");
+        st.1 -= 1;
+        self.changed.notify_one();
+    }
+
+    /// Sets how many requests may be out at once.
+    pub fn set_limit(&self, limit: usize) {
+        let mut st = self.state.lock().expect("gate lock");
+        st.0 = limit.max(1);
+        self.changed.notify_all();
+    }
+
+    /// The current limit.
+    #[cfg(test)]
+    fn limit(&self) -> usize {
+        self.state.lock().expect("gate lock").0
+    }
+}
+
+/// What the fetch stage did during one sample.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sample {
+    /// How long the sample lasted.
+    pub elapsed: Duration,
+    /// Requests completed.
+    pub requests: u64,
+    /// Stored bytes they fetched.
+    pub bytes: u64,
+    /// Their summed time from start to end.
+    pub request_time: Duration,
+    /// Summed time the fetch workers spent blocked on the decode stage or the budget.
+    pub blocked: Duration,
+    /// Mean bytes one read reserves against the budget (range plus plaintext).
+    pub reserved_per_read: u64,
+}
+
+impl Sample {
+    fn throughput(&self) -> f64 {
+        self.bytes as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    fn latency(&self) -> Duration {
+        self.request_time.checked_div(self.requests.max(1) as u32).unwrap_or_default()
+    }
+}
+
+/// One decision of the controller, for `--profile`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    /// Time since reading started.
+    pub at: Duration,
+    /// Reads in flight allowed from then on.
+    pub limit: usize,
+    /// Throughput measured in the sample that led to it (bytes per second).
+    pub throughput: f64,
+    /// Mean request time in that sample.
+    pub latency: Duration,
+    /// Why.
+    pub reason: &'static str,
+}
+
+/// Moves the number of reads in flight from one [`Sample`] to the next (see the module doc).
+pub struct Controller {
+    limit: usize,
+    budget: u64,
+    best: f64,
+    best_limit: usize,
+    held: u32,
+    /// Still doubling (no step has failed to gain yet).
+    starting: bool,
+}
+
+impl Controller {
+    /// A controller starting at `start` reads in flight, within `budget` bytes.
+    pub fn new(start: usize, budget: u64) -> Self {
+        let start = start.clamp(1, AUTO_MAX);
+        Controller { limit: start, budget, best: 0.0, best_limit: start, held: 0, starting: true }
+    }
+
+    /// The current limit.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Most reads in flight the budget holds at `reserved_per_read` bytes each.
+    fn ceiling(&self, reserved_per_read: u64) -> usize {
+        let fit = self.budget / reserved_per_read.max(1);
+        usize::try_from(fit).unwrap_or(usize::MAX).clamp(1, AUTO_MAX)
+    }
+
+    /// Takes one sample; returns the new limit and why, if it changed.
+    pub fn step(&mut self, s: &Sample) -> Option<(usize, &'static str)> {
+        if s.requests == 0 {
+            return None; // nothing measured (everything waiting downstream, or done)
+        }
+        let ceiling = self.ceiling(s.reserved_per_read);
+        let throughput = s.throughput();
+        let pressure = s.blocked.as_secs_f64() / (s.elapsed.as_secs_f64() * self.limit as f64).max(1e-9);
+        let (next, reason) = if pressure > PRESSURE {
+            // Decoding or the budget holds the fetches back: fewer in flight hold less memory,
+            // but never fewer than it takes to keep this throughput at this latency (Little's
+            // law: the requests in flight on average, with half again to spare).
+            self.starting = false;
+            self.best = throughput;
+            let in_flight = s.request_time.as_secs_f64() / s.elapsed.as_secs_f64().max(1e-9);
+            let needed = (in_flight * 1.5).ceil() as usize;
+            let lower = (self.limit - self.limit / 4).max(needed).max(1);
+            self.best_limit = lower;
+            (lower, "decode or memory budget is the bottleneck")
+        } else if throughput >= self.best * GAIN {
+            self.best = throughput;
+            self.best_limit = self.limit;
+            self.held = 0;
+            let up = if self.starting { self.limit * 2 } else { self.limit + self.limit.div_ceil(4) };
+            (up, "throughput grew")
+        } else if self.limit != self.best_limit {
+            // The last step gained nothing: back to the best limit, and hold there.
+            self.starting = false;
+            self.held = 0;
+            (self.best_limit, "no gain from more reads in flight")
+        } else {
+            self.held += 1;
+            if self.held < HOLD {
+                return self.clamp(self.limit, ceiling, "budget");
+            }
+            // Probe higher again; what was best is measured anew.
+            self.held = 0;
+            self.best = throughput;
+            (self.limit + self.limit.div_ceil(4), "probing for more throughput")
+        };
+        self.clamp(next, ceiling, reason)
+    }
+
+    /// Applies `next` within the budget's ceiling; returns it if the limit changed.
+    fn clamp(&mut self, next: usize, ceiling: usize, reason: &'static str) -> Option<(usize, &'static str)> {
+        let (next, reason) = if next > ceiling { (ceiling, "memory budget") } else { (next, reason) };
+        let next = next.max(1);
+        if next == self.limit {
+            return None;
+        }
+        self.limit = next;
+        Some((next, reason))
+    }
+
+    /// The log entry for a change made from sample `s` at `at`.
+    pub fn logged(at: Duration, limit: usize, s: &Sample, reason: &'static str) -> Step {
+        Step { at, limit, throughput: s.throughput(), latency: s.latency(), reason }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A storage with a fixed `latency` per request and a `bandwidth` shared by all requests,
+    /// reads of `size` bytes, and a decoder that takes at most `decode` bytes per second: what
+    /// `limit` reads in flight achieve in one second, as the reader would measure it.
+    fn simulate(limit: usize, latency: f64, bandwidth: f64, size: u64, decode: f64) -> Sample {
+        let per_request = latency + size as f64 / bandwidth * limit as f64; // bandwidth shared
+        let offered = limit as f64 * size as f64 / per_request;
+        let fetched = offered.min(bandwidth).min(decode);
+        // Time the workers wait for the decoder: what they could have fetched beyond it.
+        let blocked = if offered > decode { (1.0 - decode / offered) * limit as f64 } else { 0.0 };
+        let requests = (fetched / size as f64).round().max(1.0) as u64;
+        Sample {
+            elapsed: Duration::from_secs(1),
+            requests,
+            bytes: requests * size,
+            request_time: Duration::from_secs_f64(per_request * requests as f64),
+            blocked: Duration::from_secs_f64(blocked),
+            reserved_per_read: 2 * size,
+        }
+    }
+
+    fn run(c: &mut Controller, samples: usize, model: impl Fn(usize) -> Sample) -> Vec<usize> {
+        (0..samples)
+            .map(|_| {
+                c.step(&model(c.limit()));
+                c.limit()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn at_high_latency_the_limit_climbs_until_bandwidth_is_full() {
+        // 200 ms per request, 100 MB/s, 1 MiB reads: about 20 in flight fill the link.
+        let mib = 1 << 20;
+        let mut c = Controller::new(4, 1 << 30);
+        let limits = run(&mut c, 30, |n| simulate(n, 0.2, 100e6, mib, f64::INFINITY));
+        assert!(limits.iter().max().unwrap() >= &16, "rose: {limits:?}");
+        let settled = *limits.last().unwrap();
+        let best = simulate(64, 0.2, 100e6, mib, f64::INFINITY).throughput();
+        assert!(simulate(settled, 0.2, 100e6, mib, f64::INFINITY).throughput() >= 0.8 * best, "{limits:?}");
+    }
+
+    #[test]
+    fn at_no_latency_it_stays_low() {
+        // A local disk: requests take only their transfer time, more in flight gain nothing.
+        let mut c = Controller::new(4, 1 << 30);
+        let limits = run(&mut c, 30, |n| simulate(n, 0.0, 1e9, 1 << 20, f64::INFINITY));
+        assert!(limits.iter().all(|&l| l <= 10), "{limits:?}");
+    }
+
+    #[test]
+    fn it_never_passes_what_the_budget_holds() {
+        // 64 MiB budget, reads reserving 8 MiB each: at most 8 in flight, however slow the link.
+        let mut c = Controller::new(4, 64 << 20);
+        let limits = run(&mut c, 30, |n| simulate(n, 0.2, 1e9, 4 << 20, f64::INFINITY));
+        assert!(limits.iter().all(|&l| l <= 8), "{limits:?}");
+        assert_eq!(*limits.iter().max().unwrap(), 8, "{limits:?}");
+    }
+
+    #[test]
+    fn when_decoding_is_the_bottleneck_it_lowers_the_limit() {
+        // A slow decoder (20 MB/s) behind a fast, slow-to-answer link.
+        let mut c = Controller::new(32, 1 << 30);
+        let limits = run(&mut c, 20, |n| simulate(n, 0.05, 1e9, 1 << 20, 20e6));
+        assert!(*limits.last().unwrap() < 32, "{limits:?}");
+    }
+
+    #[test]
+    fn pressure_never_lowers_it_below_what_the_throughput_needs_in_flight() {
+        // A decoder at 100 MB/s behind 200 ms per request and 4 MiB reads: about 5 reads must be
+        // in flight to keep it fed, so the limit stays above that however blocked the workers.
+        let mut c = Controller::new(32, 1 << 30);
+        let limits = run(&mut c, 20, |n| simulate(n, 0.2, 1e9, 4 << 20, 100e6));
+        assert!(limits.iter().all(|&l| l >= 5), "{limits:?}");
+        assert!(*limits.last().unwrap() < 32, "{limits:?}");
+    }
+
+    #[test]
+    fn the_gate_lets_only_the_limit_through() {
+        let gate = Gate::new(2);
+        assert!(gate.enter(|| false) && gate.enter(|| false));
+        assert!(!gate.enter(|| true), "a third waits (and gives up when told to stop)");
+        gate.set_limit(3);
+        assert!(gate.enter(|| true));
+        gate.leave();
+        gate.set_limit(1);
+        assert_eq!(gate.limit(), 1);
+    }
+}
