@@ -379,4 +379,10 @@ fn bad_input_is_a_one_line_error() {
     let out = fresh.run(["init", "--copy-chunker-params"]);
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!fresh.repo.join("config").exists());
+    // Chunk sizes of its own with the source's chunker: refused, not silently ignored.
+    let out = fresh.run(["init", "--copy-chunker-params", "--from-repo", &from, "--chunk-sizes", "1024,4096,16384"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--chunk-sizes") && err.contains("--copy-chunker-params"), "{err}");
+    assert!(!fresh.repo.join("config").exists());
 }

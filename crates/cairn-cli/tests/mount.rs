@@ -381,7 +381,16 @@ fn bad_input_gets_a_one_line_error() {
 
 #[test]
 fn s3_repository_mounts_and_reads_exactly() {
-    let fx = Fixture::new(|base| servers::cairn(&servers::s3_repo("mount"), &base.join("cache")));
+    remote_repository_mounts_and_reads_exactly(&servers::s3_repo("mount"));
+}
+
+#[test]
+fn sftp_repository_mounts_and_reads_exactly() {
+    remote_repository_mounts_and_reads_exactly(&servers::sftp_repo("mount"));
+}
+
+fn remote_repository_mounts_and_reads_exactly(location: &str) {
+    let fx = Fixture::new(|base| servers::cairn(location, &base.join("cache")));
     fx.cairn.backup(&[&fx.src], &[]);
     let point = fx.point();
     let mount = Mount::start(&fx.cairn, &point, &[]);

@@ -18,8 +18,14 @@ pub struct Args {
     /// Target pack size in MiB
     #[arg(long, default_value_t = 16, value_name = "MIB")]
     pub pack_size: u32,
-    /// Content-defined chunk sizes in bytes: MIN,AVG,MAX
-    #[arg(long, default_value = "524288,1048576,8388608", value_name = "MIN,AVG,MAX")]
+    /// Content-defined chunk sizes in bytes: MIN,AVG,MAX (not with --copy-chunker-params, which
+    /// takes the source's)
+    #[arg(
+        long,
+        default_value = "524288,1048576,8388608",
+        value_name = "MIN,AVG,MAX",
+        conflicts_with = "copy_chunker_params"
+    )]
     pub chunk_sizes: String,
     /// Argon2id memory cost of the key file, in KiB
     #[arg(long, default_value_t = KdfParams::default().memory_kib, value_name = "KIB")]
