@@ -35,9 +35,9 @@ class LocalDataBench:
         # changed chunks are scattered, so fetching only them takes many small reads.
         remote = ["--fetch-concurrency", "32"]
         out = [
-            ("cairn, source used (default)", lambda t: cairn.restore_cmd(repos["cairn"], t), cairn.env),
+            ("cairn, source used (default)", lambda t: cairn.restore_cmd(repos["cairn"], t, local_data=True), cairn.env),
             ("cairn --no-local-data", lambda t: cairn.restore_cmd(repos["cairn"], t, ["--no-local-data"]), cairn.env),
-            (f"cairn, source used, {LATENCY}", lambda t: cairn.restore_cmd(repos["cairn"], t, remote), fault),
+            (f"cairn, source used, {LATENCY}", lambda t: cairn.restore_cmd(repos["cairn"], t, remote, local_data=True), fault),
             (f"cairn --no-local-data, {LATENCY}",
              lambda t: cairn.restore_cmd(repos["cairn"], t, ["--no-local-data", *remote]), fault),
         ]

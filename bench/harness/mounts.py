@@ -122,7 +122,7 @@ class MountBench:
             shutil.rmtree(target, ignore_errors=True)
             # The Linux tree is the older snapshot: restore it by ID.
             tree_snap = tree_snap or self.snapshot_of(crepo, tree)
-            self.time("linux tree out", "cairn restore", [c.path, "-r", crepo, "restore", tree_snap, "--target", target])
+            self.time("linux tree out", "cairn restore", [c.path, "-r", crepo, "restore", tree_snap, "--target", target, "--no-local-data"])
             shutil.rmtree(target, ignore_errors=True)
             measure.settle(0 if self.quick else 2)
             with Mounted([c.path, "-r", crepo, "mount"], c.env, point):

@@ -84,9 +84,14 @@ class Cairn(Tool):
     def backup_cmd(self, repo, src):
         return [self.path, "-r", repo, "--json", "backup", src]
 
-    def restore_cmd(self, repo, target, options=()):
+    def restore_cmd(self, repo, target, options=(), local_data=False):
         if self.max_memory and "--max-memory" not in options:
             options = [*options, "--max-memory", self.max_memory]
+        # The source of every benchmark tree is still on disk, and Cairn would copy from it
+        # (issue 18): a restore from the repository, as the peers do, says --no-local-data.
+        # Only the local-data scenario asks for the default.
+        if not local_data and not any(o.startswith(("--use-source", "--no-local-data")) for o in options):
+            options = [*options, "--no-local-data"]
         return [self.path, "-r", repo, "--json", "restore", "latest", "--target", target, *options]
 
     def check_cmd(self, repo, options=()):
