@@ -62,6 +62,8 @@ const READ_AHEAD_MAX: u64 = 64 * 1024 * 1024;
 /// [`Loading`].
 #[derive(Default)]
 pub struct ReadAhead {
+    /// Most bytes held (0: [`READ_AHEAD_MAX`]).
+    max: AtomicU64,
     held: Mutex<Vec<Held>>,
     packs: Mutex<IdSet<PackId>>,
     bytes: AtomicU64,
@@ -91,7 +93,11 @@ impl ReadAhead {
     fn extend(&self, repo: &Repository, read: &mut PackRead, pack_no: u32, pack_size: u64) {
         let ends = self.pack_ends.get_or_init(|| repo.index().pack_ends());
         let end = ends.get(pack_no as usize).copied().unwrap_or(0).max(read.offset + read.length);
-        let room = READ_AHEAD_MAX.saturating_sub(self.bytes.load(Ordering::Relaxed));
+        let max = match self.max.load(Ordering::Relaxed) {
+            0 => READ_AHEAD_MAX,
+            m => m,
+        };
+        let room = max.saturating_sub(self.bytes.load(Ordering::Relaxed));
         if end > pack_size || end - read.length > room {
             return;
         }
@@ -106,6 +112,12 @@ impl ReadAhead {
     /// Keeps the bytes of `read` for the levels to come.
     fn hold(&self, read: &PackRead, bytes: Arc<Vec<u8>>) {
         self.held.lock().expect("read-ahead lock").push(Held { pack: read.pack, offset: read.offset, bytes });
+    }
+
+    /// Holds at most `bytes` (a restore's share of `--max-memory` for tree packs), instead of
+    /// [`READ_AHEAD_MAX`].
+    pub fn limit(&self, bytes: u64) {
+        self.max.store(bytes.max(1), Ordering::Relaxed);
     }
 
     /// Frees what is held (a finished walk: a restore's [`Loading`] lives on through its data

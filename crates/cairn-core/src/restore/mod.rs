@@ -79,8 +79,9 @@ pub fn restore(
     // Loading the trees reads the repository too: SIGINT stops it, and the watchdog covers it.
     let cancel = opts.cancel.clone().unwrap_or_default();
     let loading = crate::trees::Loading { cancel: cancel.clone(), ..Default::default() };
-    let empty = fsops::target_is_empty(target);
     let limit = plan::BatchLimit::for_memory(opts.max_memory);
+    loading.read_ahead.limit(limit.tree_packs());
+    let empty = fsops::target_is_empty(target);
     let mut run = Run {
         repo,
         target,

@@ -126,11 +126,22 @@ impl BatchLimit {
         (self.bytes / 2).min(TREE_BYTES_AHEAD)
     }
 
+    /// Bytes of whole tree packs the walk may hold ([`crate::trees::ReadAhead`]: a pack read
+    /// whole the first time a tree in it is wanted saves a round trip per directory level):
+    /// four times the trees ahead.
+    pub fn tree_packs(self) -> u64 {
+        4 * self.trees_ahead()
+    }
+
     /// What is left of `max_memory` for the data in flight: two batches are in memory at once
-    /// (one restored, the next being planned) and the trees ahead take about three times
-    /// their stored size; at least [`DATA_MIN`].
+    /// (one restored, the next being planned), the trees ahead take about three times their
+    /// stored size, and the tree packs held; at least a quarter of `max_memory` (a small
+    /// budget is mostly the minimum batch) and [`DATA_MIN`].
     pub fn data_budget(self, max_memory: u64) -> u64 {
-        max_memory.saturating_sub(2 * self.bytes + 3 * self.trees_ahead()).max(DATA_MIN)
+        max_memory
+            .saturating_sub(2 * self.bytes + 3 * self.trees_ahead() + self.tree_packs())
+            .max(max_memory / 4)
+            .max(DATA_MIN)
     }
 }
 
