@@ -88,9 +88,11 @@ impl ReadAhead {
     }
 
     /// Widens `read` (of pack number `pack_no` in `repo`'s index) to all the blobs of its pack,
-    /// the first time the pack is read, if the pack is no larger than `pack_size` and the walk
-    /// holds less than [`READ_AHEAD_MAX`].
-    fn extend(&self, repo: &Repository, read: &mut PackRead, pack_no: u32, pack_size: u64) {
+    /// the first time the pack is read, if the pack is no larger than the repository's target
+    /// pack size (a little over counts: the packer closes a pack past it) and the walk holds
+    /// less than its limit.
+    fn extend(&self, repo: &Repository, read: &mut PackRead, pack_no: u32) {
+        let pack_size = u64::from(repo.config().pack_size) * 5 / 4;
         let ends = self.pack_ends.get_or_init(|| repo.index().pack_ends());
         let end = ends.get(pack_no as usize).copied().unwrap_or(0).max(read.offset + read.length);
         let max = match self.max.load(Ordering::Relaxed) {
@@ -225,10 +227,8 @@ pub fn load_level(
     let share = (level_bytes / (threads.max(1) as u64 * 4)).max(TREE_READ_MIN);
     let pack_nos: IdMap<PackId, u32> = located.iter().map(|l| (l.pack, l.pack_no)).collect();
     let mut reads = coalesce(located, share, coalesce_gap(repo));
-    // A tree pack a little over its target size (the packer closes one past it) still counts.
-    let pack_size = u64::from(repo.config().pack_size) * 5 / 4;
     for read in &mut reads {
-        loading.read_ahead.extend(repo, read, pack_nos[&read.pack], pack_size);
+        loading.read_ahead.extend(repo, read, pack_nos[&read.pack]);
     }
     let next = AtomicUsize::new(0);
     let next_held = AtomicUsize::new(0);
@@ -249,11 +249,7 @@ pub fn load_level(
                 }
                 // Trees read ahead by an earlier level: only decoded (a damaged one is read again).
                 while let Some((loc, bytes, at)) = held.get(next_held.fetch_add(1, Ordering::Relaxed)) {
-                    let path = pack_path(&loc.pack);
-                    let sealed = &bytes[*at..*at + loc.entry.length as usize];
-                    let tree = repo
-                        .decode_tree(&repo.key().object_key(&loc.salt), &loc.entry, sealed, &path)
-                        .or_else(|_| repo.read_tree(&loc.entry.id));
+                    let tree = decode_held(repo, loc, bytes, *at);
                     loaded.lock().expect("lock").push((loc.entry.id, tree));
                 }
             });
@@ -272,12 +268,8 @@ fn load_through(repo: &Repository, id: &BlobId, ahead: &ReadAhead) -> Result<Tre
         return Ok(t);
     }
     let Some(loc) = repo.index().get(id) else { return repo.read_tree(id) };
-    let path = pack_path(&loc.pack);
     if let Some((bytes, at)) = ahead.find(&loc) {
-        let sealed = &bytes[at..at + loc.entry.length as usize];
-        return repo
-            .decode_tree(&repo.key().object_key(&loc.salt), &loc.entry, sealed, &path)
-            .or_else(|_| repo.read_tree(id));
+        return decode_held(repo, &loc, &bytes, at);
     }
     let mut read = PackRead {
         pack: loc.pack,
@@ -286,12 +278,19 @@ fn load_through(repo: &Repository, id: &BlobId, ahead: &ReadAhead) -> Result<Tre
         length: u64::from(loc.entry.length),
         blobs: vec![loc.entry],
     };
-    let pack_size = u64::from(repo.config().pack_size) * 5 / 4;
-    ahead.extend(repo, &mut read, loc.pack_no, pack_size);
+    ahead.extend(repo, &mut read, loc.pack_no);
     match read_trees(repo, &read, ahead) {
         Ok(mut trees) if !trees.is_empty() => Ok(trees.swap_remove(0).1),
         _ => repo.read_tree(id),
     }
+}
+
+/// The tree at `loc`, decoded from `bytes` (held by a [`ReadAhead`]) where it lies at `at`; a
+/// damaged copy is read again on its own, so the error is the read's.
+fn decode_held(repo: &Repository, loc: &BlobLocation, bytes: &[u8], at: usize) -> Result<Tree> {
+    let sealed = &bytes[at..at + loc.entry.length as usize];
+    repo.decode_tree(&repo.key().object_key(&loc.salt), &loc.entry, sealed, &pack_path(&loc.pack))
+        .or_else(|_| repo.read_tree(&loc.entry.id))
 }
 
 /// Reads one coalesced range of tree blobs (again, if the transfer came back damaged) and

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::options::{DryRun, Progress, RestoreOptions, RestoreOutcome, Sparse};
 use super::plan::{self, Filter};
 use super::shared::{Failures, Gate, Shared};
-use super::types::{Link, Plan};
+use super::types::Plan;
 use super::watchdog::Base;
 use super::{compare, create, delete, finish, local, pipeline, verify};
 use crate::error::{Error, Result};
@@ -225,17 +225,5 @@ impl Run<'_> {
         self.base = Base { bytes: base_done + written, fetched: self.base.fetched + part.bytes_fetched };
         self.out.absorb(part);
         Ok(())
-    }
-}
-
-/// Whether hard link `link` (of an entry of this batch) points at a file that failed, and why.
-pub fn link_failed<'f>(
-    link: &Link,
-    failed: &'f std::collections::BTreeMap<usize, String>,
-    failed_links: &'f HashMap<PathBuf, String>,
-) -> Option<&'f String> {
-    match link {
-        Link::Entry(first) => failed.get(first),
-        Link::Earlier(rel) => failed_links.get(rel),
     }
 }

@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
-use super::batch::link_failed;
 use super::fsops::hard_link;
 use super::meta::apply_to_path;
 use super::options::Progress;
@@ -89,5 +88,17 @@ pub fn finish_all(
         if let Err(e) = hard_link(&sh.target.join(first), &sh.target.join(&entry.rel)) {
             sh.warn(entry.rel.clone(), format!("cannot create hard link: {e}"));
         }
+    }
+}
+
+/// Whether hard link `link` (of an entry of this batch) points at a file that failed, and why.
+fn link_failed<'f>(
+    link: &Link,
+    failed: &'f BTreeMap<usize, String>,
+    failed_links: &'f HashMap<PathBuf, String>,
+) -> Option<&'f String> {
+    match link {
+        Link::Entry(first) => failed.get(first),
+        Link::Earlier(rel) => failed_links.get(rel),
     }
 }
