@@ -203,6 +203,18 @@ impl Index {
         self.len() == 0
     }
 
+    /// Bytes the index takes in memory (about 56 a blob: its 52-byte slot and 4 of lookup
+    /// table), which a command's `--max-memory` counts.
+    pub fn memory_bytes(&self) -> u64 {
+        use std::mem::size_of;
+        let recent = self.recent.capacity() * (size_of::<BlobId>() + size_of::<Slot>() + 8);
+        (self.sorted.capacity() * size_of::<Slot>()
+            + self.starts.capacity() * size_of::<u32>()
+            + self.packs.capacity() * size_of::<(PackId, [u8; SALT_LEN])>()
+            + self.doomed.capacity()
+            + recent) as u64
+    }
+
     /// Number of packs.
     pub fn pack_count(&self) -> usize {
         self.packs.len()

@@ -19,7 +19,7 @@ use crate::preload::{Preload, Preloaded};
 use crate::sealed::{self, SealedKind};
 use crate::snapshot::Snapshot;
 use crate::storage::Storage;
-use crate::tree::Tree;
+use crate::tree::{Tree, TreeBytes, TreeForm};
 
 /// Repository files that could not be read, with why.
 pub type DamagedFiles = Vec<(String, Error)>;
@@ -386,7 +386,17 @@ impl Repository {
 
     /// Loads and validates a tree blob, from the cache if it holds an intact copy.
     pub fn read_tree(&self, id: &BlobId) -> Result<Tree> {
-        if let Some(tree) = self.cached_tree(id) {
+        self.read_tree_as(id)
+    }
+
+    /// As [`Repository::read_tree`], the tree kept as its bytes (nodes decoded as a walk takes
+    /// them; see [`TreeBytes`]).
+    pub fn read_tree_bytes(&self, id: &BlobId) -> Result<TreeBytes> {
+        self.read_tree_as(id)
+    }
+
+    pub(crate) fn read_tree_as<T: TreeForm>(&self, id: &BlobId) -> Result<T> {
+        if let Some(tree) = self.cached_tree_as(id) {
             return Ok(tree);
         }
         let loc =
@@ -400,10 +410,16 @@ impl Repository {
     }
 
     /// Decrypts, decompresses, verifies and parses a tree blob's sealed bytes (read from
-    /// `path`), and keeps them in the metadata cache.
-    pub(crate) fn decode_tree(&self, key: &ObjectKey, entry: &BlobEntry, sealed: &[u8], path: &str) -> Result<Tree> {
+    /// `path`) into either form, and keeps them in the metadata cache.
+    pub(crate) fn decode_tree<T: TreeForm>(
+        &self,
+        key: &ObjectKey,
+        entry: &BlobEntry,
+        sealed: &[u8],
+        path: &str,
+    ) -> Result<T> {
         let plain = decode_blob(&self.key, key, entry, sealed.to_vec(), path)?;
-        let tree = Tree::from_bytes(&format!("tree {}", entry.id.short()), &plain)?;
+        let tree = T::parse(&format!("tree {}", entry.id.short()), plain)?;
         self.remember_tree(&entry.id, sealed);
         Ok(tree)
     }
@@ -411,6 +427,10 @@ impl Repository {
     /// A tree from the cache, if there is a cache and it holds an intact copy (authenticated
     /// and matching its ID; a damaged copy is dropped).
     pub fn cached_tree(&self, id: &BlobId) -> Option<Tree> {
+        self.cached_tree_as(id)
+    }
+
+    pub(crate) fn cached_tree_as<T: TreeForm>(&self, id: &BlobId) -> Option<T> {
         let cache = self.cache.as_ref()?;
         let loc = self.index().get(id)?;
         let name = format!("trees/{}", id.to_hex());
@@ -420,7 +440,7 @@ impl Repository {
             plain = decode_blob(&self.key, &key, &loc.entry, sealed.to_vec(), &name).ok();
             plain.is_some()
         })?;
-        Tree::from_bytes(&name, &plain?).ok()
+        T::parse(&name, plain?).ok()
     }
 
     /// Stores a tree blob's verified sealed bytes in the cache, if there is one.

@@ -171,53 +171,168 @@ impl Tree {
     /// Parses and validates a tree blob: every name must be safe and unique, and the content
     /// must match the kind. `what` names the blob for errors.
     pub fn from_bytes(what: &str, bytes: &[u8]) -> Result<Self> {
-        let tree = Self::decode(bytes).map_err(|e| Error::invalid(what, format!("not a tree: {e}")))?;
-        for (i, n) in tree.nodes.iter().enumerate() {
-            check_name(&n.name).map_err(|why| Error::invalid(what, why))?;
-            if i > 0 && tree.nodes[i - 1].name >= n.name {
-                return Err(Error::invalid(what, format!("entry {:?} is duplicated or out of order", n.name_lossy())));
-            }
-            if (n.kind == NodeKind::Dir) != n.subtree.is_some() {
-                return Err(Error::invalid(what, format!("entry {:?}: subtree does not match kind", n.name_lossy())));
-            }
-            if n.kind != NodeKind::File && !n.content.is_empty() {
-                return Err(Error::invalid(what, format!("entry {:?}: content on a non-file", n.name_lossy())));
-            }
-            // Checked, not saturating: chunks of a hostile tree that add up to more than 2^64
-            // bytes would otherwise pass as a file of 2^64 - 1 bytes and overflow the restore's
-            // chunk offsets.
-            let Some(total) = n.content.iter().try_fold(0u64, |sum, c| sum.checked_add(c.len())) else {
-                return Err(Error::invalid(
-                    what,
-                    format!("entry {:?}: chunks add up to more than 2^64 bytes", n.name_lossy()),
-                ));
-            };
-            if n.kind == NodeKind::File && total != n.size {
-                return Err(Error::invalid(
-                    what,
-                    format!("entry {:?}: chunks add up to {total} bytes, size says {}", n.name_lossy(), n.size),
-                ));
-            }
-        }
-        Ok(tree)
+        let (count, _) = count_of(what, bytes)?;
+        // Sized once: serde's vector grows by doubling, which for a directory of 250,000
+        // entries held up to twice its nodes at the peak. The length a hostile blob claims is
+        // trusted only as far as its bytes could hold that many nodes.
+        let mut nodes = Vec::with_capacity((count as usize).min(bytes.len() / MIN_NODE_BYTES));
+        for_each_valid(what, bytes, |n| nodes.push(n))?;
+        Ok(Tree { nodes })
     }
 }
 
-impl Tree {
-    /// Decodes the postcard encoding (a length, then the nodes) node by node into a vector
-    /// sized once: serde's vector grows by doubling, which for a directory of 250,000 entries
-    /// held up to twice its nodes at the peak. The length a hostile blob claims is trusted only
-    /// as far as its bytes could hold that many nodes.
-    fn decode(bytes: &[u8]) -> postcard::Result<Tree> {
-        let (count, mut rest) = postcard::take_from_bytes::<u64>(bytes)?;
-        let mut nodes = Vec::with_capacity((count as usize).min(rest.len() / MIN_NODE_BYTES));
-        for _ in 0..count {
-            let (node, after) = postcard::take_from_bytes::<Node>(rest)?;
-            nodes.push(node);
-            rest = after;
-        }
-        Ok(Tree { nodes })
+/// A validated tree kept as its encoding (FORMAT.md §9), its nodes decoded one at a time as a
+/// walk reaches them: a directory of 250,000 entries takes about 100 bytes an entry this way,
+/// against about 400 as a [`Tree`]'s nodes. Its subdirectories' tree IDs are listed up front,
+/// so a loader can fetch them ahead of the walk.
+#[derive(Clone, Debug, Default)]
+pub struct TreeBytes {
+    plain: Vec<u8>,
+    /// Where the first node begins (after the count).
+    start: usize,
+    count: u64,
+    subtrees: Vec<BlobId>,
+}
+
+impl TreeBytes {
+    /// Validates a tree blob's plaintext as [`Tree::from_bytes`] does (decoding each node and
+    /// dropping it) and keeps the bytes. `what` names the blob for errors.
+    pub fn parse(what: &str, plain: Vec<u8>) -> Result<Self> {
+        let mut subtrees = Vec::new();
+        let count = for_each_valid(what, &plain, |n| subtrees.extend(n.subtree))?;
+        let start = plain.len() - count_of(what, &plain)?.1.len();
+        Ok(TreeBytes { plain, start, count, subtrees })
     }
+
+    /// How many nodes the tree holds.
+    pub fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    /// Whether the tree has no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The subdirectories' tree IDs, in tree order.
+    pub fn subtrees(&self) -> &[BlobId] {
+        &self.subtrees
+    }
+
+    /// The nodes, decoded one at a time, in tree order.
+    pub fn into_nodes(self) -> Nodes {
+        Nodes { plain: self.plain, at: self.start, left: self.count }
+    }
+
+    /// All the nodes at once.
+    pub fn into_tree(self) -> Tree {
+        let mut nodes = Vec::with_capacity(self.len());
+        nodes.extend(self.into_nodes());
+        Tree { nodes }
+    }
+}
+
+/// The nodes of a [`TreeBytes`], decoded as they are taken.
+pub struct Nodes {
+    plain: Vec<u8>,
+    at: usize,
+    left: u64,
+}
+
+impl Iterator for Nodes {
+    type Item = Node;
+
+    fn next(&mut self) -> Option<Node> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        match postcard::take_from_bytes::<Node>(&self.plain[self.at..]) {
+            Ok((node, rest)) => {
+                self.at = self.plain.len() - rest.len();
+                Some(node)
+            }
+            // The same bytes decoded once already ([`TreeBytes::parse`]): cannot happen.
+            Err(_) => {
+                self.left = 0;
+                None
+            }
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left as usize, Some(self.left as usize))
+    }
+}
+
+/// The forms a tree blob's plaintext is parsed into (validated either way).
+pub trait TreeForm: Sized {
+    /// Parses and validates `plain`; `what` names the blob for errors.
+    fn parse(what: &str, plain: Vec<u8>) -> Result<Self>;
+}
+
+impl TreeForm for Tree {
+    fn parse(what: &str, plain: Vec<u8>) -> Result<Self> {
+        Tree::from_bytes(what, &plain)
+    }
+}
+
+impl TreeForm for TreeBytes {
+    fn parse(what: &str, plain: Vec<u8>) -> Result<Self> {
+        TreeBytes::parse(what, plain)
+    }
+}
+
+/// A tree encoding's node count, and the bytes after it.
+fn count_of<'b>(what: &str, bytes: &'b [u8]) -> Result<(u64, &'b [u8])> {
+    postcard::take_from_bytes::<u64>(bytes).map_err(|e| Error::invalid(what, format!("not a tree: {e}")))
+}
+
+/// Decodes a tree encoding node by node, checks each against the rules of FORMAT.md §9 (a
+/// safe, unique name in order; content that matches the kind and adds up to the size) and
+/// hands it to `each`; returns how many there were. `what` names the blob for errors.
+fn for_each_valid(what: &str, bytes: &[u8], mut each: impl FnMut(Node)) -> Result<u64> {
+    let (count, mut rest) = count_of(what, bytes)?;
+    let mut prev: Option<Vec<u8>> = None;
+    for _ in 0..count {
+        let (n, after) =
+            postcard::take_from_bytes::<Node>(rest).map_err(|e| Error::invalid(what, format!("not a tree: {e}")))?;
+        rest = after;
+        check_name(&n.name).map_err(|why| Error::invalid(what, why))?;
+        if prev.as_ref().is_some_and(|p| *p >= n.name) {
+            return Err(Error::invalid(what, format!("entry {:?} is duplicated or out of order", n.name_lossy())));
+        }
+        if (n.kind == NodeKind::Dir) != n.subtree.is_some() {
+            return Err(Error::invalid(what, format!("entry {:?}: subtree does not match kind", n.name_lossy())));
+        }
+        if n.kind != NodeKind::File && !n.content.is_empty() {
+            return Err(Error::invalid(what, format!("entry {:?}: content on a non-file", n.name_lossy())));
+        }
+        // Checked, not saturating: chunks of a hostile tree that add up to more than 2^64
+        // bytes would otherwise pass as a file of 2^64 - 1 bytes and overflow the restore's
+        // chunk offsets.
+        let Some(total) = n.content.iter().try_fold(0u64, |sum, c| sum.checked_add(c.len())) else {
+            return Err(Error::invalid(
+                what,
+                format!("entry {:?}: chunks add up to more than 2^64 bytes", n.name_lossy()),
+            ));
+        };
+        if n.kind == NodeKind::File && total != n.size {
+            return Err(Error::invalid(
+                what,
+                format!("entry {:?}: chunks add up to {total} bytes, size says {}", n.name_lossy(), n.size),
+            ));
+        }
+        match &mut prev {
+            Some(p) => {
+                p.clear();
+                p.extend_from_slice(&n.name);
+            }
+            None => prev = Some(n.name.clone()),
+        }
+        each(n);
+    }
+    Ok(count)
 }
 
 /// Fewest bytes a node takes encoded (a one-byte name and every other field at its smallest).
@@ -383,6 +498,26 @@ mod tests {
             fn any_bytes_parse_or_fail(b in proptest::collection::vec(any::<u8>(), 0..300)) {
                 if let Ok(t) = Tree::from_bytes("t", &b) {
                     prop_assert_eq!(Tree::from_bytes("t", &t.to_bytes()).unwrap(), t);
+                }
+            }
+
+            /// The form a walk keeps yields the same nodes, lists the same subtrees and refuses
+            /// exactly what [`Tree::from_bytes`] refuses.
+            #[test]
+            fn tree_bytes_agree_with_tree(t in tree(), cut in any::<proptest::sample::Index>()) {
+                let enc = t.to_bytes();
+                let kept = TreeBytes::parse("t", enc.clone()).unwrap();
+                let subtrees: Vec<BlobId> = t.nodes.iter().filter_map(|n| n.subtree).collect();
+                prop_assert_eq!(kept.subtrees(), &subtrees[..]);
+                prop_assert_eq!(kept.len(), t.nodes.len());
+                prop_assert_eq!(kept.clone().into_nodes().collect::<Vec<_>>(), t.nodes.clone());
+                prop_assert_eq!(kept.into_tree(), t.clone());
+                // Cut short anywhere: both refuse, or both accept the same tree.
+                let short = &enc[..cut.index(enc.len() + 1)];
+                match (Tree::from_bytes("t", short), TreeBytes::parse("t", short.to_vec())) {
+                    (Ok(a), Ok(b)) => prop_assert_eq!(a, b.into_tree()),
+                    (Err(_), Err(_)) => {}
+                    (a, b) => prop_assert!(false, "disagree: {:?} / {:?}", a.is_ok(), b.is_ok()),
                 }
             }
         }

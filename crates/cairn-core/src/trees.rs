@@ -32,7 +32,7 @@ use crate::layout::pack_path;
 use crate::pack::BlobEntry;
 use crate::read::{coalesce, coalesce_gap, Decoded, PackRead, Reader, Sink};
 use crate::repository::Repository;
-use crate::tree::{Node, Tree};
+use crate::tree::{Node, Nodes, Tree, TreeBytes, TreeForm};
 
 /// Deepest directory nesting accepted (a path that deep is already longer than Linux's
 /// PATH_MAX); deeper trees are rejected instead of exhausting the stack.
@@ -75,16 +75,33 @@ struct Held {
     pack: PackId,
     offset: u64,
     bytes: Arc<Vec<u8>>,
+    /// Bytes of its blobs not taken yet: once every blob was, the range is let go.
+    left: u64,
 }
 
 impl ReadAhead {
-    /// The held bytes of a blob at `loc`, and where in them it lies.
-    fn find(&self, loc: &BlobLocation) -> Option<(Arc<Vec<u8>>, usize)> {
+    /// The held bytes of a blob at `loc`, and where in them it lies; the blob counts as taken
+    /// (a range whose every blob was taken is let go: a tree wanted again, an identical
+    /// subdirectory's, is then read on its own).
+    fn take(&self, loc: &BlobLocation) -> Option<(Arc<Vec<u8>>, usize)> {
         let (start, len) = (u64::from(loc.entry.offset), u64::from(loc.entry.length));
-        let held = self.held.lock().expect("read-ahead lock");
-        held.iter()
-            .find(|h| h.pack == loc.pack && h.offset <= start && start + len <= h.offset + h.bytes.len() as u64)
-            .map(|h| (h.bytes.clone(), (start - h.offset) as usize))
+        let mut held = self.held.lock().expect("read-ahead lock");
+        let i = held
+            .iter()
+            .position(|h| h.pack == loc.pack && h.offset <= start && start + len <= h.offset + h.bytes.len() as u64)?;
+        let h = &mut held[i];
+        let found = (h.bytes.clone(), (start - h.offset) as usize);
+        h.left = h.left.saturating_sub(len);
+        if h.left == 0 {
+            let gone = held.swap_remove(i);
+            // A whole pack read counted against the limit (`extend`): its room is free again.
+            if gone.offset == 0 && self.packs.lock().expect("read-ahead lock").contains(&gone.pack) {
+                let freed = gone.bytes.len() as u64;
+                let _ =
+                    self.bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some(b.saturating_sub(freed)));
+            }
+        }
+        Some(found)
     }
 
     /// Widens `read` (of pack number `pack_no` in `repo`'s index) to all the blobs of its pack,
@@ -100,20 +117,23 @@ impl ReadAhead {
             m => m,
         };
         let room = max.saturating_sub(self.bytes.load(Ordering::Relaxed));
-        if end > pack_size || end - read.length > room {
+        if end > pack_size || end > room {
             return;
         }
         if !self.packs.lock().expect("read-ahead lock").insert(read.pack) {
             return;
         }
-        self.bytes.fetch_add(end - read.length, Ordering::Relaxed);
+        // Held whole until its blobs are taken (see `take`).
+        self.bytes.fetch_add(end, Ordering::Relaxed);
         read.offset = 0;
         read.length = end;
     }
 
-    /// Keeps the bytes of `read` for the levels to come.
-    fn hold(&self, read: &PackRead, bytes: Arc<Vec<u8>>) {
-        self.held.lock().expect("read-ahead lock").push(Held { pack: read.pack, offset: read.offset, bytes });
+    /// Keeps the bytes of `read` for the levels to come (all but the blobs it was made for,
+    /// `wanted` bytes of them, which are taken at once).
+    fn hold(&self, read: &PackRead, bytes: Arc<Vec<u8>>, wanted: u64) {
+        let left = read.length.saturating_sub(wanted);
+        self.held.lock().expect("read-ahead lock").push(Held { pack: read.pack, offset: read.offset, bytes, left });
     }
 
     /// Holds at most `bytes` (a restore's share of `--max-memory` for tree packs), instead of
@@ -215,7 +235,7 @@ pub fn load_level(
             continue;
         }
         match index.get(id) {
-            Some(loc) => match loading.read_ahead.find(&loc) {
+            Some(loc) => match loading.read_ahead.take(&loc) {
                 Some((bytes, at)) => held.push((loc, bytes, at)),
                 None => located.push(loc),
             },
@@ -263,12 +283,12 @@ pub fn load_level(
 
 /// Tree `id`: from the bytes `ahead` holds, else by reading its whole pack (the first time)
 /// or its own range. Whatever fails is read again on its own, so the error is the read's.
-fn load_through(repo: &Repository, id: &BlobId, ahead: &ReadAhead) -> Result<Tree> {
-    if let Some(t) = repo.cached_tree(id) {
+fn load_through(repo: &Repository, id: &BlobId, ahead: &ReadAhead) -> Result<TreeBytes> {
+    if let Some(t) = repo.cached_tree_as(id) {
         return Ok(t);
     }
-    let Some(loc) = repo.index().get(id) else { return repo.read_tree(id) };
-    if let Some((bytes, at)) = ahead.find(&loc) {
+    let Some(loc) = repo.index().get(id) else { return repo.read_tree_bytes(id) };
+    if let Some((bytes, at)) = ahead.take(&loc) {
         return decode_held(repo, &loc, &bytes, at);
     }
     let mut read = PackRead {
@@ -281,29 +301,29 @@ fn load_through(repo: &Repository, id: &BlobId, ahead: &ReadAhead) -> Result<Tre
     ahead.extend(repo, &mut read, loc.pack_no);
     match read_trees(repo, &read, ahead) {
         Ok(mut trees) if !trees.is_empty() => Ok(trees.swap_remove(0).1),
-        _ => repo.read_tree(id),
+        _ => repo.read_tree_bytes(id),
     }
 }
 
 /// The tree at `loc`, decoded from `bytes` (held by a [`ReadAhead`]) where it lies at `at`; a
 /// damaged copy is read again on its own, so the error is the read's.
-fn decode_held(repo: &Repository, loc: &BlobLocation, bytes: &[u8], at: usize) -> Result<Tree> {
+fn decode_held<T: TreeForm>(repo: &Repository, loc: &BlobLocation, bytes: &[u8], at: usize) -> Result<T> {
     let sealed = &bytes[at..at + loc.entry.length as usize];
     repo.decode_tree(&repo.key().object_key(&loc.salt), &loc.entry, sealed, &pack_path(&loc.pack))
-        .or_else(|_| repo.read_tree(&loc.entry.id))
+        .or_else(|_| repo.read_tree_as(&loc.entry.id))
 }
 
 /// Reads one coalesced range of tree blobs (again, if the transfer came back damaged) and
 /// keeps each verified tree in the metadata cache; a range read further back than its first
 /// tree is held in `ahead` for the levels to come.
-fn read_trees(repo: &Repository, read: &PackRead, ahead: &ReadAhead) -> Result<Vec<(BlobId, Tree)>> {
+fn read_trees<T: TreeForm>(repo: &Repository, read: &PackRead, ahead: &ReadAhead) -> Result<Vec<(BlobId, T)>> {
     let path = pack_path(&read.pack);
     let key = repo.key().object_key(&read.salt);
     crate::repository::retry_damaged(|| {
         let bytes = Arc::new(repo.storage().read_range(&path, read.offset, read.length)?);
         let wanted: u64 = read.blobs.iter().map(|b| u64::from(b.length)).sum();
         if read.length > wanted {
-            ahead.hold(read, bytes.clone());
+            ahead.hold(read, bytes.clone(), wanted);
         }
         read.blobs
             .iter()
@@ -376,17 +396,16 @@ pub fn walk(
     std::thread::scope(|s| {
         let loader = TreeLoader::start(s, repo, threads.max(1));
         let mut ahead = Ahead::new(repo, &loader, WALK_TREES_AHEAD, WALK_BYTES_AHEAD);
-        // The trees on the walk's path, each with the next node to visit.
-        let mut stack: Vec<(PathBuf, Tree, usize)> = vec![(base.to_path_buf(), ahead.take(&root)?, 0)];
-        while let Some((dir, tree, at)) = stack.last_mut() {
-            let Some(node) = tree.nodes.get(*at) else {
+        // The trees on the walk's path, each with its nodes still to visit.
+        let mut stack: Vec<(PathBuf, Nodes)> = vec![(base.to_path_buf(), ahead.take(&root)?.into_nodes())];
+        while let Some((dir, nodes)) = stack.last_mut() {
+            let Some(node) = nodes.next() else {
                 stack.pop();
                 ahead.left();
                 continue;
             };
-            *at += 1;
             let path = dir.join(OsStr::from_bytes(&node.name));
-            visit(&path, node)?;
+            visit(&path, &node)?;
             if let Some(sub) = node.subtree {
                 if stack.len() > MAX_DEPTH {
                     return Err(Error::invalid(
@@ -394,8 +413,8 @@ pub fn walk(
                         format!("directories nested deeper than {MAX_DEPTH} levels"),
                     ));
                 }
-                let tree = ahead.take(&sub)?;
-                stack.push((path, tree, 0));
+                let nodes = ahead.take(&sub)?.into_nodes();
+                stack.push((path, nodes));
             }
         }
         Ok(())
@@ -483,8 +502,8 @@ pub struct TreeLoader {
     requests: Sender<(BlobId, Sender<Loaded>)>,
 }
 
-/// A tree, or why it could not be read.
-pub type Loaded = std::result::Result<Tree, String>;
+/// A tree (kept as its bytes, see [`TreeBytes`]), or why it could not be read.
+pub type Loaded = std::result::Result<TreeBytes, String>;
 
 impl TreeLoader {
     /// Starts `threads` loaders in `scope`; they stop when the loader is dropped.
@@ -512,7 +531,7 @@ impl TreeLoader {
                 for (id, reply) in rx {
                     let tree = match ahead {
                         Some(ahead) => load_through(repo, &id, ahead),
-                        None => repo.read_tree(&id),
+                        None => repo.read_tree_bytes(&id),
                     };
                     // The walker may have stopped early; then nobody wants the tree.
                     let _ = reply.send(tree.map_err(|e| e.to_string()));
@@ -565,7 +584,7 @@ impl<'l> Ahead<'l> {
     /// The tree `id`, which the walker now descends into (the next of its parent's subtrees
     /// in order, or a root). A tree that could not be loaded ahead is read again here, so the
     /// error is the read's own.
-    pub fn take(&mut self, id: &BlobId) -> Result<Tree> {
+    pub fn take(&mut self, id: &BlobId) -> Result<TreeBytes> {
         if let Some(queue) = self.todo.last_mut() {
             // Subtrees before it that the walker skipped will not be wanted any more.
             if let Some(at) = queue.iter().position(|q| q == id) {
@@ -580,9 +599,9 @@ impl<'l> Ahead<'l> {
         };
         let tree = match loaded {
             Ok(t) => t,
-            Err(_) => self.repo.read_tree(id)?,
+            Err(_) => self.repo.read_tree_bytes(id)?,
         };
-        self.todo.push(tree.nodes.iter().filter_map(|n| n.subtree).collect());
+        self.todo.push(tree.subtrees().iter().copied().collect());
         self.refill();
         Ok(tree)
     }
@@ -634,7 +653,7 @@ impl<'l> Ahead<'l> {
                     bytes += len;
                     room -= 1;
                     if let Ok(tree) = loaded {
-                        order.extend(tree.nodes.iter().rev().filter_map(|n| n.subtree));
+                        order.extend(tree.subtrees().iter().rev());
                     }
                 }
             }

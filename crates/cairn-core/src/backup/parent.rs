@@ -71,7 +71,7 @@ impl ParentDir {
     fn new(loaded: Option<Loaded>, loader: &TreeLoader) -> Self {
         let (tree, unreadable) = match loaded {
             None => (None, None),
-            Some(Ok(t)) => (Some(t), None),
+            Some(Ok(t)) => (Some(t.into_tree()), None),
             Some(Err(why)) => (None, Some(why)),
         };
         let coming = tree
@@ -101,7 +101,7 @@ impl ParentDir {
 }
 
 fn load(repo: &Repository, id: BlobId) -> Loaded {
-    repo.read_tree(&id).map_err(|e| e.to_string())
+    repo.read_tree_bytes(&id).map_err(|e| e.to_string())
 }
 
 /// Whether `now` is the parent's file `old` unchanged: same size, modification and status

@@ -95,7 +95,7 @@ pub fn restore(
         is_root: crate::platform::is_root(),
         threads: opts.write_threads.max(1),
         cancel: cancel.clone(),
-        data_budget: limit.data_budget(opts.max_memory),
+        data_budget: limit.data_budget(opts.max_memory, repo.index().memory_bytes()),
         started: false,
         acl: HashSet::new(),
         failed_dirs: HashSet::new(),

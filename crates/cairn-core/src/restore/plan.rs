@@ -120,6 +120,14 @@ impl BatchLimit {
         BatchLimit { bytes: (max_memory / 8).max(BATCH_MIN) }
     }
 
+    /// An empty batch with room for as many entries as fit the limit at their least cost:
+    /// a vector growing by doubling would hold up to twice the batch's entries, and both
+    /// copies while it moves.
+    fn empty_plan(self) -> Plan {
+        let most = (self.bytes / ENTRY_COST_MIN).min(BATCH_ENTRIES_PRESIZED) as usize;
+        Plan { entries: Vec::with_capacity(most), closed: Vec::new() }
+    }
+
     /// Stored bytes of trees the walk loads ahead at most (beyond the next one): half a batch,
     /// at most [`TREE_BYTES_AHEAD`].
     pub fn trees_ahead(self) -> u64 {
@@ -128,18 +136,19 @@ impl BatchLimit {
 
     /// Bytes of whole tree packs the walk may hold ([`crate::trees::ReadAhead`]: a pack read
     /// whole the first time a tree in it is wanted saves a round trip per directory level):
-    /// four times the trees ahead.
+    /// twice the trees ahead (a pack is let go once every tree in it was taken).
     pub fn tree_packs(self) -> u64 {
-        4 * self.trees_ahead()
+        2 * self.trees_ahead()
     }
 
-    /// What is left of `max_memory` for the data in flight: two batches are in memory at once
-    /// (one restored, the next being planned), the trees ahead take about three times their
-    /// stored size, and the tree packs held; at least a quarter of `max_memory` (a small
-    /// budget is mostly the minimum batch) and [`DATA_MIN`].
-    pub fn data_budget(self, max_memory: u64) -> u64 {
+    /// What is left of `max_memory` for the data in flight: `fixed` (the index, already in
+    /// memory) is taken first; two batches are in memory at once (one restored, the next being
+    /// planned), the trees ahead take about three times their stored size, and the tree packs
+    /// held; at least a quarter of `max_memory` (a small budget is mostly the minimum batch and
+    /// the index) and [`DATA_MIN`].
+    pub fn data_budget(self, max_memory: u64, fixed: u64) -> u64 {
         max_memory
-            .saturating_sub(2 * self.bytes + 3 * self.trees_ahead() + self.tree_packs())
+            .saturating_sub(fixed + 2 * self.bytes + 3 * self.trees_ahead() + self.tree_packs())
             .max(max_memory / 4)
             .max(DATA_MIN)
     }
@@ -151,6 +160,12 @@ pub const DATA_MIN: u64 = 1024 * 1024;
 /// The smallest batch limit: below it, a batch's start and drain cost more than it saves.
 pub const BATCH_MIN: u64 = 4 * 1024 * 1024;
 
+/// The least an entry costs ([`entry_cost`]).
+const ENTRY_COST_MIN: u64 = 640;
+
+/// Most entries a batch makes room for up front (a restore without batches grows its vector).
+const BATCH_ENTRIES_PRESIZED: u64 = 1 << 20;
+
 /// Estimated bytes an entry costs while its batch is restored: the entry itself and what the
 /// compare, schedule and write stages keep per entry and per chunk (measured: see
 /// docs/DESIGN.md, "Restore in batches").
@@ -158,7 +173,13 @@ pub fn entry_cost(e: &Entry) -> u64 {
     let n = &e.node;
     let xattrs: usize = n.xattrs.iter().map(|x| x.name.len() + x.value.len() + 48).sum();
     let acl = n.acl_access.as_ref().map_or(0, Vec::len) + n.acl_default.as_ref().map_or(0, Vec::len);
-    (640 + 2 * e.rel.as_os_str().len() + n.name.len() + n.target.len() + xattrs + acl + 160 * n.content.len()) as u64
+    (ENTRY_COST_MIN as usize
+        + 2 * e.rel.as_os_str().len()
+        + n.name.len()
+        + n.target.len()
+        + xattrs
+        + acl
+        + 160 * n.content.len()) as u64
 }
 
 /// Trees loaded ahead of the walk: enough to keep a remote repository's round trips overlapped.
@@ -209,7 +230,7 @@ pub fn stream(
             filter,
             ahead: Ahead::new(repo, &loader, TREES_AHEAD, limit.trees_ahead()),
             loading,
-            plan: Plan::default(),
+            plan: limit.empty_plan(),
             cost: 0,
             limit,
             emit,
@@ -291,7 +312,7 @@ impl<E: FnMut(Plan) -> bool> Builder<'_, '_, E> {
         let tree = self.ahead.take(id)?;
         self.loading.reads_done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut any = false;
-        for node in tree.nodes {
+        for node in tree.into_nodes() {
             // Absolute paths are only for the filters; without any, none is built.
             let abs = if self.filter.is_empty() { PathBuf::new() } else { abs_dir.join(OsStr::from_bytes(&node.name)) };
             any |= self.add_node(node, dir, &abs, parent_included)?;
@@ -370,7 +391,7 @@ impl<E: FnMut(Plan) -> bool> Builder<'_, '_, E> {
 
     /// Hands the batch on.
     fn cut(&mut self) -> Result<()> {
-        let plan = std::mem::take(&mut self.plan);
+        let plan = std::mem::replace(&mut self.plan, self.limit.empty_plan());
         self.cost = 0;
         self.batch += 1;
         if (self.emit)(plan) {
