@@ -59,6 +59,15 @@ impl Budget {
         Some(Reservation { budget: self, bytes })
     }
 
+    /// Reserves `bytes` at once, even past the limit: for memory a later stage already holds
+    /// and must not wait for (a decode worker's reused buffer: waiting there while the fetched
+    /// reads it would free hold the budget could never end). Reservations made by waiting then
+    /// wait until the total is back under the limit.
+    pub fn force(&self, bytes: u64) -> Reservation<'_> {
+        self.state.lock().expect("budget lock").used += bytes;
+        Reservation { budget: self, bytes }
+    }
+
     /// The budget's size.
     pub fn limit(&self) -> u64 {
         self.limit
@@ -72,6 +81,11 @@ impl Budget {
 }
 
 impl Reservation<'_> {
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
     /// Splits `bytes` off into a reservation of their own.
     pub fn split(&mut self, bytes: u64) -> Self {
         let bytes = bytes.min(self.bytes);
@@ -109,6 +123,20 @@ mod tests {
         assert_eq!(b.used(), 500);
         assert!(b.reserve(1, || true).is_none());
         drop(big);
+        assert_eq!(b.used(), 0);
+    }
+
+    #[test]
+    fn forced_reservations_pass_the_limit_and_hold_back_waiting_ones() {
+        let b = Budget::new(100);
+        let r = b.reserve(80, || false).unwrap();
+        let forced = b.force(50);
+        assert_eq!((b.used(), forced.bytes()), (130, 50));
+        // Nothing more fits until the total is back under the limit.
+        assert!(b.reserve(10, || true).is_none());
+        drop(r);
+        assert!(b.reserve(10, || true).is_some());
+        drop(forced);
         assert_eq!(b.used(), 0);
     }
 }

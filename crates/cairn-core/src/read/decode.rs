@@ -53,9 +53,16 @@ impl Deref for Plain<'_> {
     }
 }
 
+/// Most bytes of decode buffer a worker keeps between reads (a larger one, for a large blob, is
+/// let go after its read, as its reservation is).
+const SCRATCH_KEPT: usize = 1024 * 1024;
+
 /// Runs until `input` is drained or the sink refuses a batch.
 pub fn decode_worker<'s, S: Sink<'s>>(r: &'s Reader<'_>, input: Receiver<Fetched<'s>>, sink: S) {
     let clock = &r.clocks[1];
+    // The one buffer a sink that keeps no plaintext has its blobs decoded into (its fetched
+    // reads reserved only their ranges).
+    let mut scratch = Vec::new();
     loop {
         let t = Instant::now();
         let Ok(f) = input.recv() else { return };
@@ -64,8 +71,18 @@ pub fn decode_worker<'s, S: Sink<'s>>(r: &'s Reader<'_>, input: Receiver<Fetched
             continue; // drain so upstream never blocks
         }
         let read = f.read;
+        // A large buffer the last read grew is let go; while a read is decoded, its buffer is
+        // reserved: at once, never waiting (the reads that would free the budget wait for this
+        // worker).
+        if scratch.capacity() > SCRATCH_KEPT {
+            scratch = Vec::new();
+        }
+        let _scratch_held = (sink.verify_only() || sink.stored_only()).then(|| {
+            let largest = read.blobs.iter().map(|b| u64::from(b.raw_length)).max().unwrap_or(0);
+            r.budget.force(largest.max(scratch.capacity() as u64))
+        });
         if sink.verify_only() {
-            let count = work(clock, || verify_read(r, f, &sink));
+            let count = work(clock, || verify_read(r, f, &sink, &mut scratch));
             let t = Instant::now();
             if !sink.verified(read, count) {
                 return;
@@ -74,7 +91,7 @@ pub fn decode_worker<'s, S: Sink<'s>>(r: &'s Reader<'_>, input: Receiver<Fetched
             continue;
         }
         let batch = if sink.stored_only() {
-            work(clock, || stored_read(r, f, &sink))
+            work(clock, || stored_read(r, f, &sink, &mut scratch))
         } else {
             work(clock, || decode_read(r, f, &sink))
         };
@@ -91,16 +108,21 @@ pub fn decode_worker<'s, S: Sink<'s>>(r: &'s Reader<'_>, input: Receiver<Fetched
 
 /// Verifies the blobs of one read, each decoded into one reused buffer; returns how many
 /// verified (a blob that does not is given to the sink as failed).
-fn verify_read<'s, S: Sink<'s>>(r: &'s Reader<'_>, mut f: Fetched<'s>, sink: &S) -> usize {
+fn verify_read<'s, S: Sink<'s>>(r: &'s Reader<'_>, mut f: Fetched<'s>, sink: &S, scratch: &mut Vec<u8>) -> usize {
     sink.fetched(f.read, &f.range);
-    verify_blobs(r, &mut f, sink).len()
+    verify_blobs(r, &mut f, sink, scratch).len()
 }
 
 /// Verifies the blobs of one read (each decoded into one reused buffer) and hands on their
 /// stored bytes inside the read, in the read's order.
-fn stored_read<'s, S: Sink<'s>>(r: &'s Reader<'_>, mut f: Fetched<'s>, sink: &S) -> Vec<Decoded<'s>> {
+fn stored_read<'s, S: Sink<'s>>(
+    r: &'s Reader<'_>,
+    mut f: Fetched<'s>,
+    sink: &S,
+    scratch: &mut Vec<u8>,
+) -> Vec<Decoded<'s>> {
     sink.fetched(f.read, &f.range);
-    let done = verify_blobs(r, &mut f, sink);
+    let done = verify_blobs(r, &mut f, sink, scratch);
     let read = Arc::new(DecodedRead { buf: f.range, _reservation: f.range_reservation });
     done.into_iter()
         .map(|(id, d)| match d {
@@ -113,16 +135,20 @@ fn stored_read<'s, S: Sink<'s>>(r: &'s Reader<'_>, mut f: Fetched<'s>, sink: &S)
 /// Verifies each blob of a read, decrypting it in place: where its stored bytes lie in the
 /// read, or (for a copy that failed and was read again) the stored bytes themselves. A blob
 /// that fails even when read again is given to the sink as failed and left out.
-fn verify_blobs<'s, S: Sink<'s>>(r: &'s Reader<'_>, f: &mut Fetched<'s>, sink: &S) -> Vec<(BlobId, Stored)> {
-    let mut scratch = Vec::new();
+fn verify_blobs<'s, S: Sink<'s>>(
+    r: &'s Reader<'_>,
+    f: &mut Fetched<'s>,
+    sink: &S,
+    scratch: &mut Vec<u8>,
+) -> Vec<(BlobId, Stored)> {
     let mut done = Vec::with_capacity(f.read.blobs.len());
     for b in &f.read.blobs {
         let start = (u64::from(b.offset) - f.read.offset) as usize;
         let sealed = &mut f.range[start..start + b.length as usize];
-        match verify_stored(r.repo.key(), &f.key, b, sealed, &f.pack, &mut scratch) {
+        match verify_stored(r.repo.key(), &f.key, b, sealed, &f.pack, scratch) {
             Ok(stored) => done.push((b.id, Stored::InRead(start + stored.start..start + stored.end))),
             // A copy that fails authentication may be a damaged transfer: read that blob again.
-            Err(_) => match r.repo.reread_stored(&f.pack, &f.key, b, &mut scratch) {
+            Err(_) => match r.repo.reread_stored(&f.pack, &f.key, b, scratch) {
                 Ok(own) => done.push((b.id, Stored::Own(own))),
                 Err(e) => sink.failed(f.read, b, &e),
             },

@@ -70,13 +70,10 @@ pub fn fetch_worker<'s, S: Sink<'s>>(
         if r.cancelled() {
             return;
         }
-        // A sink that keeps no plaintext needs room for one decoded blob at a time.
+        // A sink that keeps no plaintext has each blob decoded into its decode worker's one
+        // buffer, which the worker reserves itself (read/decode.rs): a read reserves its range.
         let verify_only = sink.verify_only() || sink.stored_only();
-        let plain = if verify_only {
-            read.blobs.iter().map(|b| u64::from(b.raw_length)).max().unwrap_or(0)
-        } else {
-            read.raw_bytes()
-        };
+        let plain = if verify_only { 0 } else { read.raw_bytes() };
         // An auto-tuned reader lets only so many workers fetch at once (read/tune.rs); a place
         // is held from the budget to the hand-off, so the time blocked there is the controller's
         // measure of pressure from downstream.

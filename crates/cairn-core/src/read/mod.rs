@@ -142,8 +142,8 @@ pub trait Sink<'r>: Clone + Send + 'r {
 
     /// Whether the sink only wants to know that blobs verified, not their plaintext (a data
     /// check). Then each blob is decoded into one reused buffer and dropped, [`Sink::verified`]
-    /// is called instead of [`Sink::blobs`], and a read reserves only its range and its largest
-    /// blob, not all its plaintext.
+    /// is called instead of [`Sink::blobs`], and a read reserves only its range, not its
+    /// plaintext (each decode worker reserves its one buffer, grown to the largest blob it met).
     fn verify_only(&self) -> bool {
         false
     }
@@ -151,7 +151,7 @@ pub trait Sink<'r>: Clone + Send + 'r {
     /// Whether the sink wants each verified blob's *stored* bytes (decrypted but still
     /// compressed, to copy them into a new pack as they are) instead of its plaintext. Each blob
     /// is still decompressed and its ID recomputed (into one reused buffer) before it is handed
-    /// on; a read reserves its range and its largest blob, as for [`Sink::verify_only`].
+    /// on; a read reserves its range, as for [`Sink::verify_only`].
     fn stored_only(&self) -> bool {
         false
     }
