@@ -17,6 +17,10 @@ pub struct Args {
     /// Blobs fetched and decoded at once [default: as for restore]
     #[arg(long, value_name = "N")]
     pub fetch_concurrency: Option<usize>,
+    /// Cap on the whole dump's memory, as for restore: the index, a batch of entries, the trees
+    /// read ahead and the data in flight, e.g. 64M
+    #[arg(long, value_name = "SIZE", default_value = "256M")]
+    pub max_memory: String,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
@@ -27,10 +31,11 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     }
     let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
     let concurrency = a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency());
-    let written =
-        restore::dump(&repo, &snap, &id.short(), path.unwrap_or(std::path::Path::new("/")), &mut out, concurrency)
-            .map_err(anyhow::Error::from)
-            .and_then(|_| out.flush().context("cannot write to stdout"));
+    let max_memory = super::parse_size(&a.max_memory)?;
+    let path = path.unwrap_or(std::path::Path::new("/"));
+    let written = restore::dump(&repo, &snap, &id.short(), path, &mut out, concurrency, max_memory)
+        .map_err(anyhow::Error::from)
+        .and_then(|_| out.flush().context("cannot write to stdout"));
     match written {
         // `cairn dump … | tar -t` whose reader stopped: end as a filter would.
         Err(e) if crate::output::is_broken_pipe(&e) => crate::output::end_by_sigpipe(),

@@ -13,9 +13,8 @@ use std::sync::Arc;
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
-use super::options::DEFAULT_MAX_MEMORY;
-use super::plan::{self, Filter, Top};
-use super::types::Entry;
+use super::plan::{self, BatchLimit, Filter, Top};
+use super::types::{Entry, Link};
 use crate::error::{Error, Result};
 use crate::id::BlobId;
 use crate::pack::BlobEntry;
@@ -168,7 +167,8 @@ impl<'o, 's> ContentReader<'o, 's> {
 }
 
 /// Writes `path` of `snapshot` to `out`: a regular file raw, a directory (or `/`) as a tar
-/// stream. `fetchers` reads are in flight at once.
+/// stream. `fetchers` reads are in flight at once; `max_memory` bounds the whole dump (the
+/// index, a batch of entries, the trees read ahead and the data in flight).
 pub fn dump(
     repo: &Repository,
     snapshot: &Snapshot,
@@ -176,6 +176,7 @@ pub fn dump(
     path: &Path,
     out: &mut dyn Write,
     fetchers: usize,
+    max_memory: u64,
 ) -> Result<DumpStats> {
     let base = crate::trees::below_root(path).unwrap_or(Path::new("/"));
     let (top, single) = match crate::trees::resolve(repo, &snapshot.tree, base, name)? {
@@ -187,9 +188,45 @@ pub fn dump(
         }
     };
     let fetchers = fetchers.max(1);
-    let plan = plan::build(repo, top, base, &Filter::default(), fetchers, &crate::trees::Loading::default())?;
-    let wanted: Vec<BlobId> = plan
-        .entries
+    if single {
+        let plan = plan::build(repo, top, base, &Filter::default(), fetchers, &crate::trees::Loading::default())?;
+        // One entry: all but the index is for the data in flight.
+        let budget = max_memory.saturating_sub(repo.index().memory_bytes()).max(max_memory / 4);
+        return read_entries(repo, &plan.entries, budget, fetchers, |stream| write_raw(&plan.entries[0], stream, out));
+    }
+    // A directory streams in batches, as a restore does (restore/plan.rs): memory holds one
+    // batch of entries, the walk's path and the data in flight, however many files there are.
+    let limit = BatchLimit::for_memory(max_memory);
+    let budget = limit.data_budget(max_memory, repo.index().memory_bytes());
+    let loading = crate::trees::Loading::default();
+    loading.read_ahead.limit(limit.tree_packs());
+    let mut tar = tar::Builder::new(out);
+    let mut stats = DumpStats::default();
+    let mut failed = None;
+    let walked = plan::stream(repo, top, base, &Filter::default(), false, fetchers, &loading, limit, |batch| {
+        let written = read_entries(repo, &batch.entries, budget, fetchers, |stream| {
+            write_tar(&batch.entries, stream, &mut tar, &mut stats)
+        });
+        written.map_err(|e| failed = Some(e)).is_ok()
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    walked?;
+    tar.finish().map_err(|e| Error::io("<stdout>", "cannot write the tar stream", e))?;
+    Ok(stats)
+}
+
+/// Reads the content of `entries`' files through the read path (`budget` bytes in flight at
+/// most, `fetchers` reads at once) and hands their blobs, in order, to `write`.
+fn read_entries<T>(
+    repo: &Repository,
+    entries: &[Entry],
+    budget: u64,
+    fetchers: usize,
+    write: impl FnOnce(&mut Stream<'_>) -> Result<T>,
+) -> Result<T> {
+    let wanted: Vec<BlobId> = entries
         .iter()
         .filter(|e| e.node.kind == NodeKind::File && e.link_of.is_none())
         .flat_map(|e| e.node.content.iter())
@@ -199,10 +236,10 @@ pub fn dump(
         })
         .collect();
     let reads = ordered_reads(&repo.index(), &wanted, coalesce_gap(repo))?;
-    let reader = Reader::new(repo, DEFAULT_MAX_MEMORY, Arc::new(AtomicBool::new(false)));
+    let reader = Reader::new(repo, budget, Arc::new(AtomicBool::new(false)));
     // Reads in flight or waiting to be written: each reserves at most 2 × MAX_READ, so the
     // window always fits the budget and a read never waits for budget the writer cannot free.
-    let window = (DEFAULT_MAX_MEMORY / (2 * MAX_READ)).max(1) as usize;
+    let window = (budget / (2 * MAX_READ)).max(1) as usize;
     let pace = Pace::default();
     std::thread::scope(|s| {
         let (tx, rx) = unbounded();
@@ -218,11 +255,7 @@ pub fn dump(
             pace: &pace,
             error: None,
         };
-        let result = if single {
-            write_raw(&plan.entries[0], &mut stream, out)
-        } else {
-            write_tar(&plan.entries, &mut stream, out)
-        };
+        let result = write(&mut stream);
         reader.cancel(); // done or failed: the feeder and fetchers stop
         let result = match (result, stream.error.take()) {
             (Err(_), Some(damage)) => Err(damage),
@@ -242,9 +275,13 @@ fn write_raw(entry: &Entry, stream: &mut Stream<'_>, out: &mut dyn Write) -> Res
     Ok(DumpStats { entries: 1, bytes })
 }
 
-fn write_tar(entries: &[Entry], stream: &mut Stream<'_>, out: &mut dyn Write) -> Result<DumpStats> {
-    let mut tar = tar::Builder::new(out);
-    let mut stats = DumpStats::default();
+/// Appends `entries` (one batch, in tree order) to the tar stream.
+fn write_tar<W: Write>(
+    entries: &[Entry],
+    stream: &mut Stream<'_>,
+    tar: &mut tar::Builder<W>,
+    stats: &mut DumpStats,
+) -> Result<()> {
     let io_err = |e| Error::io("<stdout>", "cannot write the tar stream", e);
     for e in entries {
         let n = &e.node;
@@ -257,9 +294,15 @@ fn write_tar(entries: &[Entry], stream: &mut Stream<'_>, out: &mut dyn Write) ->
         let _ = h.set_groupname(&n.group);
         h.set_size(0);
         let path = &e.rel;
-        if let Some(super::types::Link::Entry(first)) = e.link_of {
+        // A hard link names its group's first path (in this batch or an earlier one).
+        let first = match &e.link_of {
+            Some(Link::Entry(first)) => Some(entries[*first].rel.as_path()),
+            Some(Link::Earlier(rel)) => Some(rel.as_path()),
+            None => None,
+        };
+        if let Some(first) = first {
             h.set_entry_type(tar::EntryType::Link);
-            tar.append_link(&mut h, path, &entries[first].rel).map_err(io_err)?;
+            tar.append_link(&mut h, path, first).map_err(io_err)?;
             stats.entries += 1;
             continue;
         }
@@ -295,6 +338,5 @@ fn write_tar(entries: &[Entry], stream: &mut Stream<'_>, out: &mut dyn Write) ->
         }
         stats.entries += 1;
     }
-    tar.finish().map_err(io_err)?;
-    Ok(stats)
+    Ok(())
 }

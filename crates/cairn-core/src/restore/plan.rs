@@ -147,8 +147,11 @@ impl BatchLimit {
     /// held; at least a quarter of `max_memory` (a small budget is mostly the minimum batch and
     /// the index) and [`DATA_MIN`].
     pub fn data_budget(self, max_memory: u64, fixed: u64) -> u64 {
+        let taken = fixed
+            .saturating_add(self.bytes.saturating_mul(2))
+            .saturating_add(3 * self.trees_ahead() + self.tree_packs());
         max_memory
-            .saturating_sub(fixed + 2 * self.bytes + 3 * self.trees_ahead() + self.tree_packs())
+            .saturating_sub(taken)
             .max(max_memory / 4)
             .max(DATA_MIN)
     }
