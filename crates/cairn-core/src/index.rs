@@ -64,6 +64,9 @@ fn id_prefix(id: &BlobId) -> u64 {
     u64::from_be_bytes(id.0[..8].try_into().expect("8 of 32 bytes"))
 }
 
+/// Fewest blobs added since loading that are merged into the sorted slots.
+const RECENT_MERGE_MIN: usize = 65_536;
+
 #[derive(Clone, Copy, Debug)]
 struct Slot {
     entry: BlobEntry,
@@ -125,18 +128,40 @@ impl Index {
         let flags = &idx.doomed;
         idx.sorted.sort_unstable_by_key(|s| (s.entry.id, flags[s.pack as usize]));
         idx.sorted.dedup_by(|a, b| a.entry.id == b.entry.id);
+        idx.build_buckets();
+        idx
+    }
+
+    /// Fills `starts` for the slots in `sorted`.
+    fn build_buckets(&mut self) {
         // About one slot per bucket: 4 bytes per blob next to the slots' 52.
-        idx.bucket_bits = (idx.sorted.len().max(1).next_power_of_two().trailing_zeros()).max(1);
-        let buckets = 1usize << idx.bucket_bits;
-        idx.starts = Vec::with_capacity(buckets + 1);
+        self.bucket_bits = (self.sorted.len().max(1).next_power_of_two().trailing_zeros()).max(1);
+        let buckets = 1usize << self.bucket_bits;
+        self.starts = Vec::with_capacity(buckets + 1);
         let mut slot = 0;
         for b in 0..=buckets {
-            while slot < idx.sorted.len() && idx.bucket(&idx.sorted[slot].entry.id) < b {
+            while slot < self.sorted.len() && self.bucket(&self.sorted[slot].entry.id) < b {
                 slot += 1;
             }
-            idx.starts.push(slot as u32);
+            self.starts.push(slot as u32);
         }
-        idx
+    }
+
+    /// Moves the blobs added since loading into the sorted slots once they are a quarter as
+    /// many (and at least [`RECENT_MERGE_MIN`]): a hash map entry costs about three times a
+    /// slot, and growing the map held its old and new tables at once, so a backup adding a
+    /// million blobs peaked at 267 MB for them instead of about 60 MB. Each merge copies
+    /// the slots once; growing by a quarter each time, that is a few copies of each in all.
+    fn merge_recent_if_large(&mut self) {
+        if self.recent.len() < RECENT_MERGE_MIN.max(self.sorted.len() / 4) {
+            return;
+        }
+        self.sorted.reserve_exact(self.recent.len());
+        self.sorted.extend(std::mem::take(&mut self.recent).into_values());
+        let flags = &self.doomed;
+        self.sorted.sort_unstable_by_key(|s| (s.entry.id, flags[s.pack as usize]));
+        self.sorted.dedup_by(|a, b| a.entry.id == b.entry.id);
+        self.build_buckets();
     }
 
     /// Adds the blobs of a pack written since loading.
@@ -147,6 +172,7 @@ impl Index {
         for &entry in &p.blobs {
             self.recent.entry(entry.id).or_insert(Slot { entry, pack });
         }
+        self.merge_recent_if_large();
     }
 
     /// Finds a blob.
@@ -306,6 +332,39 @@ mod tests {
         }
         assert!(Index::default().get(&id(1)).is_none());
         assert!(!Index::from_packs(Vec::new()).contains(&id(1)));
+    }
+
+    /// Blobs added after loading, many enough to be merged into the sorted slots several times,
+    /// are all found in their packs, with the loaded ones, and a re-stored copy of a blob in a
+    /// doomed pack is the one found.
+    #[test]
+    fn blobs_added_since_loading_are_found_after_merging() {
+        let id = |i: u32| {
+            let mut b = [0u8; 32];
+            b[..4].copy_from_slice(&i.wrapping_mul(2654435761).to_be_bytes());
+            b[28..].copy_from_slice(&i.to_le_bytes());
+            BlobId(b)
+        };
+        let blob = |i: u32| BlobEntry { id: id(i), offset: i, ..entry(0) };
+        let doomed: IdSet<PackId> = [PackId([0; 32])].into_iter().collect();
+        let loaded = IndexedPack { id: PackId([0; 32]), salt: [0; 32], blobs: (0..1000).map(blob).collect() };
+        let mut idx = Index::with_doomed(vec![loaded], &doomed);
+        let per_pack = 1000;
+        let total = (RECENT_MERGE_MIN as u32) * 3;
+        for (n, start) in (0..total).step_by(per_pack).enumerate() {
+            let mut p = [0u8; 32];
+            p[..4].copy_from_slice(&(n as u32 + 1).to_le_bytes());
+            let blobs = (start..start + per_pack as u32).map(blob).collect();
+            idx.add_pack(&IndexedPack { id: PackId(p), salt: [0; 32], blobs });
+        }
+        assert!(idx.recent.len() < total as usize / 2, "the added blobs were merged");
+        for i in 0..total {
+            let found = idx.get(&id(i)).unwrap_or_else(|| panic!("blob {i} not found"));
+            assert_eq!(found.entry.offset, i);
+            assert_eq!(found.pack_no, i / per_pack as u32 + 1, "blob {i} is found in the pack that stays");
+            assert!(idx.contains_live(&id(i)));
+        }
+        assert!(!idx.contains(&id(u32::MAX)));
     }
 
     mod proptests {

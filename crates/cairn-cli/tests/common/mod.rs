@@ -805,3 +805,46 @@ pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
+
+/// A temporary directory in memory when the machine has one (`/dev/shm`): hundreds of
+/// thousands of files are made and removed there in seconds, not minutes.
+pub fn memory_tempdir() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        tempfile::tempdir_in(shm).expect("tempdir in /dev/shm")
+    } else {
+        tempfile::tempdir().expect("tempdir")
+    }
+}
+
+/// Runs `c` to the end (stdin closed, stdout and stderr captured); returns its stdout, stderr
+/// and peak RSS in KiB (`wait4`'s `ru_maxrss` of the child alone). Panics if it fails.
+pub fn run_with_peak_rss(c: &mut Command) -> (String, String, u64) {
+    // Reaped below with wait4, which also gives the peak RSS.
+    #[allow(clippy::zombie_processes)]
+    let mut child = c
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id() as libc::pid_t;
+    let mut err_pipe = child.stderr.take().expect("stderr");
+    let errors = std::thread::spawn(move || {
+        let mut s = String::new();
+        err_pipe.read_to_string(&mut s).expect("read stderr");
+        s
+    });
+    let mut stdout = String::new();
+    child.stdout.take().expect("stdout").read_to_string(&mut stdout).expect("read stdout");
+    let stderr = errors.join().expect("stderr reader");
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid out-parameter; wait4 reaps the child we spawned.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::wait4(pid, &mut status, 0, &mut usage) }, pid, "wait4");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "command failed ({status:#x}):\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    (stdout, stderr, usage.ru_maxrss as u64)
+}

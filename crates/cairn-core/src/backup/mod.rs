@@ -22,6 +22,7 @@ mod read;
 mod select;
 mod stdin;
 mod store;
+mod treebuf;
 mod walk;
 
 use std::path::{Path, PathBuf};

@@ -5,16 +5,18 @@
 //! that is not finished yet (a file being read, a subdirectory being walked). Readers fill
 //! slots as files are read; the last fill (or the end of the listing) stores the tree and
 //! fills the directory's own slot in its parent. So a reader never waits for a directory, and
-//! the walker never waits for a reader.
+//! the walker never waits for a reader. Finished entries are held encoded ([`TreeBuf`]), so a
+//! directory of many files waiting for its last one costs about 100 bytes per entry.
 
 use std::sync::{Arc, Mutex};
 
 use super::progress::Counters;
+use super::treebuf::TreeBuf;
 use super::Shared;
 use crate::error::Result;
 use crate::id::BlobId;
 use crate::pack::BlobKind;
-use crate::tree::{Node, Tree};
+use crate::tree::Node;
 
 /// A directory whose tree is not stored yet.
 pub(super) struct PendingDir {
@@ -26,8 +28,8 @@ pub(super) struct PendingDir {
 }
 
 struct DirState {
-    /// The entries in name order; `None` for an entry that turned out unreadable.
-    nodes: Vec<Option<Node>>,
+    /// The entries in name order.
+    tree: TreeBuf,
     /// Unfinished entries, plus one while the directory is still being listed.
     pending: usize,
 }
@@ -41,20 +43,20 @@ pub(super) struct Slot {
 impl PendingDir {
     /// Starts a directory whose tree will fill `up` (the root when `None`).
     pub fn new(up: Option<Slot>, old: Option<BlobId>) -> Arc<Self> {
-        Arc::new(PendingDir { state: Mutex::new(DirState { nodes: Vec::new(), pending: 1 }), up, old })
+        Arc::new(PendingDir { state: Mutex::new(DirState { tree: TreeBuf::default(), pending: 1 }), up, old })
     }
 
     /// Adds a finished entry.
     pub fn push_done(&self, node: Node) {
-        self.state.lock().expect("pending dir lock").nodes.push(Some(node));
+        self.state.lock().expect("pending dir lock").tree.push_done(&node);
     }
 
     /// Adds an entry that a later [`Slot::fill`] finishes.
     pub fn push(self: &Arc<Self>, node: Node) -> Slot {
         let mut st = self.state.lock().expect("pending dir lock");
-        st.nodes.push(Some(node));
         st.pending += 1;
-        Slot { dir: self.clone(), index: st.nodes.len() - 1 }
+        let index = st.tree.push_open(node);
+        Slot { dir: self.clone(), index }
     }
 
     /// Marks the listing finished; stores the tree if every entry is done.
@@ -63,16 +65,15 @@ impl PendingDir {
     }
 
     fn release(self: &Arc<Self>, sh: &Shared<'_>) -> Result<()> {
-        let nodes = {
+        let tree = {
             let mut st = self.state.lock().expect("pending dir lock");
             st.pending -= 1;
             if st.pending > 0 {
                 return Ok(());
             }
-            std::mem::take(&mut st.nodes)
+            std::mem::take(&mut st.tree)
         };
-        let tree = Tree { nodes: nodes.into_iter().flatten().collect() };
-        let id = sh.store.save(BlobKind::Tree, tree.to_bytes())?;
+        let id = sh.store.save(BlobKind::Tree, tree.into_bytes())?;
         let c = sh.counters;
         Counters::bump(match self.old {
             None => &c.dirs_new,
@@ -92,15 +93,13 @@ impl PendingDir {
 impl Slot {
     /// Finishes the entry with `finish`.
     pub fn fill(&self, sh: &Shared<'_>, finish: impl FnOnce(&mut Node)) -> Result<()> {
-        if let Some(node) = &mut self.dir.state.lock().expect("pending dir lock").nodes[self.index] {
-            finish(node);
-        }
+        self.dir.state.lock().expect("pending dir lock").tree.finish(self.index, finish);
         self.dir.release(sh)
     }
 
     /// Leaves the entry out of its directory (it could not be read).
     pub fn drop_entry(&self, sh: &Shared<'_>) -> Result<()> {
-        self.dir.state.lock().expect("pending dir lock").nodes[self.index] = None;
+        self.dir.state.lock().expect("pending dir lock").tree.leave_out(self.index);
         self.dir.release(sh)
     }
 }

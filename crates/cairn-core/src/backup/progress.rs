@@ -2,6 +2,7 @@
 //! the quick pre-scan that finds the totals while the backup runs.
 
 use std::collections::BTreeSet;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -105,11 +106,12 @@ impl Progress {
             }
             let listing = list_dir(&dir, |_| {});
             let Some(fd) = listing.dir else { continue };
-            for (_, path) in listing.entries {
+            for name in listing.names {
+                let name = Path::new(std::ffi::OsStr::from_bytes(&name));
+                let path = dir.join(name);
                 if filter.excludes_path(&path) {
                     continue;
                 }
-                let name = Path::new(path.file_name().unwrap_or(std::ffi::OsStr::new(".")));
                 // Relative to the open directory: no walk of the whole path per entry.
                 if let Ok(st) = statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW) {
                     count(&path, &st, root_dev, &mut stack);

@@ -172,14 +172,15 @@ impl Selection {
     }
 }
 
-/// A listed directory: its entries as `(name, path)`, sorted by name, and the directory kept
+/// A listed directory: its entries' names, sorted, and the directory kept
 /// open, so its entries can be looked up relative to it (`fstatat`) rather than by path.
 #[derive(Default)]
 pub struct Listing {
     /// The open directory (none if it could not be listed).
     pub dir: Option<OwnedFd>,
-    /// The entries, sorted by name.
-    pub entries: Vec<(Vec<u8>, PathBuf)>,
+    /// The entries' names, sorted (paths are made one at a time: a directory of 250,000
+    /// entries would hold 250,000 paths).
+    pub names: Vec<Vec<u8>>,
 }
 
 /// Lists directory `dir`; a directory that cannot be listed is reported through `warn`.
@@ -187,8 +188,7 @@ pub fn list_dir(dir: &Path, mut warn: impl FnMut(String)) -> Listing {
     match read_names(dir) {
         Ok((fd, mut names)) => {
             names.sort_unstable();
-            let entries = names.into_iter().map(|n| (n.clone(), dir.join(std::ffi::OsStr::from_bytes(&n)))).collect();
-            Listing { dir: Some(fd), entries }
+            Listing { dir: Some(fd), names }
         }
         Err(e) => {
             warn(format!("cannot list directory: {e}"));
@@ -262,12 +262,12 @@ mod tests {
         std::fs::write(d.path().join("a"), b"").unwrap();
         let old = filetime::FileTime::from_unix_time(1_000_000_000, 0);
         filetime::set_file_atime(d.path(), old).unwrap();
-        let names: Vec<Vec<u8>> = list_dir(d.path(), |w| panic!("{w}")).entries.into_iter().map(|(n, _)| n).collect();
+        let names: Vec<Vec<u8>> = list_dir(d.path(), |w| panic!("{w}")).names;
         assert_eq!(names, [b"a".to_vec(), b"b".to_vec()]);
         let md = std::fs::metadata(d.path()).unwrap();
         assert_eq!(filetime::FileTime::from_last_access_time(&md), old);
         let mut warned = None;
-        assert!(list_dir(&d.path().join("missing"), |w| warned = Some(w)).entries.is_empty());
+        assert!(list_dir(&d.path().join("missing"), |w| warned = Some(w)).names.is_empty());
         assert!(warned.unwrap().contains("cannot list directory"));
     }
 }

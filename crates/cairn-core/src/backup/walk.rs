@@ -6,7 +6,7 @@
 use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crossbeam_channel::Sender;
@@ -22,6 +22,15 @@ use crate::error::Result;
 use crate::id::BlobId;
 use crate::platform::{read_node, read_node_at, NameCache};
 use crate::tree::{Node, NodeKind};
+
+/// A subdirectory that has its place in its directory's tree and is still to be walked.
+struct Subdir {
+    path: PathBuf,
+    name: Vec<u8>,
+    pending: Arc<PendingDir>,
+    /// On another file system than the path given (`--one-file-system`): recorded empty.
+    other_fs: bool,
+}
 
 /// The walk stage of one backup.
 pub(super) struct Walker<'a, 'b> {
@@ -67,8 +76,8 @@ impl<'a, 'b> Walker<'a, 'b> {
                         continue;
                     }
                     self.file(&path, node, pending, parent, true)?;
-                } else {
-                    self.entry(&path, node, pending, parent, root_dev)?;
+                } else if let Some(sub) = self.entry(&path, node, pending, parent, root_dev)? {
+                    self.descend(sub, parent, root_dev)?;
                 }
             } else if node.kind == NodeKind::Dir {
                 let sub = PendingDir::new(Some(pending.push(node)), parent.subtree(name));
@@ -130,7 +139,9 @@ impl<'a, 'b> Walker<'a, 'b> {
         }
     }
 
-    /// One entry below a given path; `root_dev` is the device of that path.
+    /// One entry below a given path; `root_dev` is the device of that path. A directory gets
+    /// its place in `pending` and is returned, to be walked with [`Walker::descend`] once the
+    /// listing it is in is closed.
     fn entry(
         &mut self,
         path: &Path,
@@ -138,41 +149,55 @@ impl<'a, 'b> Walker<'a, 'b> {
         pending: &Arc<PendingDir>,
         parent: &mut ParentDir,
         root_dev: u64,
-    ) -> Result<()> {
+    ) -> Result<Option<Subdir>> {
         if self.filter.excludes_path(path) {
-            return Ok(());
+            return Ok(None);
         }
         match node.kind {
             NodeKind::Dir => {
                 if self.filter.excludes_dir(path) {
-                    return Ok(());
+                    return Ok(None);
                 }
                 let name = node.name.clone();
                 let other_fs = self.filter.stops_at_device(root_dev, node.device_id);
-                let sub = PendingDir::new(Some(pending.push(node)), parent.subtree(&name));
-                if !other_fs {
-                    let mut parent_dir = self.checked(path, parent.child(&name, self.trees));
-                    self.dir(path, &sub, &mut parent_dir, root_dev)?;
-                }
-                sub.listed(self.sh)
+                let pending = PendingDir::new(Some(pending.push(node)), parent.subtree(&name));
+                Ok(Some(Subdir { path: path.to_path_buf(), name, pending, other_fs }))
             }
-            NodeKind::File => self.file(path, node, pending, parent, false),
+            NodeKind::File => self.file(path, node, pending, parent, false).map(|()| None),
             _ => {
                 pending.push_done(node);
-                Ok(())
+                Ok(None)
             }
         }
     }
 
+    /// Walks a subdirectory met by [`Walker::entry`] in the directory whose parent-snapshot
+    /// tree is `parent`.
+    fn descend(&mut self, sub: Subdir, parent: &mut ParentDir, root_dev: u64) -> Result<()> {
+        if !sub.other_fs {
+            let mut parent_dir = self.checked(&sub.path, parent.child(&sub.name, self.trees));
+            self.dir(&sub.path, &sub.pending, &mut parent_dir, root_dev)?;
+        }
+        sub.pending.listed(self.sh)
+    }
+
+    /// Lists `dir` and finishes or queues each entry in name order while the directory is
+    /// open (statted relative to it); its subdirectories are walked after it is closed, so deep
+    /// trees hold no descriptor per level, and no more than one entry of a listing is held as
+    /// a [`Node`] at a time (a directory of 250,000 files would otherwise hold them all).
     fn dir(&mut self, dir: &Path, pending: &Arc<PendingDir>, parent: &mut ParentDir, root_dev: u64) -> Result<()> {
-        let Listing { dir: fd, entries } = list_dir(dir, |why| self.sh.warn(dir, why));
-        // Every entry's status first, relative to the open directory, which is closed before
-        // descending: deep trees must not hold a descriptor per level.
-        let nodes: Vec<_> =
-            entries.into_iter().filter_map(|(name, path)| Some((self.node(fd.as_ref(), &path, name)?, path))).collect();
+        let Listing { dir: fd, names } = list_dir(dir, |why| self.sh.warn(dir, why));
+        let mut subdirs = Vec::new();
+        for name in names {
+            let path = dir.join(OsStr::from_bytes(&name));
+            let Some(node) = self.node(fd.as_ref(), &path, name) else {
+                continue;
+            };
+            subdirs.extend(self.entry(&path, node, pending, parent, root_dev)?);
+        }
         drop(fd);
-        for (node, path) in nodes {
-            self.entry(&path, node, pending, parent, root_dev)?;
+        for sub in subdirs {
+            self.descend(sub, parent, root_dev)?;
         }
         Ok(())
     }
