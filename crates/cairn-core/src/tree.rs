@@ -232,6 +232,53 @@ impl TreeBytes {
     }
 }
 
+/// A validated tree kept as its encoding with where each node begins, to look nodes up by
+/// name (a backup compares each file with its parent snapshot's entry): 4 bytes an entry on
+/// top of the encoding, against about 400 for a decoded node.
+#[derive(Clone, Debug, Default)]
+pub struct TreeLookup {
+    plain: Vec<u8>,
+    starts: Vec<u32>,
+}
+
+impl TreeBytes {
+    /// The tree, for looking its nodes up by name.
+    pub fn lookup(self) -> TreeLookup {
+        let mut starts = Vec::with_capacity(self.len());
+        let mut at = self.start;
+        for _ in 0..self.count {
+            // Validated by `parse`: every node decodes.
+            let Ok((_, rest)) = postcard::take_from_bytes::<Node>(&self.plain[at..]) else { break };
+            starts.push(at as u32);
+            at = self.plain.len() - rest.len();
+        }
+        TreeLookup { plain: self.plain, starts }
+    }
+}
+
+impl TreeLookup {
+    /// The node named `name`, decoded.
+    pub fn get(&self, name: &[u8]) -> Option<Node> {
+        let i = self.starts.binary_search_by(|&at| self.name_at(at as usize).cmp(name)).ok()?;
+        self.node_at(self.starts[i] as usize)
+    }
+
+    /// Every node, decoded one at a time, in tree order.
+    pub fn nodes(&self) -> impl Iterator<Item = Node> + '_ {
+        self.starts.iter().filter_map(|&at| self.node_at(at as usize))
+    }
+
+    fn node_at(&self, at: usize) -> Option<Node> {
+        postcard::take_from_bytes::<Node>(&self.plain[at..]).ok().map(|(n, _)| n)
+    }
+
+    /// The name of the node at `at`: its first field, a length and the bytes (FORMAT.md §9).
+    fn name_at(&self, at: usize) -> &[u8] {
+        let Ok((len, rest)) = postcard::take_from_bytes::<u64>(&self.plain[at..]) else { return &[] };
+        rest.get(..len as usize).unwrap_or(&[])
+    }
+}
+
 /// The nodes of a [`TreeBytes`], decoded as they are taken.
 pub struct Nodes {
     plain: Vec<u8>,
@@ -511,7 +558,14 @@ mod tests {
                 prop_assert_eq!(kept.subtrees(), &subtrees[..]);
                 prop_assert_eq!(kept.len(), t.nodes.len());
                 prop_assert_eq!(kept.clone().into_nodes().collect::<Vec<_>>(), t.nodes.clone());
-                prop_assert_eq!(kept.into_tree(), t.clone());
+                prop_assert_eq!(kept.clone().into_tree(), t.clone());
+                // Looked up by name: every node, and no other name.
+                let lookup = kept.lookup();
+                for n in &t.nodes {
+                    prop_assert_eq!(lookup.get(&n.name), Some(n.clone()));
+                }
+                prop_assert_eq!(lookup.nodes().collect::<Vec<_>>(), t.nodes.clone());
+                prop_assert!(lookup.get(b"\xff\xff not a name").is_none());
                 // Cut short anywhere: both refuse, or both accept the same tree.
                 let short = &enc[..cut.index(enc.len() + 1)];
                 match (Tree::from_bytes("t", short), TreeBytes::parse("t", short.to_vec())) {

@@ -213,8 +213,8 @@ impl<'a, 'b> Walker<'a, 'b> {
     ) -> Result<()> {
         let c = self.sh.counters;
         match parent.node(&node.name) {
-            Some(old) if !device && unchanged(old, &node, self.sh.repo) => {
-                node.content = old.content.clone();
+            Some(old) if !device && unchanged(&old, &node, self.sh.repo) => {
+                node.content = old.content;
                 Counters::bump(&c.files_unmodified);
                 self.sh.progress.file_done(node.size);
                 pending.push_done(node);

@@ -150,10 +150,7 @@ impl BatchLimit {
         let taken = fixed
             .saturating_add(self.bytes.saturating_mul(2))
             .saturating_add(3 * self.trees_ahead() + self.tree_packs());
-        max_memory
-            .saturating_sub(taken)
-            .max(max_memory / 4)
-            .max(DATA_MIN)
+        max_memory.saturating_sub(taken).max(max_memory / 4).max(DATA_MIN)
     }
 }
 
