@@ -3,7 +3,7 @@ exists with 10% of its files changed (data.mutate: 4 KiB overwritten in the midd
 tenth file) — Cairn copies what is still on disk (default) against fetching everything
 (--no-local-data), from a local repository and from one with 20 ms injected per request
 (CAIRN_INJECT_FAULTS=latency=20ms: a remote repository's round trips, on the real local backend;
-with S3's default --fetch-concurrency 32),
+with S3's default --fetch-concurrency 32, and auto-tuned),
 and restic's restore of the same tree as the peer (it has no such mode). Modes interleaved, the
 order rotating each round. Each restore is checked with diff -r against the unchanged data set.
 Reports wall time, CPU, peak RSS, bytes fetched and bytes reused from Cairn's JSON summary.
@@ -40,6 +40,10 @@ class LocalDataBench:
             (f"cairn, source used, {LATENCY}", lambda t: cairn.restore_cmd(repos["cairn"], t, remote, local_data=True), fault),
             (f"cairn --no-local-data, {LATENCY}",
              lambda t: cairn.restore_cmd(repos["cairn"], t, ["--no-local-data", *remote]), fault),
+            # The true default with latency: the fetch concurrency auto-tuned.
+            (f"cairn, source used, {LATENCY}, auto", lambda t: cairn.restore_cmd(repos["cairn"], t, local_data=True), fault),
+            (f"cairn --no-local-data, {LATENCY}, auto",
+             lambda t: cairn.restore_cmd(repos["cairn"], t, ["--no-local-data"]), fault),
         ]
         if restic:
             out.append(("restic", lambda t: restic.restore_cmd(repos["restic"], t), restic.env))
@@ -110,7 +114,8 @@ class LocalDataBench:
                          f"{max(r.rss_kib for r, _ in runs) / 1024:.0f} | {fetched} | {reused} | "
                          f"{self.errors.get(name, 'ok')} |")
         pairs = [("cairn, source used (default)", "cairn --no-local-data"),
-                 (f"cairn, source used, {LATENCY}", f"cairn --no-local-data, {LATENCY}")]
+                 (f"cairn, source used, {LATENCY}", f"cairn --no-local-data, {LATENCY}"),
+                 (f"cairn, source used, {LATENCY}, auto", f"cairn --no-local-data, {LATENCY}, auto")]
         lines.append("")
         for a, b in pairs:
             if a in med and b in med:

@@ -104,6 +104,7 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
                     "bytes_per_s": s.throughput, "latency_ms": s.latency.as_secs_f64() * 1000.0})
             })
             .collect();
+        let gaps: Vec<_> = out.read_gaps.iter().map(|g| g.gap).collect();
         outln!(
             "{}",
             serde_json::json!({
@@ -115,6 +116,7 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
                 "warnings": out.warnings.len(), "stalls": out.stalls, "seconds": secs, "profile": stages,
                 "batches": out.batches,
                 "fetch_tuning": tuning,
+                "read_gaps": gaps,
             })
         );
         return;
@@ -150,6 +152,7 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
             );
         }
         print_tuning(&out.fetch_tuning);
+        print_gaps(&out.read_gaps);
     }
 }
 
@@ -169,6 +172,26 @@ fn print_tuning(steps: &[cairn_core::read::TuneStep]) {
             bytes(s.throughput as u64),
             s.latency.as_secs_f64() * 1000.0
         );
+    }
+}
+
+/// The coalescing gap of each batch's reads and what it came from (`--profile`).
+fn print_gaps(gaps: &[cairn_core::read::GapChoice]) {
+    for (i, g) in gaps.iter().enumerate() {
+        let why = match g.cost {
+            Some(c) if g.gap > g.floor => format!(
+                "a {:.1} ms round trip is worth {} at {}/s with {} in flight",
+                c.latency.as_secs_f64() * 1000.0,
+                bytes(g.gap),
+                bytes(c.rate as u64),
+                c.in_flight
+            ),
+            Some(c) => {
+                format!("the storage's own: a {:.2} ms round trip is worth less", c.latency.as_secs_f64() * 1000.0)
+            }
+            None => "the storage's own: no round trip measured yet".to_string(),
+        };
+        outln!("batch {} reads through gaps of up to {} ({why})", i + 1, bytes(g.gap));
     }
 }
 

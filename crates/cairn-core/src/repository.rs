@@ -18,7 +18,7 @@ use crate::parallel::map_parallel;
 use crate::preload::{Preload, Preloaded};
 use crate::sealed::{self, SealedKind};
 use crate::snapshot::Snapshot;
-use crate::storage::Storage;
+use crate::storage::{LinkMeter, MeteredStorage, Storage};
 use crate::tree::{Tree, TreeBytes, TreeForm};
 
 /// Repository files that could not be read, with why.
@@ -67,6 +67,8 @@ pub struct Repository {
     key_id: Option<KeyId>,
     /// Listings and files read ahead while opening, each taken once.
     preloaded: Preloaded,
+    /// Every request's time, timed by the [`MeteredStorage`] around `storage`.
+    link: Arc<LinkMeter>,
 }
 
 impl Repository {
@@ -86,6 +88,7 @@ impl Repository {
             config = config.with_chunking(from);
             key = key.with_chunk_id_key(from.chunk_id_key);
         }
+        let (storage, link) = metered(storage);
         let mut repo = Repository {
             storage,
             key,
@@ -94,6 +97,7 @@ impl Repository {
             cache: None,
             key_id: None,
             preloaded: Preloaded::default(),
+            link,
         };
         repo.key_id = Some(repo.add_key(password, opts.kdf)?);
         let body = serde_json::to_vec(&repo.config).expect("config serializes");
@@ -174,6 +178,7 @@ impl Repository {
             Some(k) => key.with_chunk_id_key(k),
             None => key,
         };
+        let (storage, link) = metered(storage);
         Ok(Repository {
             storage,
             key,
@@ -182,6 +187,7 @@ impl Repository {
             cache: None,
             key_id,
             preloaded: Preloaded::default(),
+            link,
         })
     }
 
@@ -595,6 +601,11 @@ impl Repository {
         &self.storage
     }
 
+    /// What the requests so far say about the link to the storage (its round-trip floor).
+    pub fn link(&self) -> &LinkMeter {
+        &self.link
+    }
+
     /// The master key.
     pub fn key(&self) -> &MasterKey {
         &self.key
@@ -709,4 +720,10 @@ pub fn check_name(path: &str, bytes: &[u8]) -> Result<()> {
         return Err(Error::corrupt(path, "content does not match its name (damaged or truncated)"));
     }
     Ok(())
+}
+
+/// `storage` with its requests timed into a new meter, and the meter.
+fn metered(storage: Arc<dyn Storage>) -> (Arc<dyn Storage>, Arc<LinkMeter>) {
+    let link = Arc::new(LinkMeter::default());
+    (Arc::new(MeteredStorage::new(storage, link.clone())), link)
 }

@@ -19,6 +19,7 @@ mod budget;
 mod buffers;
 mod decode;
 mod fetch;
+mod gap;
 mod pace;
 mod queue;
 mod tune;
@@ -33,9 +34,10 @@ use crossbeam_channel::bounded;
 pub use budget::{Budget, Reservation};
 pub use buffers::{Buf, BufferPool};
 pub use decode::{Decoded, Plain};
+pub use gap::{link_gap, GapChoice, LinkCost, PRIOR_RATE};
 pub use pace::{ordered_reads, Pace, Paced};
 pub use queue::{Queued, Slots};
-pub use tune::{Step as TuneStep, AUTO_MAX};
+pub use tune::{Controller as FetchTuner, Step as TuneStep, AUTO_MAX};
 
 use crate::crypto::SALT_LEN;
 use crate::error::Error;
@@ -195,6 +197,9 @@ struct Meter {
 struct Tuning {
     gate: tune::Gate,
     log: Mutex<Vec<tune::Step>>,
+    /// The controller: handed in by [`Reader::tuned_from`] (or made when reading starts), and
+    /// back once reading ends, for the next reader of the same restore.
+    controller: Mutex<Option<tune::Controller>>,
 }
 
 impl<'a> Reader<'a> {
@@ -217,8 +222,25 @@ impl<'a> Reader<'a> {
     /// only at first: it is moved while reading from measured throughput, latency and
     /// downstream pressure, up to [`AUTO_MAX`] and within the budget (see `read/tune.rs`).
     pub fn auto_tuned(mut self, on: bool) -> Self {
-        self.tuning = on.then(|| Tuning { gate: tune::Gate::new(1), log: Mutex::new(Vec::new()) });
+        self.tuning =
+            on.then(|| Tuning { gate: tune::Gate::new(1), log: Mutex::new(Vec::new()), controller: Mutex::new(None) });
         self
+    }
+
+    /// An auto-tuned reader starts from `carried`, the controller a reader before it (of the
+    /// same restore: one batch after another) ended with, instead of learning the link again.
+    /// Nothing for a reader that is not auto-tuned.
+    pub fn tuned_from(self, carried: Option<FetchTuner>) -> Self {
+        if let Some(t) = &self.tuning {
+            *t.controller.lock().expect("tuner lock") = carried;
+        }
+        self
+    }
+
+    /// The controller as it stands (after reading: where it settled), to hand to the next
+    /// reader; `None` when not auto-tuned.
+    pub fn tuner(&self) -> Option<FetchTuner> {
+        self.tuning.as_ref().and_then(|t| t.controller.lock().expect("tuner lock").clone())
     }
 
     /// What the controller chose, in order (empty when not auto-tuned).
@@ -244,14 +266,16 @@ impl<'a> Reader<'a> {
     {
         let (mut fetchers, decoders) = (fetchers.max(1), decoders.max(1));
         let mut workers = Vec::new();
-        let start = fetchers;
         if let Some(tuning) = &self.tuning {
-            tuning.gate.set_limit(fetchers);
+            // A controller carried from the reader before starts where it settled.
+            let mut carried = tuning.controller.lock().expect("tuner lock");
+            let controller = carried.get_or_insert_with(|| tune::Controller::new(fetchers, self.budget.limit()));
+            tuning.gate.set_limit(controller.limit());
             fetchers = AUTO_MAX.max(fetchers);
         }
         self.meter.live_fetchers.fetch_add(fetchers, Ordering::Relaxed);
         if let Some(tuning) = &self.tuning {
-            workers.push(spawn_named(s, "tune", move || self.tune(tuning, start)));
+            workers.push(spawn_named(s, "tune", move || self.tune(tuning)));
         }
         let (reads_tx, reads_rx) = bounded(fetchers);
         let (fetched_tx, fetched_rx) = bounded(decoders * 4);
@@ -279,8 +303,9 @@ impl<'a> Reader<'a> {
 
     /// The controller's loop: samples the fetch stage and moves the gate's limit until every
     /// fetch worker has ended.
-    fn tune(&self, tuning: &Tuning, start: usize) {
-        let mut controller = tune::Controller::new(start, self.budget.limit());
+    fn tune(&self, tuning: &Tuning) {
+        // Made when reading started; taken by the one tuning loop of this reader.
+        let Some(mut controller) = tuning.controller.lock().expect("tuner lock").take() else { return };
         let began = Instant::now();
         let mut last = (Instant::now(), self.totals());
         let mut latency = Duration::ZERO;
@@ -303,6 +328,7 @@ impl<'a> Reader<'a> {
             }
             last = (now, totals);
         }
+        *tuning.controller.lock().expect("tuner lock") = Some(controller);
     }
 
     /// The fetch stage's running totals.

@@ -15,7 +15,7 @@ use super::types::Plan;
 use super::watchdog::Base;
 use super::{compare, create, delete, finish, local, pipeline, verify};
 use crate::error::{Error, Result};
-use crate::read::Reader;
+use crate::read::{link_gap, FetchTuner, Reader, MAX_READ};
 use crate::repository::Repository;
 use crate::tree::NodeKind;
 
@@ -68,6 +68,10 @@ pub struct Run<'a> {
     pub failed_links: HashMap<PathBuf, String>,
     /// Bytes done and fetched by the batches before.
     pub base: Base,
+    /// The fetch concurrency's controller as the batch before left it (auto-tuned only).
+    pub tuner: Option<FetchTuner>,
+    /// Stored bytes per second the batch before fetched (for the coalescing gap).
+    pub fetch_rate: Option<f64>,
     /// What the batches did.
     pub out: RestoreOutcome,
 }
@@ -112,7 +116,11 @@ impl Run<'_> {
         let places = local::Places { target, empty: self.empty, source };
         let reused = local::reuse(self.repo, &plan, &states, &needed, places, opts)?;
         phase.lap(&mut part.phases, "local");
-        let fetches = plan::fetches(self.repo, &plan, &reused.needed, self.data_budget);
+        // Where round trips are dear, reads go through the gaps between wanted chunks.
+        let in_flight = self.tuner.as_ref().map_or(opts.fetch_concurrency, FetchTuner::limit);
+        let gap = link_gap(self.repo, self.fetch_rate, in_flight);
+        part.read_gaps.push(gap);
+        let fetches = plan::fetches(self.repo, &plan, &reused.needed, self.data_budget, gap.gap);
         phase.lap(&mut part.phases, "schedule");
 
         let counted = RestoreOutcome::counted(&plan, &states, &needed);
@@ -144,7 +152,9 @@ impl Run<'_> {
             fetches: &fetches,
             states: &states,
             target,
-            reader: Reader::new(self.repo, self.data_budget, self.cancel.clone()).auto_tuned(opts.fetch_auto),
+            reader: Reader::new(self.repo, self.data_budget, self.cancel.clone())
+                .auto_tuned(opts.fetch_auto)
+                .tuned_from(self.tuner.take()),
             failures: Failures::new(&fetches),
             write_clock: Default::default(),
             remaining: super::shared::chunks_to_write(&plan, &fetches),
@@ -176,7 +186,9 @@ impl Run<'_> {
         let acl = std::mem::take(&mut self.acl);
         let create = || *create_took.lock().expect("create clock") = create::run(&sh, dirs_made, acl);
         let base = Base { bytes: base_done, fetched: self.base.fetched };
+        let piped = Instant::now();
         pipeline::run(&sh, opts, progress, base, &mut part.stalls, create);
+        let piped = piped.elapsed();
         phase.lap(&mut part.phases, "pipeline");
         // The create stage ran alongside the pipeline: its own time is listed after it.
         add_phase(&mut part.phases, "(create, alongside)", create_took.into_inner().expect("create clock"));
@@ -192,6 +204,11 @@ impl Run<'_> {
         let [fetch, decode] = sh.reader.times();
         part.profile = [fetch, decode, sh.write_clock.times()];
         part.fetch_tuning = sh.reader.tuning_log();
+        self.tuner = sh.reader.tuner();
+        if part.bytes_fetched >= MAX_READ {
+            // Enough bytes to say what the link (or the stages after it) carries.
+            self.fetch_rate = Some(part.bytes_fetched as f64 / piped.as_secs_f64().max(1e-3));
+        }
 
         let failed = sh.take_failures();
         finish::finish_all(&sh, &failed, &self.failed_links, threads, progress);

@@ -101,6 +101,8 @@ pub fn restore(
         failed_dirs: HashSet::new(),
         failed_links: HashMap::new(),
         base: Default::default(),
+        tuner: None,
+        fetch_rate: None,
         out: RestoreOutcome::default(),
     };
     // Closed directories list their children for `--delete`, and for the local-data stage,

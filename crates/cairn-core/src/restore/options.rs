@@ -281,6 +281,8 @@ pub struct RestoreOutcome {
     pub profile: [StageTimes; 3],
     /// What the fetch concurrency's controller chose, and why (empty unless `fetch_auto`).
     pub fetch_tuning: Vec<crate::read::TuneStep>,
+    /// The coalescing gap each batch's reads were planned with, and why.
+    pub read_gaps: Vec<crate::read::GapChoice>,
     /// Set for `--dry-run`.
     pub dry_run: Option<DryRun>,
     /// Wall time of each phase: plan, dirs, compare, schedule, pipeline, the create stage's own
@@ -333,6 +335,7 @@ impl RestoreOutcome {
         self.verified += part.verified;
         self.batches += part.batches;
         self.fetch_tuning.extend(part.fetch_tuning);
+        self.read_gaps.extend(part.read_gaps);
         self.failed.extend(part.failed);
         self.warnings.extend(part.warnings);
         self.stalls.extend(part.stalls);

@@ -15,7 +15,7 @@ use globset::{Glob, GlobSet, GlobSetBuilder};
 use super::types::{ClosedDir, Dest, Entry, Fetches, Link, NeededChunk, Plan};
 use crate::error::{Error, Result};
 use crate::id::BlobId;
-use crate::read::{coalesce, coalesce_gap};
+use crate::read::coalesce;
 use crate::repository::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::{Node, NodeKind};
@@ -413,12 +413,13 @@ impl<E: FnMut(Plan) -> bool> Builder<'_, '_, E> {
 }
 
 /// Builds the fetches for the chunks that `needed(entry)` lists, grouped by pack, sorted by
-/// offset and coalesced into reads that each fit in `budget` (see [`coalesce`]).
+/// offset and coalesced into reads that each fit in `budget`, reading through gaps of at most
+/// `gap` bytes (see [`coalesce`], and [`crate::read::LinkCost`] for the gap).
 ///
 /// The wanted chunks are sorted by blob ID first: each distinct blob is then looked up once,
 /// in the index's own order, and its destinations are already side by side. (Looking every
 /// chunk up in hash maps cost 80–140 ms of cache misses for the Linux tree's 80,000 chunks.)
-pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>], budget: u64) -> Fetches {
+pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>], budget: u64, gap: u64) -> Fetches {
     debug_assert_eq!(needed.len(), plan.entries.len());
     let mut wanted: Vec<(BlobId, Dest, u32)> = Vec::with_capacity(needed.iter().map(Vec::len).sum());
     for (i, chunks) in needed.iter().enumerate() {
@@ -448,7 +449,7 @@ pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>], budg
         }
     }
     drop(index);
-    f.reads = coalesce(located, budget, coalesce_gap(repo));
+    f.reads = coalesce(located, budget, gap);
     f.fetch_bytes = f.reads.iter().map(|r| r.length).sum();
     f
 }

@@ -5,11 +5,13 @@
 
 mod fault;
 mod location;
+mod metered;
 mod opendal_backend;
 mod trace;
 
 pub use fault::{Faults, FaultyStorage};
 pub use location::Location;
+pub use metered::{LinkMeter, MeteredStorage};
 pub use opendal_backend::{OpendalStorage, RemoteOptions};
 pub use trace::RequestTrace;
 
