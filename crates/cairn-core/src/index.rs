@@ -8,7 +8,7 @@
 use crate::crypto::SALT_LEN;
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap, IdSet, PackId, ID_LEN};
-use crate::pack::{BlobEntry, ENTRY_LEN};
+use crate::pack::{BlobEntry, BlobKind, ENTRY_LEN};
 
 /// One pack as listed in an index file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -244,6 +244,18 @@ impl Index {
     /// Number of packs.
     pub fn pack_count(&self) -> usize {
         self.packs.len()
+    }
+
+    /// The plaintext length of the largest tree: what a walk holds at most for one directory
+    /// (a restore counts it in its `--max-memory`).
+    pub fn largest_tree(&self) -> u64 {
+        self.sorted
+            .iter()
+            .chain(self.recent.values())
+            .filter(|s| s.entry.kind == BlobKind::Tree)
+            .map(|s| u64::from(s.entry.raw_length))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Where the last blob listed in each pack (by number) ends: how much of it a read of all

@@ -18,7 +18,7 @@ use super::types::{Entry, Link};
 use crate::error::{Error, Result};
 use crate::id::BlobId;
 use crate::pack::BlobEntry;
-use crate::read::{coalesce_gap, ordered_reads, Decoded, Pace, Paced, PackRead, Reader, Sink, MAX_READ};
+use crate::read::{coalesce_gap, ordered_reads, Decoded, Pace, Paced, PackRead, Plain, Reader, Sink, MAX_READ};
 use crate::repository::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::{Chunk, NodeKind};
@@ -83,7 +83,13 @@ impl<'s> Stream<'s> {
             if self.current.is_empty() {
                 self.current = self.next_read()?.into();
             }
-            let blob = self.current.pop_front().filter(|b| b.id == *id);
+            let mut blob = self.current.pop_front().filter(|b| b.id == *id);
+            if self.current.is_empty() {
+                // The last blob of its read is kept as a copy of its own, so the read's
+                // reservation is free before the next read is waited for: with a budget too
+                // small for two reads, holding it would stop the next from ever starting.
+                blob = blob.map(|b| Decoded { id: b.id, data: Plain::Own(b.data.to_vec()), _reservation: None });
+            }
             self.last = Some(blob.ok_or_else(|| Error::Internal("the dump stream is out of order".into()))?);
         }
         Ok(&self.last.as_ref().expect("just set").data)
@@ -197,7 +203,7 @@ pub fn dump(
     // A directory streams in batches, as a restore does (restore/plan.rs): memory holds one
     // batch of entries, the walk's path and the data in flight, however many files there are.
     let limit = BatchLimit::for_memory(max_memory);
-    let budget = limit.data_budget(max_memory, repo.index().memory_bytes());
+    let budget = limit.data_budget(max_memory, super::fixed_memory(repo));
     let loading = crate::trees::Loading::default();
     loading.read_ahead.limit(limit.tree_packs());
     let mut tar = tar::Builder::new(out);

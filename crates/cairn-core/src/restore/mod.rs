@@ -95,7 +95,7 @@ pub fn restore(
         is_root: crate::platform::is_root(),
         threads: opts.write_threads.max(1),
         cancel: cancel.clone(),
-        data_budget: limit.data_budget(opts.max_memory, repo.index().memory_bytes()),
+        data_budget: limit.data_budget(opts.max_memory, fixed_memory(repo)),
         started: false,
         acl: HashSet::new(),
         failed_dirs: HashSet::new(),
@@ -162,3 +162,11 @@ pub fn restore(
 
 /// Stack of the plan thread (the walk recurses once per directory level).
 const PLANNER_STACK: usize = 64 * 1024 * 1024;
+
+/// What a restore holds whatever its batches: the index, and the largest directory's tree
+/// (kept as its bytes while the walk is inside it; the walk may hold it while the next one
+/// that large is read, hence twice).
+pub(crate) fn fixed_memory(repo: &Repository) -> u64 {
+    let index = repo.index();
+    index.memory_bytes() + 2 * index.largest_tree()
+}
