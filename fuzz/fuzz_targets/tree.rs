@@ -16,9 +16,8 @@ fuzz_target!(|data: &[u8]| {
     let subtrees: Vec<_> = tree.nodes.iter().filter_map(|n| n.subtree).collect();
     assert_eq!(bytes.subtrees(), &subtrees[..]);
     assert_eq!(bytes.len(), tree.nodes.len());
-    let lookup = bytes.clone().lookup();
     for n in &tree.nodes {
-        assert_eq!(lookup.get(&n.name).as_ref(), Some(n), "lookup by name");
+        assert_eq!(bytes.get(&n.name).as_ref(), Some(n), "lookup by name");
     }
     assert_eq!(bytes.into_tree(), tree);
     for n in &tree.nodes {

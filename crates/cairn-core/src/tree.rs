@@ -176,21 +176,22 @@ impl Tree {
         // entries held up to twice its nodes at the peak. The length a hostile blob claims is
         // trusted only as far as its bytes could hold that many nodes.
         let mut nodes = Vec::with_capacity((count as usize).min(bytes.len() / MIN_NODE_BYTES));
-        for_each_valid(what, bytes, |n| nodes.push(n))?;
+        for_each_valid(what, bytes, |_, n| nodes.push(n))?;
         Ok(Tree { nodes })
     }
 }
 
-/// A validated tree kept as its encoding (FORMAT.md §9), its nodes decoded one at a time as a
-/// walk reaches them: a directory of 250,000 entries takes about 100 bytes an entry this way,
-/// against about 400 as a [`Tree`]'s nodes. Its subdirectories' tree IDs are listed up front,
-/// so a loader can fetch them ahead of the walk.
+/// A validated tree kept as its encoding (FORMAT.md §9) and where each node begins, its nodes
+/// decoded one at a time as a walk reaches them or a lookup by name finds them: a directory of
+/// 250,000 entries takes about 100 bytes an entry this way, against about 400 as a [`Tree`]'s
+/// nodes. Its subdirectories' tree IDs are listed up front, so a loader can fetch them ahead of
+/// the walk.
 #[derive(Clone, Debug, Default)]
 pub struct TreeBytes {
     plain: Vec<u8>,
-    /// Where the first node begins (after the count).
-    start: usize,
-    count: u64,
+    /// Where each node's encoding begins in `plain`, in tree order (a tree blob's plaintext
+    /// length is a `u32`, FORMAT.md §7).
+    starts: Vec<u32>,
     subtrees: Vec<BlobId>,
 }
 
@@ -198,20 +199,22 @@ impl TreeBytes {
     /// Validates a tree blob's plaintext as [`Tree::from_bytes`] does (decoding each node and
     /// dropping it) and keeps the bytes. `what` names the blob for errors.
     pub fn parse(what: &str, plain: Vec<u8>) -> Result<Self> {
-        let mut subtrees = Vec::new();
-        let count = for_each_valid(what, &plain, |n| subtrees.extend(n.subtree))?;
-        let start = plain.len() - count_of(what, &plain)?.1.len();
-        Ok(TreeBytes { plain, start, count, subtrees })
+        let (mut starts, mut subtrees) = (Vec::new(), Vec::new());
+        for_each_valid(what, &plain, |at, n| {
+            starts.push(at as u32);
+            subtrees.extend(n.subtree);
+        })?;
+        Ok(TreeBytes { plain, starts, subtrees })
     }
 
     /// How many nodes the tree holds.
     pub fn len(&self) -> usize {
-        self.count as usize
+        self.starts.len()
     }
 
     /// Whether the tree has no nodes.
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.starts.is_empty()
     }
 
     /// The subdirectories' tree IDs, in tree order.
@@ -219,9 +222,20 @@ impl TreeBytes {
         &self.subtrees
     }
 
+    /// The node named `name`, decoded (a binary search over the names, read in place).
+    pub fn get(&self, name: &[u8]) -> Option<Node> {
+        let i = self.starts.binary_search_by(|&at| self.name_at(at).cmp(name)).ok()?;
+        self.node(i)
+    }
+
+    /// Every node, decoded one at a time, in tree order.
+    pub fn nodes(&self) -> impl Iterator<Item = Node> + '_ {
+        (0..self.len()).filter_map(|i| self.node(i))
+    }
+
     /// The nodes, decoded one at a time, in tree order.
     pub fn into_nodes(self) -> Nodes {
-        Nodes { plain: self.plain, at: self.start, left: self.count }
+        Nodes { tree: self, next: 0 }
     }
 
     /// All the nodes at once.
@@ -230,85 +244,39 @@ impl TreeBytes {
         nodes.extend(self.into_nodes());
         Tree { nodes }
     }
-}
 
-/// A validated tree kept as its encoding with where each node begins, to look nodes up by
-/// name (a backup compares each file with its parent snapshot's entry): 4 bytes an entry on
-/// top of the encoding, against about 400 for a decoded node.
-#[derive(Clone, Debug, Default)]
-pub struct TreeLookup {
-    plain: Vec<u8>,
-    starts: Vec<u32>,
-}
-
-impl TreeBytes {
-    /// The tree, for looking its nodes up by name.
-    pub fn lookup(self) -> TreeLookup {
-        let mut starts = Vec::with_capacity(self.len());
-        let mut at = self.start;
-        for _ in 0..self.count {
-            // Validated by `parse`: every node decodes.
-            let Ok((_, rest)) = postcard::take_from_bytes::<Node>(&self.plain[at..]) else { break };
-            starts.push(at as u32);
-            at = self.plain.len() - rest.len();
-        }
-        TreeLookup { plain: self.plain, starts }
-    }
-}
-
-impl TreeLookup {
-    /// The node named `name`, decoded.
-    pub fn get(&self, name: &[u8]) -> Option<Node> {
-        let i = self.starts.binary_search_by(|&at| self.name_at(at as usize).cmp(name)).ok()?;
-        self.node_at(self.starts[i] as usize)
-    }
-
-    /// Every node, decoded one at a time, in tree order.
-    pub fn nodes(&self) -> impl Iterator<Item = Node> + '_ {
-        self.starts.iter().filter_map(|&at| self.node_at(at as usize))
-    }
-
-    fn node_at(&self, at: usize) -> Option<Node> {
+    /// Node `i`, decoded. The bytes were decoded once already ([`TreeBytes::parse`]), so this
+    /// cannot fail; were it to, the node would be missing, never wrong.
+    fn node(&self, i: usize) -> Option<Node> {
+        let at = *self.starts.get(i)? as usize;
         postcard::take_from_bytes::<Node>(&self.plain[at..]).ok().map(|(n, _)| n)
     }
 
     /// The name of the node at `at`: its first field, a length and the bytes (FORMAT.md §9).
-    fn name_at(&self, at: usize) -> &[u8] {
-        let Ok((len, rest)) = postcard::take_from_bytes::<u64>(&self.plain[at..]) else { return &[] };
+    fn name_at(&self, at: u32) -> &[u8] {
+        let Ok((len, rest)) = postcard::take_from_bytes::<u64>(&self.plain[at as usize..]) else { return &[] };
         rest.get(..len as usize).unwrap_or(&[])
     }
 }
 
 /// The nodes of a [`TreeBytes`], decoded as they are taken.
 pub struct Nodes {
-    plain: Vec<u8>,
-    at: usize,
-    left: u64,
+    tree: TreeBytes,
+    next: usize,
 }
 
 impl Iterator for Nodes {
     type Item = Node;
 
     fn next(&mut self) -> Option<Node> {
-        if self.left == 0 {
-            return None;
-        }
-        self.left -= 1;
-        match postcard::take_from_bytes::<Node>(&self.plain[self.at..]) {
-            Ok((node, rest)) => {
-                self.at = self.plain.len() - rest.len();
-                Some(node)
-            }
-            // The same bytes decoded once already ([`TreeBytes::parse`]): cannot happen.
-            Err(_) => {
-                self.left = 0;
-                None
-            }
-        }
+        let node = self.tree.node(self.next)?;
+        self.next += 1;
+        Some(node)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.left as usize, Some(self.left as usize))
+        let left = self.tree.len() - self.next;
+        (left, Some(left))
     }
 }
 
@@ -337,11 +305,13 @@ fn count_of<'b>(what: &str, bytes: &'b [u8]) -> Result<(u64, &'b [u8])> {
 
 /// Decodes a tree encoding node by node, checks each against the rules of FORMAT.md §9 (a
 /// safe, unique name in order; content that matches the kind and adds up to the size) and
-/// hands it to `each`; returns how many there were. `what` names the blob for errors.
-fn for_each_valid(what: &str, bytes: &[u8], mut each: impl FnMut(Node)) -> Result<u64> {
+/// hands it to `each` with where its encoding begins in `bytes`. `what` names the blob for
+/// errors.
+fn for_each_valid(what: &str, bytes: &[u8], mut each: impl FnMut(usize, Node)) -> Result<()> {
     let (count, mut rest) = count_of(what, bytes)?;
     let mut prev: Option<Vec<u8>> = None;
     for _ in 0..count {
+        let at = bytes.len() - rest.len();
         let (n, after) =
             postcard::take_from_bytes::<Node>(rest).map_err(|e| Error::invalid(what, format!("not a tree: {e}")))?;
         rest = after;
@@ -377,9 +347,9 @@ fn for_each_valid(what: &str, bytes: &[u8], mut each: impl FnMut(Node)) -> Resul
             }
             None => prev = Some(n.name.clone()),
         }
-        each(n);
+        each(at, n);
     }
-    Ok(count)
+    Ok(())
 }
 
 /// Fewest bytes a node takes encoded (a one-byte name and every other field at its smallest).
@@ -560,12 +530,11 @@ mod tests {
                 prop_assert_eq!(kept.clone().into_nodes().collect::<Vec<_>>(), t.nodes.clone());
                 prop_assert_eq!(kept.clone().into_tree(), t.clone());
                 // Looked up by name: every node, and no other name.
-                let lookup = kept.lookup();
                 for n in &t.nodes {
-                    prop_assert_eq!(lookup.get(&n.name), Some(n.clone()));
+                    prop_assert_eq!(kept.get(&n.name), Some(n.clone()));
                 }
-                prop_assert_eq!(lookup.nodes().collect::<Vec<_>>(), t.nodes.clone());
-                prop_assert!(lookup.get(b"\xff\xff not a name").is_none());
+                prop_assert_eq!(kept.nodes().collect::<Vec<_>>(), t.nodes.clone());
+                prop_assert!(kept.get(b"\xff\xff not a name").is_none());
                 // Cut short anywhere: both refuse, or both accept the same tree.
                 let short = &enc[..cut.index(enc.len() + 1)];
                 match (Tree::from_bytes("t", short), TreeBytes::parse("t", short.to_vec())) {

@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::id::{BlobId, SnapshotId};
 use crate::repository::Repository;
 use crate::snapshot::Snapshot;
-use crate::tree::{Node, NodeKind, TreeLookup};
+use crate::tree::{Node, NodeKind, TreeBytes};
 
 /// Which snapshot a backup compares against.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -55,7 +55,7 @@ pub(super) const TREE_LOADERS: usize = 4;
 /// One directory of the parent snapshot (empty where the parent has no such directory), with
 /// its subdirectories' trees on their way.
 pub(super) struct ParentDir {
-    tree: Option<TreeLookup>,
+    tree: Option<TreeBytes>,
     coming: HashMap<Vec<u8>, Receiver<Loaded>>,
     /// Why the parent's tree of this directory could not be read (its files are then read).
     pub unreadable: Option<String>,
@@ -71,7 +71,7 @@ impl ParentDir {
     fn new(loaded: Option<Loaded>, loader: &TreeLoader) -> Self {
         let (tree, unreadable) = match loaded {
             None => (None, None),
-            Some(Ok(t)) => (Some(t.lookup()), None),
+            Some(Ok(t)) => (Some(t), None),
             Some(Err(why)) => (None, Some(why)),
         };
         let coming = tree
