@@ -12,7 +12,7 @@ use crossbeam_channel::Receiver;
 use super::budget::Reservation;
 use super::buffers::Buf;
 use super::fetch::Fetched;
-use super::{Reader, Sink};
+use super::{keeps_no_plaintext, Reader, Sink};
 use crate::id::BlobId;
 use crate::pack::{decode_blob_into, verify_stored};
 use crate::profile::work;
@@ -77,7 +77,7 @@ pub fn decode_worker<'s, S: Sink<'s>>(r: &'s Reader<'_>, input: Receiver<Fetched
         if scratch.capacity() > SCRATCH_KEPT {
             scratch = Vec::new();
         }
-        let _scratch_held = (sink.verify_only() || sink.stored_only()).then(|| {
+        let _scratch_held = keeps_no_plaintext(&sink).then(|| {
             let largest = read.blobs.iter().map(|b| u64::from(b.raw_length)).max().unwrap_or(0);
             r.budget.force(largest.max(scratch.capacity() as u64))
         });

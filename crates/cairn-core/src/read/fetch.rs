@@ -9,7 +9,7 @@ use crossbeam_channel::{Receiver, Sender};
 use super::budget::Reservation;
 use super::buffers::{Buf, BufferPool};
 use super::tune::Gate;
-use super::{PackRead, Reader, Sink, POOLED_BLOB};
+use super::{keeps_no_plaintext, PackRead, Reader, Sink, POOLED_BLOB};
 use crate::crypto::ObjectKey;
 use crate::layout::pack_path;
 use crate::pack::BlobKind;
@@ -72,7 +72,7 @@ pub fn fetch_worker<'s, S: Sink<'s>>(
         }
         // A sink that keeps no plaintext has each blob decoded into its decode worker's one
         // buffer, which the worker reserves itself (read/decode.rs): a read reserves its range.
-        let verify_only = sink.verify_only() || sink.stored_only();
+        let verify_only = keeps_no_plaintext(&sink);
         let plain = if verify_only { 0 } else { read.raw_bytes() };
         // An auto-tuned reader lets only so many workers fetch at once (read/tune.rs); a place
         // is held from the budget to the hand-off, so the time blocked there is the controller's

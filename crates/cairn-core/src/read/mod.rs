@@ -164,6 +164,13 @@ pub trait Sink<'r>: Clone + Send + 'r {
     }
 }
 
+/// Whether `sink` keeps no plaintext ([`Sink::verify_only`] or [`Sink::stored_only`]): then a
+/// read reserves only its range at the fetch stage, and each decode worker reserves the one
+/// buffer it decodes blobs into while it decodes a read.
+fn keeps_no_plaintext<'s, S: Sink<'s>>(sink: &S) -> bool {
+    sink.verify_only() || sink.stored_only()
+}
+
 /// Reads whose blobs average this size or more use the reader's reused buffers (a read of small
 /// blobs — source code, a few KiB each — is freed once decoded; pooling it only kept memory idle
 /// without saving page faults).

@@ -219,7 +219,7 @@ pub fn dump(
         return Err(e);
     }
     walked?;
-    tar.finish().map_err(|e| Error::io("<stdout>", "cannot write the tar stream", e))?;
+    tar.finish().map_err(tar_error)?;
     Ok(stats)
 }
 
@@ -288,7 +288,6 @@ fn write_tar<W: Write>(
     tar: &mut tar::Builder<W>,
     stats: &mut DumpStats,
 ) -> Result<()> {
-    let io_err = |e| Error::io("<stdout>", "cannot write the tar stream", e);
     for e in entries {
         let n = &e.node;
         let mut h = tar::Header::new_gnu();
@@ -308,7 +307,7 @@ fn write_tar<W: Write>(
         };
         if let Some(first) = first {
             h.set_entry_type(tar::EntryType::Link);
-            tar.append_link(&mut h, path, first).map_err(io_err)?;
+            tar.append_link(&mut h, path, first).map_err(tar_error)?;
             stats.entries += 1;
             continue;
         }
@@ -317,17 +316,17 @@ fn write_tar<W: Write>(
                 h.set_entry_type(tar::EntryType::Regular);
                 h.set_size(n.size);
                 let reader = ContentReader::new(stream, &n.content);
-                tar.append_data(&mut h, path, reader).map_err(io_err)?;
+                tar.append_data(&mut h, path, reader).map_err(tar_error)?;
                 stats.bytes += n.size;
             }
             NodeKind::Dir => {
                 h.set_entry_type(tar::EntryType::Directory);
-                tar.append_data(&mut h, path, io::empty()).map_err(io_err)?;
+                tar.append_data(&mut h, path, io::empty()).map_err(tar_error)?;
             }
             NodeKind::Symlink => {
                 h.set_entry_type(tar::EntryType::Symlink);
                 let target = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&n.target);
-                tar.append_link(&mut h, path, target).map_err(io_err)?;
+                tar.append_link(&mut h, path, target).map_err(tar_error)?;
             }
             NodeKind::Fifo | NodeKind::CharDevice | NodeKind::BlockDevice => {
                 let kind = match n.kind {
@@ -337,12 +336,17 @@ fn write_tar<W: Write>(
                 };
                 h.set_entry_type(kind);
                 let (major, minor) = (libc::major(n.rdev as libc::dev_t), libc::minor(n.rdev as libc::dev_t));
-                h.set_device_major(major).map_err(io_err)?;
-                h.set_device_minor(minor).map_err(io_err)?;
-                tar.append_data(&mut h, path, io::empty()).map_err(io_err)?;
+                h.set_device_major(major).map_err(tar_error)?;
+                h.set_device_minor(minor).map_err(tar_error)?;
+                tar.append_data(&mut h, path, io::empty()).map_err(tar_error)?;
             }
         }
         stats.entries += 1;
     }
     Ok(())
+}
+
+/// A failed write of the tar stream.
+fn tar_error(e: std::io::Error) -> Error {
+    Error::io("<stdout>", "cannot write the tar stream", e)
 }

@@ -2,9 +2,10 @@
 //! it times the requests that move few bytes (listings, existence checks, reads of at most
 //! [`SMALL`]) and keeps the shortest, the link's round-trip floor (what BBR calls the minimum
 //! RTT). Large reads would add their transfer time and writes a local disk's flush (a lock
-//! written on a busy machine took 1.8 ms where a small read took 10 µs), so they are not timed. The read path's planner uses it to decide how far apart two wanted blobs
-//! may lie and still share one ranged read (`read/gap.rs`): where a round trip costs more than
-//! the bytes between them, the gap is read and dropped.
+//! written on a busy machine took 1.8 ms where a small read took 10 µs), so they are not
+//! timed. The read path's planner uses it to decide how far apart two wanted blobs may lie and
+//! still share one ranged read (`read/gap.rs`): where a round trip costs more than the bytes
+//! between them, the gap is read and dropped.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
