@@ -264,7 +264,10 @@ fn stale_lock_of_a_killed_backup_is_reported_and_removed() {
         .stderr(std::process::Stdio::null());
     let mut child = slow.spawn().unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while fs::read_dir(&locks).map(|d| d.count()).unwrap_or(0) == 0 {
+    // The lock is there once its xl.meta is: MinIO makes the object's directory first, and a
+    // client killed before the reply can leave that directory empty.
+    let lock_written = || fs::read_dir(&locks).is_ok_and(|d| d.flatten().any(|e| e.path().join("xl.meta").is_file()));
+    while !lock_written() {
         assert!(std::time::Instant::now() < deadline, "the backup never took its lock");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }

@@ -193,6 +193,12 @@ impl Shared {
             for s in streams {
                 if let Some(read) = s.next_read() {
                     let mut f = self.in_flight.lock().expect("in-flight lock");
+                    // Cancelled since it handed the read out: its `forget` has run (it sets the
+                    // flag first, then takes this lock) and did not see these blobs in flight,
+                    // so they would be kept. The read is dropped instead.
+                    if s.cancelled.load(Ordering::Acquire) {
+                        continue;
+                    }
                     for b in &read.blobs {
                         *f.count.entry(b.id).or_insert(0) += 1;
                         f.unwanted.remove(&b.id);
@@ -484,7 +490,9 @@ mod tests {
     use crate::walk::data_blobs;
 
     /// A repository holding one backup of 24 files of 40 KB (distinct random bytes, one blob
-    /// each with 64 KiB chunks), and their blobs in file order.
+    /// each with 64 KiB chunks), and their blobs in pack order (which a parallel backup does
+    /// not keep in file order: every other blob of this list is 40 KB from the next, every other
+    /// one of the files' list may not be).
     fn repository(dir: &Path) -> (Arc<Repository>, Vec<BlobId>) {
         let src = dir.join("src");
         std::fs::create_dir_all(&src).unwrap();
@@ -517,6 +525,10 @@ mod tests {
             }
         }
         assert_eq!(blobs.len(), 24);
+        blobs.sort_by_key(|b| {
+            let loc = repo.index().get(b).unwrap();
+            (loc.pack_no, loc.entry.offset)
+        });
         (Arc::new(repo), blobs)
     }
 
@@ -580,11 +592,7 @@ mod tests {
         let (repo, blobs) = repository(dir.path());
         // A window smaller than the batch.
         let (p, cache) = prefetch(&repo, 500_000);
-        let mut in_pack = blobs.clone();
-        in_pack.sort_by_key(|b| {
-            let loc = repo.index().get(b).unwrap();
-            (loc.pack_no, loc.entry.offset)
-        });
+        let in_pack = blobs;
         // Every other blob (12 reads of one blob: the gaps are too wide to merge, 960 KB in
         // all), given in the reverse of their order in the pack.
         let given: Vec<BlobId> = in_pack.iter().step_by(2).rev().copied().collect();
