@@ -70,6 +70,37 @@ fn a_restore_waits_for_at_most_five_round_trips_before_its_first_data_fetch() {
     }
 }
 
+/// A structure check reads every key, index and snapshot file, lists the packs and reads their
+/// headers and every tree: the files and listings are fetched beside the key's round trips and
+/// the lock's, the trees and headers at once, so it waits for a handful of requests one after
+/// another however many files and directories there are.
+#[test]
+fn a_check_waits_for_a_handful_of_round_trips_one_after_another() {
+    let base = tempfile::tempdir().unwrap();
+    let (cairn, _src) = backed_up(base.path());
+    let slow = cairn.clone().with_env("CAIRN_INJECT_FAULTS", "latency=20ms");
+    for cache in [None, Some(base.path().join("cache"))] {
+        let mut args = vec!["--json".to_string()];
+        match &cache {
+            None => args.push("--no-cache".into()),
+            Some(dir) => args.extend(["--cache-dir".into(), dir.to_str().unwrap().into()]),
+        }
+        args.extend(["check".into(), "--profile".into()]);
+        let out = slow.ok(&args);
+        let trips = round_trips(&out);
+        let chain: Vec<&str> = trips["chain"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+        let n = trips["serial_before_data"].as_u64().unwrap();
+        assert_eq!(n as usize, chain.len());
+        assert!(n >= 2, "the trace counts requests: {chain:?}");
+        // Opening and locking wait for three (the key's two; the lock's write then its listing,
+        // after the check that a repository is there), the trees and headers for one more each
+        // tree pack the index leads to. One after another, the key, index, snapshot and pack
+        // listings and files alone would be eleven.
+        assert!(n <= 5, "{n} serial round trips in a structure check: {chain:?}");
+        assert!(out.contains("\"errors\":0"), "{out}");
+    }
+}
+
 #[test]
 fn a_restore_holds_its_shared_lock_until_it_ends() {
     let base = tempfile::tempdir().unwrap();

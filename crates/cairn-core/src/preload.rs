@@ -33,6 +33,10 @@ pub struct Preload {
     pub snapshot: Option<String>,
     /// Fetch the listed files' bytes too (not when a metadata cache will serve them).
     pub fetch_files: bool,
+    /// List `keys/` and fetch every key file (a check parses them all).
+    pub keys: bool,
+    /// List `data/` (a check compares the packs there with the index; no pack is fetched).
+    pub packs: bool,
 }
 
 impl Preload {
@@ -43,11 +47,23 @@ impl Preload {
 
     /// What a command that reads snapshot `spec` with the index needs.
     pub fn snapshot(spec: &str, fetch_files: bool) -> Self {
-        Preload { index: true, snapshot: Some(spec.to_ascii_lowercase()), fetch_files }
+        Preload { index: true, snapshot: Some(spec.to_ascii_lowercase()), fetch_files, ..Preload::default() }
+    }
+
+    /// What a command that reads every file of the repository but the packs' contents needs
+    /// (`check`): the index, every snapshot, the key files, and the listing of the packs.
+    pub fn everything(fetch_files: bool) -> Self {
+        Preload { index: true, snapshot: Some("latest".into()), fetch_files, keys: true, packs: true }
     }
 
     fn dirs(&self) -> Vec<Dir> {
         let mut dirs = Vec::new();
+        if self.keys {
+            dirs.push(Dir::Keys);
+        }
+        if self.packs {
+            dirs.push(Dir::Data);
+        }
         if self.index {
             dirs.extend([Dir::Index, Dir::Deletions]);
         }
@@ -59,10 +75,11 @@ impl Preload {
 
     /// Whether the listed file `path` of `dir` is worth fetching ahead.
     fn wants(&self, dir: Dir, path: &str) -> bool {
-        if !self.fetch_files {
-            return false;
-        }
         match (dir, &self.snapshot) {
+            // Packs are listed, never read ahead; key files are small, few, and never cached.
+            (Dir::Data, _) => false,
+            (Dir::Keys, _) => true,
+            _ if !self.fetch_files => false,
             (Dir::Snapshots, Some(spec)) if spec != "latest" => {
                 layout::parse_snapshot_path(path).is_some_and(|id| id.to_hex().starts_with(spec.as_str()))
             }
@@ -141,5 +158,17 @@ mod tests {
         assert!(Preload::snapshot("latest", true).wants(Dir::Snapshots, &path('c')));
         assert!(!Preload::snapshot("latest", false).wants(Dir::Index, "index/x"));
         assert_eq!(Preload::none().dirs(), []);
+    }
+
+    #[test]
+    fn everything_lists_the_packs_without_fetching_them_and_fetches_keys_even_when_cached() {
+        let all = Preload::everything(false);
+        assert_eq!(all.dirs(), [Dir::Keys, Dir::Data, Dir::Index, Dir::Deletions, Dir::Snapshots]);
+        assert!(!all.wants(Dir::Data, "data/00/00"));
+        assert!(!Preload::everything(true).wants(Dir::Data, "data/00/00"));
+        // Key files are never in a metadata cache.
+        assert!(all.wants(Dir::Keys, "keys/k"));
+        assert!(!all.wants(Dir::Index, "index/x"));
+        assert!(Preload::everything(true).wants(Dir::Snapshots, &format!("snapshots/{}", "c".repeat(64))));
     }
 }

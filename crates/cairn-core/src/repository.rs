@@ -246,8 +246,8 @@ impl Repository {
     /// The packs in `data/` and their sizes (stray names left out).
     pub fn list_packs(&self) -> Result<crate::id::IdMap<crate::id::PackId, u64>> {
         Ok(self
-            .storage
-            .list(Dir::Data.name())?
+            .preloaded
+            .list(&*self.storage, Dir::Data)?
             .into_iter()
             .filter_map(|o| layout::parse_pack_path(&o.path).map(|id| (id, o.size)))
             .collect())
@@ -528,14 +528,27 @@ impl Repository {
     /// Every key file, by name order; a damaged one is an error naming it.
     pub fn keys(&self) -> Result<Vec<(KeyId, KeyFile)>> {
         let mut out = Vec::new();
-        for obj in self.storage.list(Dir::Keys.name())? {
-            let id = layout::parse_key_path(&obj.path)
-                .ok_or_else(|| Error::corrupt(&obj.path, "file name is not a key file ID"))?;
-            let kf = KeyFile::parse(&obj.path, &read_checked(&*self.storage, &obj.path)?)?;
-            out.push((id, kf));
+        for (path, kf) in self.key_files(KEY_READS)? {
+            let id =
+                layout::parse_key_path(&path).ok_or_else(|| Error::corrupt(&path, "file name is not a key file ID"))?;
+            out.push((id, kf?));
         }
         out.sort_by_key(|k| k.0);
         Ok(out)
+    }
+
+    /// Every key file in listing order, each parsed or why it cannot be (`threads` read at
+    /// once; read ahead while opening if asked, see [`crate::preload`]).
+    pub fn key_files(&self, threads: usize) -> Result<Vec<(String, Result<KeyFile>)>> {
+        let listed = self.preloaded.list(&*self.storage, Dir::Keys)?;
+        let parsed = crate::parallel::map_parallel(&listed, threads, |obj| {
+            let bytes = match self.preloaded.take_file(&obj.path) {
+                Some(b) => b,
+                None => read_checked(&*self.storage, &obj.path)?,
+            };
+            KeyFile::parse(&obj.path, &bytes)
+        });
+        Ok(listed.into_iter().map(|o| o.path).zip(parsed).collect())
     }
 
     /// The key file whose ID starts with `prefix` (hex); an unknown or ambiguous prefix is an
@@ -689,6 +702,9 @@ fn no_key_opens(repo: &str, intact: usize, damaged: Vec<(String, Error)>) -> Err
 
 /// Reads a content-addressed object whose bytes must hash to its name, reading it again if a
 /// transfer came back short or damaged.
+/// Key files read at once by [`Repository::keys`] (there are few).
+const KEY_READS: usize = 8;
+
 pub(crate) fn read_checked(storage: &dyn Storage, path: &str) -> Result<Vec<u8>> {
     retry_damaged(|| {
         let bytes = storage.read(path)?;

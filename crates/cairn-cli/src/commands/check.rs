@@ -7,9 +7,10 @@ use anyhow::{bail, Result};
 use cairn_core::cache::Cache;
 use cairn_core::check::{self, CheckOptions, CheckReport, Progress, ReadData};
 use cairn_core::lock::LockKind;
+use cairn_core::preload::Preload;
 use clap::Args as ClapArgs;
 
-use super::{cancel_on_sigint, open_locked, parse_size, Global, SnapshotArgs};
+use super::{cancel_on_sigint, open_locked_preloaded, parse_size, Global, SnapshotArgs};
 use crate::output::{bytes, count};
 
 #[derive(ClapArgs, Debug)]
@@ -36,11 +37,17 @@ pub struct Args {
     /// least 1 MiB; blobs are verified one at a time and dropped)
     #[arg(long, default_value = "16M", value_name = "SIZE")]
     max_memory: String,
+    /// Print the requests waited for one after another (with CAIRN_INJECT_FAULTS, which traces
+    /// them) before the first pack data was fetched
+    #[arg(long)]
+    profile: bool,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     cairn_core::platform::keep_heap_small();
-    let (repo, _lock) = open_locked(g, LockKind::Shared)?;
+    // Keys, index, snapshots and the pack listing are listed and fetched beside the lock and
+    // the key's round trips.
+    let (repo, _lock) = open_locked_preloaded(g, LockKind::Shared, |cached| Preload::everything(!cached))?;
     let read_data = match (&a.read_data_subset, a.read_data) {
         (Some(s), _) => ReadData::Subset(s.parse()?),
         (None, true) => ReadData::All,
@@ -80,6 +87,9 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         }
         other => other?,
     };
+    if a.profile {
+        crate::progress::print_round_trips(&**repo.storage(), g.json);
+    }
     print(&report, g.json);
     Ok(if report.errors() > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }

@@ -67,7 +67,17 @@ pub(crate) fn open(global: &Global) -> Result<Repository> {
 /// keys and read the config, read a key file, derive the key) instead of after them. If either
 /// fails, the lock is removed; where there is no repository, none is written.
 pub(crate) fn open_locked(global: &Global, kind: LockKind) -> Result<(Repository, Lock)> {
-    let (repo, lock, ()) = open_locked_then(global, kind, |_| Preload::none(), |_| Ok(()))?;
+    open_locked_preloaded(global, kind, |_| Preload::none())
+}
+
+/// [`open_locked`], reading ahead beside the lock and the key what `preload` asks for (given
+/// whether a metadata cache will serve the repository's files).
+pub(crate) fn open_locked_preloaded(
+    global: &Global,
+    kind: LockKind,
+    preload: impl FnOnce(bool) -> Preload,
+) -> Result<(Repository, Lock)> {
+    let (repo, lock, ()) = open_locked_then(global, kind, preload, |_| Ok(()))?;
     Ok((repo, lock))
 }
 

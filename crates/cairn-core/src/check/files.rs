@@ -6,27 +6,18 @@ use super::{Finding, FindingKind, Progress};
 use crate::error::Result;
 use crate::id::{IdMap, IdSet, PackId, SnapshotId};
 use crate::index::IndexedPack;
-use crate::keyfile::KeyFile;
-use crate::layout::{deletion_path, Dir};
+use crate::layout::deletion_path;
 use crate::pack::header_tail_len;
-use crate::parallel::map_parallel;
-use crate::repository::{check_name, Repository};
+use crate::repository::Repository;
 use crate::select::SnapshotFilter;
 use crate::snapshot::Snapshot;
 
 /// Every key file parses (a check never tries the others' passwords).
 pub fn keys(repo: &Repository, threads: usize) -> Result<Vec<Finding>> {
-    let listed = repo.storage().list(Dir::Keys.name())?;
-    let parsed = map_parallel(&listed, threads, |obj| {
-        repo.storage()
-            .read(&obj.path)
-            .and_then(|bytes| check_name(&obj.path, &bytes).map(|()| bytes))
-            .and_then(|bytes| KeyFile::parse(&obj.path, &bytes))
-    });
-    Ok(listed
+    Ok(repo
+        .key_files(threads)?
         .into_iter()
-        .zip(parsed)
-        .filter_map(|(obj, p)| p.err().map(|e| Finding::new(FindingKind::DamagedKey, Some(obj.path), e.to_string())))
+        .filter_map(|(path, p)| p.err().map(|e| Finding::new(FindingKind::DamagedKey, Some(path), e.to_string())))
         .collect())
 }
 
