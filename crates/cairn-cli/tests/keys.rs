@@ -101,3 +101,58 @@ fn s3_key_rotation() {
     let cairn = servers::cairn(&servers::s3_repo("keys"), &dir.path().join("cache"));
     rotation(&cairn, dir.path());
 }
+
+/// The key file that opened a repository is remembered in the cache directory
+/// (`key-hints/`) and tried first by the next open; a hint to a key file that refuses the
+/// password, one that was removed, or a hint file that is garbage only sends the open back to
+/// the listing of `keys/`, and the errors stay what they were.
+#[test]
+fn the_key_that_opened_last_is_tried_first_and_a_wrong_hint_costs_only_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let first = Cairn::new(&dir.path().join("repo"), PASSWORD).with_env("XDG_CACHE_HOME", cache.to_str().unwrap());
+    first.init(&[]);
+    let hints = cache.join("cairn").join("key-hints");
+    let hint = || -> String {
+        let files: Vec<_> = std::fs::read_dir(&hints).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(files.len(), 1, "one repository, one hint: {files:?}");
+        std::fs::read_to_string(&files[0]).unwrap()
+    };
+    assert!(first.snapshots().is_empty());
+    let k1 = in_use(&first);
+    assert!(hint().starts_with(&k1), "{} names {k1}", hint());
+
+    // A second key: its password opens past the hint (which names the first key) and becomes
+    // the hint; the first password then opens past that one.
+    let out = first.run_env(&[("CAIRN_NEW_PASSWORD", "second password")], ["key", "add"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let second = with_password(&first, "second password");
+    let k2 = in_use(&second);
+    assert!(hint().starts_with(&k2), "{} names {k2}", hint());
+    assert_eq!(in_use(&first), k1);
+    assert!(hint().starts_with(&k1));
+
+    // A wrong password is still called one, with the hinted key refusing it counted once.
+    fails(&with_password(&first, "no such password"), &["snapshots"], "wrong password");
+
+    // The hinted key file removed: the open lists the keys and finds the other.
+    let second_hint = hint();
+    assert!(second.snapshots().is_empty());
+    assert!(hint().starts_with(&k2));
+    first.ok(["key", "remove", &k2]);
+    assert!(first.snapshots().is_empty());
+    assert!(hint().starts_with(&k1));
+    fails(&second, &["snapshots"], "wrong password");
+    // A hint naming a key file that is gone, and a hint that is not an ID at all.
+    let file = std::fs::read_dir(&hints).unwrap().next().unwrap().unwrap().path();
+    std::fs::write(&file, &second_hint).unwrap();
+    assert!(first.snapshots().is_empty());
+    assert!(hint().starts_with(&k1));
+    std::fs::write(&file, "not a key ID").unwrap();
+    assert!(first.snapshots().is_empty());
+    assert!(hint().starts_with(&k1));
+    // Without a cache nothing is read or written.
+    std::fs::remove_dir_all(&hints).unwrap();
+    first.ok(["--no-cache", "snapshots"]);
+    assert!(!hints.exists());
+}

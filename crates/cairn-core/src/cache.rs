@@ -72,12 +72,36 @@ impl Cache {
 }
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().expect("cache entries live in a kind directory");
+    let dir = path.parent().expect("cache entries live in a directory of their kind");
     fs::create_dir_all(dir)?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     tmp.write_all(bytes)?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
+}
+
+/// The key file that opened the repository at `location` last time on this machine, if `base`
+/// (a cache base directory) remembers one: opening reads it at once instead of listing `keys/`
+/// first (a round trip saved). Only a hint: a key file that is gone or refuses the password
+/// sends the open back to the listing.
+pub fn key_hint(base: &Path, location: &str) -> Option<crate::id::KeyId> {
+    let text = fs::read_to_string(key_hint_path(base, location)).ok()?;
+    crate::id::KeyId::from_hex(text.trim()).ok()
+}
+
+/// Remembers `key` as the key file that opened `location` (best effort: a cache that cannot be
+/// written costs the next open a round trip, nothing more).
+pub fn remember_key(base: &Path, location: &str, key: &crate::id::KeyId) {
+    let path = key_hint_path(base, location);
+    if let Err(e) = write_atomically(&path, key.to_hex().as_bytes()) {
+        tracing::warn!("cannot store {} in the cache: {e}", path.display());
+    }
+}
+
+/// `<base>/key-hints/<BLAKE3 of the location>`: the location names the repository before its
+/// config (and so its ID) is read.
+fn key_hint_path(base: &Path, location: &str) -> PathBuf {
+    base.join("key-hints").join(blake3::hash(location.as_bytes()).to_hex().as_str())
 }
 
 #[cfg(test)]

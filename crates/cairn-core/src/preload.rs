@@ -37,6 +37,9 @@ pub struct Preload {
     pub keys: bool,
     /// List `data/` (a check compares the packs there with the index; no pack is fetched).
     pub packs: bool,
+    /// The key file that opened the repository last time (`cache::key_hint`): read and tried
+    /// at once, beside the listing of `keys/`.
+    pub key: Option<crate::id::KeyId>,
 }
 
 impl Preload {
@@ -53,7 +56,7 @@ impl Preload {
     /// What a command that reads every file of the repository but the packs' contents needs
     /// (`check`): the index, every snapshot, the key files, and the listing of the packs.
     pub fn everything(fetch_files: bool) -> Self {
-        Preload { index: true, snapshot: Some("latest".into()), fetch_files, keys: true, packs: true }
+        Preload { index: true, snapshot: Some("latest".into()), fetch_files, keys: true, packs: true, key: None }
     }
 
     fn dirs(&self) -> Vec<Dir> {

@@ -129,7 +129,7 @@ impl Repository {
             let ahead = std::thread::Builder::new()
                 .name("cairn-preload".into())
                 .spawn_scoped(s, || Preloaded::fetch(&*storage, preload, threads));
-            let opened = Self::open_keyed(storage.clone(), password);
+            let opened = Self::open_keyed(storage.clone(), password, preload.key.as_ref());
             // Without a thread nothing is read ahead; the repository reads as usual.
             let preloaded = ahead.map(|t| t.join().expect("the read-ahead panicked")).unwrap_or_default();
             (opened, preloaded)
@@ -139,7 +139,7 @@ impl Repository {
         Ok(repo)
     }
 
-    fn open_keyed(storage: Arc<dyn Storage>, password: &[u8]) -> Result<Self> {
+    fn open_keyed(storage: Arc<dyn Storage>, password: &[u8], hint: Option<&KeyId>) -> Result<Self> {
         // The config is read beside the key files (a remote repository waits one round trip
         // for both, not two in a row); it is decrypted once a key opens.
         let (config_bytes, key) = std::thread::scope(|s| {
@@ -147,7 +147,7 @@ impl Repository {
                 .name("cairn-config".into())
                 .spawn_scoped(s, || storage.read(CONFIG))
                 .map_err(|e| Error::io(CONFIG, "cannot start a thread", e))?;
-            let key = unlock(&*storage, password);
+            let key = unlock(&*storage, password, hint);
             Ok::<_, Error>((config.join().expect("the config reader panicked"), key))
         })?;
         let (key, key_id) = match key? {
@@ -658,17 +658,43 @@ fn repository_objects(storage: &dyn Storage) -> Result<String> {
 }
 
 /// Finds the key file that `password` unlocks, with its ID; `None` when there are no key files.
-fn unlock(storage: &dyn Storage, password: &[u8]) -> Result<Option<(MasterKey, Option<KeyId>)>> {
-    let keys = storage.list(Dir::Keys.name())?;
+/// The `hint` (the key file that opened this repository last time) is read and tried beside
+/// the listing of `keys/`: when it opens, the open waits one round trip for its key, not two.
+fn unlock(storage: &dyn Storage, password: &[u8], hint: Option<&KeyId>) -> Result<Option<(MasterKey, Option<KeyId>)>> {
+    let try_key = |path: &str| {
+        read_checked(storage, path)
+            .and_then(|bytes| KeyFile::parse(path, &bytes))
+            .and_then(|kf| kf.unwrap_key(path, password))
+    };
+    let hinted = hint.map(layout::key_path);
+    let (mut tried, listed) = std::thread::scope(|s| {
+        let Some(path) = hinted.as_deref() else { return (None, None) };
+        let listing = s.spawn(|| storage.list(Dir::Keys.name()));
+        let tried = try_key(path);
+        if matches!(tried, Ok(Some(_))) {
+            // The listing is not needed (the scope still waits for it: it ran beside).
+            return (Some(tried), None);
+        }
+        (Some(tried), Some(listing.join().expect("the key listing panicked")))
+    });
+    if let Some(Ok(Some(key))) = tried {
+        return Ok(Some((key, hint.copied())));
+    }
+    let keys = match listed {
+        Some(listed) => listed?,
+        None => storage.list(Dir::Keys.name())?,
+    };
     if keys.is_empty() {
         return Ok(None);
     }
     let mut damaged = Vec::new();
     let mut intact = 0;
     for obj in keys {
-        let found = read_checked(storage, &obj.path)
-            .and_then(|bytes| KeyFile::parse(&obj.path, &bytes))
-            .and_then(|kf| kf.unwrap_key(&obj.path, password));
+        // The hinted key file was tried already: what it said counts once.
+        let found = match tried.take_if(|_| hinted.as_deref() == Some(obj.path.as_str())) {
+            Some(found) => found,
+            None => try_key(&obj.path),
+        };
         match found {
             Ok(Some(k)) => return Ok(Some((k, layout::parse_key_path(&obj.path)))),
             Ok(None) => intact += 1,
@@ -700,11 +726,11 @@ fn no_key_opens(repo: &str, intact: usize, damaged: Vec<(String, Error)>) -> Err
     Error::WrongPasswordOrDamagedKey { repo: repo.to_string(), detail }
 }
 
-/// Reads a content-addressed object whose bytes must hash to its name, reading it again if a
-/// transfer came back short or damaged.
 /// Key files read at once by [`Repository::keys`] (there are few).
 const KEY_READS: usize = 8;
 
+/// Reads a content-addressed object whose bytes must hash to its name, reading it again if a
+/// transfer came back short or damaged.
 pub(crate) fn read_checked(storage: &dyn Storage, path: &str) -> Result<Vec<u8>> {
     retry_damaged(|| {
         let bytes = storage.read(path)?;

@@ -2,15 +2,16 @@
 //! a slice per run with `--resume`.
 
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use anyhow::{bail, Result};
-use cairn_core::cache::Cache;
 use cairn_core::check::{self, CheckOptions, CheckReport, Progress, ReadData};
 use cairn_core::lock::LockKind;
 use cairn_core::preload::Preload;
 use clap::Args as ClapArgs;
 
-use super::{cancel_on_sigint, open_locked_preloaded, parse_size, Global, SnapshotArgs};
+use super::{open_locked_then, parse_size, set_on_sigint, state_base, Global, SnapshotArgs};
 use crate::output::{bytes, count};
 
 #[derive(ClapArgs, Debug)]
@@ -33,9 +34,9 @@ pub struct Args {
     /// Requests in flight [default: 8 for a local repository, 32 for S3, 8 for SFTP]
     #[arg(long, value_name = "N")]
     fetch_concurrency: Option<usize>,
-    /// Cap on pack data in flight, e.g. 16M (packs are read in pieces of an eighth of it, at
+    /// Cap on pack data in flight, e.g. 64M (packs are read in pieces of an eighth of it, at
     /// least 1 MiB; blobs are verified one at a time and dropped)
-    #[arg(long, default_value = "16M", value_name = "SIZE")]
+    #[arg(long, default_value = "32M", value_name = "SIZE")]
     max_memory: String,
     /// Print the requests waited for one after another (with CAIRN_INJECT_FAULTS, which traces
     /// them) before the first pack data was fetched
@@ -45,41 +46,47 @@ pub struct Args {
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     cairn_core::platform::keep_heap_small();
-    // Keys, index, snapshots and the pack listing are listed and fetched beside the lock and
-    // the key's round trips.
-    let (repo, _lock) = open_locked_preloaded(g, LockKind::Shared, |cached| Preload::everything(!cached))?;
     let read_data = match (&a.read_data_subset, a.read_data) {
         (Some(s), _) => ReadData::Subset(s.parse()?),
         (None, true) => ReadData::All,
         (None, false) => ReadData::None,
     };
     // The record of packs read lives in the cache directory (also for local repositories).
-    let record_base = match (&g.cache_dir, g.no_cache) {
-        (_, true) => None,
-        (Some(dir), false) => Some(dir.clone()),
-        (None, false) => Cache::default_base(),
-    };
+    let record_base = state_base(g);
     if a.resume && record_base.is_none() {
         bail!("--resume keeps its record in the cache directory: give --cache-dir (or drop --no-cache)");
     }
-    let cancel = cancel_on_sigint()?;
-    let defaults = CheckOptions::default();
-    let opts = CheckOptions {
-        read_data,
-        record: record_base.map(|b| b.join(&repo.config().id).join("check-verified")),
-        resume: a.resume,
-        max_duration: a.max_duration.as_deref().map(cairn_core::platform::parse_duration).transpose()?,
-        filter: a.snapshots.filter(),
-        concurrency: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency().max(8)).max(1),
-        max_memory: parse_size(&a.max_memory)?,
-        cancel,
-        ..defaults
-    };
-    let progress = Progress::default();
-    let report = crate::progress::while_showing(
-        |done| crate::progress::check(&progress, done, g.json),
-        || check::check(&repo, &opts, &progress),
-    );
+    let max_duration = a.max_duration.as_deref().map(cairn_core::platform::parse_duration).transpose()?;
+    let max_memory = parse_size(&a.max_memory)?;
+    // Keys, index, snapshots and the pack listing are listed and fetched beside the lock and
+    // the key's round trips, and the check starts while the lock is still being taken: it only
+    // reads, and it stops (the lock's error is reported) if the lock cannot be had.
+    let cancel = Arc::new(AtomicBool::new(false));
+    let (repo, _lock, report) = open_locked_then(
+        g,
+        LockKind::Shared,
+        |cached| Preload::everything(!cached),
+        Some(&cancel),
+        |repo| {
+            set_on_sigint(&cancel)?;
+            let opts = CheckOptions {
+                read_data,
+                record: record_base.map(|b| b.join(&repo.config().id).join("check-verified")),
+                resume: a.resume,
+                max_duration,
+                filter: a.snapshots.filter(),
+                concurrency: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency().max(8)).max(1),
+                max_memory,
+                cancel: cancel.clone(),
+                ..CheckOptions::default()
+            };
+            let progress = Progress::default();
+            Ok(crate::progress::while_showing(
+                |done| crate::progress::check(&progress, done, g.json),
+                || check::check(repo, &opts, &progress),
+            ))
+        },
+    )?;
     let report = match report {
         Err(cairn_core::Error::Interrupted) => {
             eprintln!("cairn: check interrupted");

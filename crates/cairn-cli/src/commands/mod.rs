@@ -67,28 +67,20 @@ pub(crate) fn open(global: &Global) -> Result<Repository> {
 /// keys and read the config, read a key file, derive the key) instead of after them. If either
 /// fails, the lock is removed; where there is no repository, none is written.
 pub(crate) fn open_locked(global: &Global, kind: LockKind) -> Result<(Repository, Lock)> {
-    open_locked_preloaded(global, kind, |_| Preload::none())
-}
-
-/// [`open_locked`], reading ahead beside the lock and the key what `preload` asks for (given
-/// whether a metadata cache will serve the repository's files).
-pub(crate) fn open_locked_preloaded(
-    global: &Global,
-    kind: LockKind,
-    preload: impl FnOnce(bool) -> Preload,
-) -> Result<(Repository, Lock)> {
-    let (repo, lock, ()) = open_locked_then(global, kind, preload, |_| Ok(()))?;
+    let (repo, lock, ()) = open_locked_then(global, kind, |_| Preload::none(), None, |_| Ok(()))?;
     Ok((repo, lock))
 }
 
 /// [`open_locked`], reading ahead beside both what `preload` asks for (given whether a
 /// metadata cache will serve the repository's files), and doing `then` with the opened
-/// repository while the lock is still being taken (it may read, not write). Errors come in
-/// that order: opening, the lock, then `then`'s.
-fn open_locked_then<T>(
+/// repository while the lock is still being taken (it may read, not write). If the lock cannot
+/// be taken, `stop` (when given) is set, for a long `then` to stop early. Errors come in that
+/// order: opening, the lock, then `then`'s.
+pub(crate) fn open_locked_then<T>(
     global: &Global,
     kind: LockKind,
     preload: impl FnOnce(bool) -> Preload,
+    stop: Option<&std::sync::atomic::AtomicBool>,
     then: impl FnOnce(&Repository) -> Result<T>,
 ) -> Result<(Repository, Lock, T)> {
     let storage = storage(global)?;
@@ -98,11 +90,17 @@ fn open_locked_then<T>(
         let locking = std::thread::Builder::new()
             .name("cairn-lock-take".into())
             .spawn_scoped(s, || -> Result<Lock> {
-                // Where there is no repository, nothing is written (the open says so).
-                if !storage.exists(cairn_core::layout::CONFIG)? {
-                    return Err(cairn_core::Error::NoRepository(storage.location().to_string()).into());
+                let taken = (|| {
+                    // Where there is no repository, nothing is written (the open says so).
+                    if !storage.exists(cairn_core::layout::CONFIG)? {
+                        return Err(cairn_core::Error::NoRepository(storage.location().to_string()).into());
+                    }
+                    take_lock(storage.clone(), kind)
+                })();
+                if let (Err(_), Some(stop)) = (&taken, stop) {
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
-                take_lock(storage.clone(), kind)
+                taken
             })
             .map_err(|e| cairn_core::Error::io("lock", "cannot start a thread", e))?;
         let opened = open_preloaded(global, storage.clone(), &pw, &preload).map(|repo| {
@@ -123,12 +121,33 @@ pub(crate) fn open_with(global: &Global, storage: Arc<dyn Storage>, pw: &[u8]) -
 }
 
 /// [`open_with`], reading ahead what `preload` asks for while the key is found.
+/// The key file that opened the repository last time on this machine is tried first (one round
+/// trip instead of two), and remembered when it changes.
 fn open_preloaded(global: &Global, storage: Arc<dyn Storage>, pw: &[u8], preload: &Preload) -> Result<Repository> {
-    let mut repo = Repository::open_preloaded(storage, pw, preload)?;
+    let hints = state_base(global);
+    let location = storage.location().to_string();
+    let hint = hints.as_deref().and_then(|b| cairn_core::cache::key_hint(b, &location));
+    let mut repo = Repository::open_preloaded(storage, pw, &Preload { key: hint, ..preload.clone() })?;
+    if let (Some(base), Some(id)) = (&hints, repo.key_id()) {
+        if hint != Some(id) {
+            cairn_core::cache::remember_key(base, &location, &id);
+        }
+    }
     if let Some(base) = cache_base(global, &**repo.storage()) {
         repo.set_cache(Cache::open(&base, &repo.config().id)?);
     }
     Ok(repo)
+}
+
+/// Where this machine keeps what it learns about repositories (the check's record of packs
+/// read, the key file that opened each): the cache directory, also for local repositories;
+/// nothing with `--no-cache`.
+pub(crate) fn state_base(global: &Global) -> Option<std::path::PathBuf> {
+    match (&global.cache_dir, global.no_cache) {
+        (_, true) => None,
+        (Some(dir), false) => Some(dir.clone()),
+        (None, false) => Cache::default_base(),
+    }
 }
 
 /// Where the metadata cache for `storage` lives, if the global options want one.
@@ -167,6 +186,7 @@ pub(crate) fn open_snapshot<'s>(g: &Global, spec: &'s std::ffi::OsStr) -> Result
         g,
         LockKind::Shared,
         |cached| Preload::snapshot(name, !cached),
+        None,
         |repo| {
             repo.load_index()?;
             let (id, snapshot) = repo.find_snapshot(name)?;
@@ -189,10 +209,15 @@ pub(crate) struct Opened<'a> {
 /// A flag that SIGINT sets (the library stops at the next unit of work).
 pub(crate) fn cancel_on_sigint() -> Result<Arc<std::sync::atomic::AtomicBool>> {
     let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    set_on_sigint(&cancel)?;
+    Ok(cancel)
+}
+
+/// Sets `cancel` on SIGINT (once per process).
+pub(crate) fn set_on_sigint(cancel: &Arc<std::sync::atomic::AtomicBool>) -> Result<()> {
     let on_signal = cancel.clone();
     ctrlc::set_handler(move || on_signal.store(true, std::sync::atomic::Ordering::Relaxed))
-        .map_err(|e| anyhow::anyhow!("cannot install the SIGINT handler: {e}"))?;
-    Ok(cancel)
+        .map_err(|e| anyhow::anyhow!("cannot install the SIGINT handler: {e}"))
 }
 
 /// Splits `SNAPSHOT[:PATH]`: the snapshot name (UTF-8: `latest` or an ID prefix) and the path

@@ -263,10 +263,11 @@ impl CheckReport {
 
 /// Default cap on pack data in flight. Packs are read in pieces of an eighth of it (at least
 /// 1 MiB) and each blob is verified and dropped, so even a small budget keeps many requests in
-/// flight (Linux tree, local, hand-measured on a loaded machine: `--read-data` 2.4-2.9 s and
-/// 77-80 MB peak RSS at 16 MiB, 3.1-4.0 s and 88-97 MB at 32, 3.8-3.9 s and 127-137 MB at 64;
-/// with 50 ms latency per request 0.89 of the 0 ms throughput at 16 MiB).
-pub const DEFAULT_MAX_MEMORY: u64 = 16 * 1024 * 1024;
+/// flight. Bytes in flight over the round trip bound a remote read: 16 MiB at 50 ms per request
+/// is 320 MiB/s at best, less than a local check of the Linux tree reads (session 17, by hand:
+/// 50 ms per request kept 59% of the 0 ms throughput at 16 MiB, 84% at 32 MiB; peak RSS 79 MB
+/// and 91-93 MB, under restic's 109 MiB).
+pub const DEFAULT_MAX_MEMORY: u64 = 32 * 1024 * 1024;
 
 /// Small requests (headers, index and snapshot files) in flight at once.
 const HEADER_READS: usize = 32;
