@@ -124,12 +124,15 @@ impl Repository {
     /// trips (see [`crate::preload`]): the repository's first listings and reads of those
     /// files are then served from what was read ahead.
     pub fn open_preloaded(storage: Arc<dyn Storage>, password: &[u8], preload: &Preload) -> Result<Self> {
+        // The link is measured from the first request: a command that got everything it needs
+        // while opening (`check`) still knows its round trip after.
+        let (storage, link) = metered(storage);
         let threads = crate::parallel::cores().max(storage.default_concurrency());
         let (opened, preloaded) = std::thread::scope(|s| {
             let ahead = std::thread::Builder::new()
                 .name("cairn-preload".into())
                 .spawn_scoped(s, || Preloaded::fetch(&*storage, preload, threads));
-            let opened = Self::open_keyed(storage.clone(), password, preload.key.as_ref());
+            let opened = Self::open_keyed(storage.clone(), link, password, preload.key.as_ref());
             // Without a thread nothing is read ahead; the repository reads as usual.
             let preloaded = ahead.map(|t| t.join().expect("the read-ahead panicked")).unwrap_or_default();
             (opened, preloaded)
@@ -139,7 +142,12 @@ impl Repository {
         Ok(repo)
     }
 
-    fn open_keyed(storage: Arc<dyn Storage>, password: &[u8], hint: Option<&KeyId>) -> Result<Self> {
+    fn open_keyed(
+        storage: Arc<dyn Storage>,
+        link: Arc<LinkMeter>,
+        password: &[u8],
+        hint: Option<&KeyId>,
+    ) -> Result<Self> {
         // The config is read beside the key files (a remote repository waits one round trip
         // for both, not two in a row); it is decrypted once a key opens.
         let (config_bytes, key) = std::thread::scope(|s| {
@@ -178,7 +186,6 @@ impl Repository {
             Some(k) => key.with_chunk_id_key(k),
             None => key,
         };
-        let (storage, link) = metered(storage);
         Ok(Repository {
             storage,
             key,

@@ -17,6 +17,7 @@
 //! size) and finds the next levels already in memory. A restore then waits one round trip for
 //! its trees when they lie in one pack, and one per further pack they lead into.
 
+use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -77,6 +78,8 @@ struct Held {
     bytes: Arc<Vec<u8>>,
     /// Bytes of its blobs not taken yet: once every blob was, the range is let go.
     left: u64,
+    /// Where the blobs taken so far begin: a blob taken again (a tree met twice) counts once.
+    taken: HashSet<u64>,
 }
 
 impl ReadAhead {
@@ -91,7 +94,9 @@ impl ReadAhead {
             .position(|h| h.pack == loc.pack && h.offset <= start && start + len <= h.offset + h.bytes.len() as u64)?;
         let h = &mut held[i];
         let found = (h.bytes.clone(), (start - h.offset) as usize);
-        h.left = h.left.saturating_sub(len);
+        if h.taken.insert(start) {
+            h.left = h.left.saturating_sub(len);
+        }
         if h.left == 0 {
             let gone = held.swap_remove(i);
             // A whole pack read counted against the limit (`extend`): its room is free again.
@@ -130,10 +135,19 @@ impl ReadAhead {
     }
 
     /// Keeps the bytes of `read` for the levels to come (all but the blobs it was made for,
-    /// `wanted` bytes of them, which are taken at once).
-    fn hold(&self, read: &PackRead, bytes: Arc<Vec<u8>>, wanted: u64) {
+    /// which are taken at once).
+    fn hold(&self, read: &PackRead, bytes: Arc<Vec<u8>>) {
+        let mut taken = HashSet::with_capacity(read.blobs.len());
+        let wanted: u64 =
+            read.blobs.iter().filter(|b| taken.insert(u64::from(b.offset))).map(|b| u64::from(b.length)).sum();
         let left = read.length.saturating_sub(wanted);
-        self.held.lock().expect("read-ahead lock").push(Held { pack: read.pack, offset: read.offset, bytes, left });
+        self.held.lock().expect("read-ahead lock").push(Held {
+            pack: read.pack,
+            offset: read.offset,
+            bytes,
+            left,
+            taken,
+        });
     }
 
     /// Holds at most `bytes` (a restore's share of `--max-memory` for tree packs), instead of
@@ -323,7 +337,7 @@ fn read_trees<T: TreeForm>(repo: &Repository, read: &PackRead, ahead: &ReadAhead
         let bytes = Arc::new(repo.storage().read_range(&path, read.offset, read.length)?);
         let wanted: u64 = read.blobs.iter().map(|b| u64::from(b.length)).sum();
         if read.length > wanted {
-            ahead.hold(read, bytes.clone(), wanted);
+            ahead.hold(read, bytes.clone());
         }
         read.blobs
             .iter()
@@ -660,5 +674,35 @@ impl<'l> Ahead<'l> {
         }
         // Trees the walk skipped or that fell out of the window are let go.
         self.slots.retain(|id, _| seen.contains(id));
+    }
+}
+
+#[cfg(test)]
+mod read_ahead_tests {
+    use super::*;
+    use crate::compress::Codec;
+    use crate::crypto::SALT_LEN;
+    use crate::pack::BlobKind;
+
+    fn blob(n: u8, offset: u32, length: u32) -> BlobEntry {
+        BlobEntry { id: BlobId([n; 32]), kind: BlobKind::Tree, codec: Codec::None, offset, length, raw_length: length }
+    }
+
+    /// A tree met twice (an identical directory elsewhere, a walk that takes it again) counts
+    /// once: the range is let go only when every blob in it was taken, not after that many
+    /// takes (which made a restore read most trees of a pack on their own, one request each).
+    #[test]
+    fn a_held_range_is_let_go_once_every_blob_was_taken_however_often_one_was() {
+        let pack = PackId([7; 32]);
+        let blobs = [blob(1, 0, 10), blob(2, 10, 10), blob(3, 20, 10)];
+        let at = |b: &BlobEntry| BlobLocation { pack, pack_no: 0, salt: [0; SALT_LEN], entry: b.clone() };
+        let ahead = ReadAhead::default();
+        let read = PackRead { pack, salt: [0; SALT_LEN], offset: 0, length: 30, blobs: vec![blobs[0].clone()] };
+        ahead.hold(&read, Arc::new(vec![0; 30]));
+        for _ in 0..3 {
+            assert_eq!(ahead.take(&at(&blobs[1])).map(|(_, at)| at), Some(10));
+        }
+        assert_eq!(ahead.take(&at(&blobs[2])).map(|(_, at)| at), Some(20), "let go before its last blob was taken");
+        assert!(ahead.take(&at(&blobs[0])).is_none(), "every blob was taken: the range is let go");
     }
 }

@@ -75,7 +75,8 @@ pub fn read(
         (ReadData::All, true, Some(rec)) => rec.pending(chosen, |p| p.id),
         (what, resume, rec) => pick(chosen, what, rec.filter(|_| resume).map(|r| &*r)),
     };
-    let (reads, hashes) = plan(&picked, opts.max_memory);
+    let budget = super::data_budget(repo, opts.max_memory);
+    let (reads, hashes) = plan(&picked, budget);
     progress.phase("data", picked.len() as u64);
     progress.bytes_to_read.store(picked.iter().map(|p| p.size).sum(), Ordering::Relaxed);
     let state = State {
@@ -87,7 +88,7 @@ pub fn read(
         packs: hashes.into_iter().map(|(id, size, h)| (id, (size, Mutex::new(h)))).collect(),
         progress,
     };
-    let reader = Reader::new(repo, opts.max_memory, opts.cancel.clone());
+    let reader = Reader::new(repo, budget, opts.cancel.clone());
     std::thread::scope(|s| {
         // The time budget is looked at only when a pack begins: a pack begun is read to its end,
         // so what a stopped run read is recorded whole and the next run reads only the others.

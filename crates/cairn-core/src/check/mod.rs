@@ -162,7 +162,7 @@ pub struct CheckOptions {
     /// Threads that decode.
     pub decode_threads: usize,
     /// Cap on pack data in flight.
-    pub max_memory: u64,
+    pub max_memory: Option<u64>,
     /// Set to stop early.
     pub cancel: Arc<AtomicBool>,
 }
@@ -177,7 +177,7 @@ impl Default for CheckOptions {
             filter: SnapshotFilter::default(),
             concurrency: 4,
             decode_threads: crate::parallel::cores(),
-            max_memory: DEFAULT_MAX_MEMORY,
+            max_memory: None,
             cancel: Arc::default(),
         }
     }
@@ -261,13 +261,29 @@ impl CheckReport {
     }
 }
 
-/// Default cap on pack data in flight. Packs are read in pieces of an eighth of it (at least
-/// 1 MiB) and each blob is verified and dropped, so even a small budget keeps many requests in
-/// flight. Bytes in flight over the round trip bound a remote read: 16 MiB at 50 ms per request
-/// is 320 MiB/s at best, less than a local check of the Linux tree reads (session 17, by hand:
-/// 50 ms per request kept 59% of the 0 ms throughput at 16 MiB, 84% at 32 MiB; peak RSS 79 MB
-/// and 91-93 MB, under restic's 109 MiB).
-pub const DEFAULT_MAX_MEMORY: u64 = 32 * 1024 * 1024;
+/// Default cap on pack data in flight over a fast link. Packs are read in pieces of an eighth of
+/// it (at least 1 MiB) and each blob is verified and dropped, so even a small budget keeps many
+/// requests in flight.
+pub const DEFAULT_MAX_MEMORY: u64 = 16 * 1024 * 1024;
+
+/// Most the default budget grows to over a slow link.
+const SLOW_LINK_MAX_MEMORY: u64 = 64 * 1024 * 1024;
+
+/// What a check decodes per second on a small machine (the Linux tree's repository, 2 cores:
+/// about 330 MiB/s): over a link, twice what this fills in a round trip is kept in flight.
+const DECODE_RATE: f64 = 320.0 * 1024.0 * 1024.0;
+
+/// The cap on pack data in flight: `given`, else [`DEFAULT_MAX_MEMORY`], raised over a slow link
+/// to twice what [`DECODE_RATE`] fills in the link's measured round trip (at most
+/// [`SLOW_LINK_MAX_MEMORY`]). Bytes in flight over the round trip bound a remote read: 16 MiB
+/// at 50 ms per request is 320 MiB/s at best, and by hand (session 17) kept 59% of the 0 ms
+/// throughput, 32 MiB 84%. A local check keeps the smaller peak (80 MB, restic's 85-109 MiB).
+pub fn data_budget(repo: &Repository, given: Option<u64>) -> u64 {
+    given.unwrap_or_else(|| {
+        let over_link = repo.link().latency().map_or(0.0, |rtt| 2.0 * DECODE_RATE * rtt.as_secs_f64());
+        (over_link as u64).clamp(DEFAULT_MAX_MEMORY, SLOW_LINK_MAX_MEMORY)
+    })
+}
 
 /// Small requests (headers, index and snapshot files) in flight at once.
 const HEADER_READS: usize = 32;

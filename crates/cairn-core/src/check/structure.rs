@@ -159,7 +159,8 @@ pub fn trees(
         .values()
         .filter(|p| present.contains(&p.id))
         .flat_map(|p| p.blobs.iter().filter(|b| b.kind == BlobKind::Tree).map(|b| b.id));
-    let loaded = load_listed(repo, listed, opts.concurrency, opts.max_memory, opts.cancel.clone());
+    let loaded =
+        load_listed(repo, listed, opts.concurrency, super::data_budget(repo, opts.max_memory), opts.cancel.clone());
     let mut needed: IdSet<BlobId> = IdSet::default();
     let mut missing: IdSet<BlobId> = IdSet::default();
     let mut seen: IdSet<BlobId> = IdSet::default();
