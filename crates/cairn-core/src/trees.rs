@@ -695,9 +695,9 @@ mod read_ahead_tests {
     fn a_held_range_is_let_go_once_every_blob_was_taken_however_often_one_was() {
         let pack = PackId([7; 32]);
         let blobs = [blob(1, 0, 10), blob(2, 10, 10), blob(3, 20, 10)];
-        let at = |b: &BlobEntry| BlobLocation { pack, pack_no: 0, salt: [0; SALT_LEN], entry: b.clone() };
+        let at = |b: &BlobEntry| BlobLocation { pack, pack_no: 0, salt: [0; SALT_LEN], entry: *b };
         let ahead = ReadAhead::default();
-        let read = PackRead { pack, salt: [0; SALT_LEN], offset: 0, length: 30, blobs: vec![blobs[0].clone()] };
+        let read = PackRead { pack, salt: [0; SALT_LEN], offset: 0, length: 30, blobs: vec![blobs[0]] };
         ahead.hold(&read, Arc::new(vec![0; 30]));
         for _ in 0..3 {
             assert_eq!(ahead.take(&at(&blobs[1])).map(|(_, at)| at), Some(10));
