@@ -1179,3 +1179,89 @@ fn restoring_a_directory_path_gives_the_target_its_metadata() {
     assert_eq!((got.mtime(), got.mtime_nsec()), (want.mtime(), want.mtime_nsec()), "mtime of the target");
     assert_same(&env.before, &scan(&t), true);
 }
+
+/// A no-op restore opens each file first and takes its status from the open descriptor (one
+/// lookup of the name, not two): whatever stands where a file belongs and is not a plain file
+/// with one name — a symlink (never followed), a FIFO (never blocked on), a socket, a directory,
+/// a second name of a file outside the target — is replaced; a file whose content differs with
+/// its size and mtime kept is found by its hash and fixed in place; files whose content is
+/// right but whose xattrs (a changed value, an extra one), mode or owner differ get only their
+/// metadata fixed (same inode, not a byte written); everything else is left alone.
+#[test]
+fn no_op_compare_replaces_non_files_and_fixes_only_what_differs() {
+    const SIZE: usize = 5 * KIB;
+    let names = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"];
+    let env = Env::new(
+        |src| {
+            let mut rng = Rng(17);
+            for n in names {
+                fs::write(src.join(format!("{n}.bin")), rng.bytes(SIZE)).expect("write");
+            }
+            xattr::set(src.join("g.bin"), "user.color", b"blue").expect("setxattr");
+        },
+        &SMALL_REPO,
+        &[],
+    );
+    let t = env.path("t");
+    env.restore(&t, &[]);
+    let r = env.restored(&t);
+    let p = |n: &str| r.join(format!("{n}.bin"));
+    let inodes: BTreeMap<&str, u64> = names.iter().map(|&n| (n, ino(&p(n)))).collect();
+
+    // a: a symlink to a file outside the target, which must be neither read nor written.
+    let outside = env.path("outside");
+    fs::write(&outside, b"outside\n").expect("write outside");
+    fs::remove_file(p("a")).expect("rm a");
+    std::os::unix::fs::symlink(&outside, p("a")).expect("symlink a");
+    // b: a FIFO nobody writes to (opening it for reading without O_NONBLOCK would hang).
+    fs::remove_file(p("b")).expect("rm b");
+    let fifo = std::ffi::CString::new(p("b").as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0, "mkfifo");
+    // c: a directory with a file in it.
+    fs::remove_file(p("c")).expect("rm c");
+    fs::create_dir(p("c")).expect("mkdir c");
+    fs::write(p("c").join("inside"), b"x").expect("write inside");
+    // d: the right content, but with a second name outside the target.
+    let other_name = env.path("d-other");
+    fs::hard_link(p("d"), &other_name).expect("link d");
+    // e: a socket.
+    fs::remove_file(p("e")).expect("rm e");
+    let _socket = std::os::unix::net::UnixListener::bind(p("e")).expect("bind e");
+    // f: 100 bytes changed, size and times put back (`--overwrite if-changed` would trust it).
+    let f_meta = fs::metadata(p("f")).expect("stat f");
+    scribble(&p("f"), 1000, &[0x5a; 100]);
+    common::set_times(&p("f"), (f_meta.atime(), f_meta.atime_nsec()), (f_meta.mtime(), f_meta.mtime_nsec()));
+    // g: its xattr's value changed; h: an xattr the snapshot does not have; i: another mode;
+    // j (as root): another owner.
+    xattr::set(p("g"), "user.color", b"red").expect("setxattr g");
+    xattr::set(p("h"), "user.extra", b"1").expect("setxattr h");
+    fs::set_permissions(p("i"), fs::Permissions::from_mode(0o604)).expect("chmod i");
+    if common::is_root() {
+        std::os::unix::fs::lchown(p("j"), Some(4321), Some(4321)).expect("chown j");
+    }
+    let outside_meta = fs::metadata(&outside).expect("stat outside");
+
+    let summary = env.restore(&t, &[]);
+    env.assert_exact(&t);
+    assert_no_stray_files(&env, &t);
+    // Five files replaced whole, one chunk of f rewritten in place (f is one chunk).
+    assert_eq!(num(&summary, "bytes_written"), (6 * SIZE) as u64, "{summary}");
+    assert_eq!(num(&summary, "bytes_in_place"), (4 * SIZE) as u64, "{summary}");
+    assert_eq!(num(&summary, "bytes_total"), (names.len() * SIZE) as u64, "{summary}");
+    for n in ["f", "g", "h", "i", "j"] {
+        assert_eq!(ino(&p(n)), inodes[n], "{n}.bin was replaced, not fixed in place");
+    }
+    // Nothing was written through the symlink or to the other name, nor was either read.
+    let now = fs::metadata(&outside).expect("stat outside");
+    assert_eq!((now.atime(), now.atime_nsec()), (outside_meta.atime(), outside_meta.atime_nsec()), "outside was read");
+    assert_eq!(fs::read(&outside).expect("read outside"), b"outside\n");
+    assert_eq!(fs::metadata(&other_name).expect("stat d-other").nlink(), 1, "d.bin still shares its inode");
+    assert_eq!(ino(&other_name), inodes["d"], "the other name lost its file");
+    assert_eq!(fs::read(&other_name).expect("read d-other"), fs::read(env.src.join("d.bin")).expect("read d"));
+
+    // Now exact: a second restore finds nothing to do.
+    let again = env.restore(&t, &[]);
+    assert_eq!(num(&again, "bytes_written"), 0, "{again}");
+    assert_eq!(num(&again, "bytes_fetched"), 0, "{again}");
+}

@@ -38,7 +38,19 @@ pub fn in_parallel_with<T: Sync, S>(
 
 /// `work` on every item of `items` on `threads` threads; the results in the items' order.
 pub fn map_parallel<T: Sync, R: Send>(items: &[T], threads: usize, work: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    map_parallel_with(items, threads, || (), |_, item| work(item))
+}
+
+/// [`map_parallel`] where each thread keeps state of its own, as in [`in_parallel_with`].
+pub fn map_parallel_with<T: Sync, S, R: Send>(
+    items: &[T],
+    threads: usize,
+    init: impl Fn() -> S + Sync,
+    work: impl Fn(&mut S, &T) -> R + Sync,
+) -> Vec<R> {
     let slots: Vec<std::sync::Mutex<Option<R>>> = items.iter().map(|_| std::sync::Mutex::new(None)).collect();
-    in_parallel(items, threads, |i, item| *slots[i].lock().expect("result slot") = Some(work(item)));
+    in_parallel_with(items, threads, init, |state, i, item| {
+        *slots[i].lock().expect("result slot") = Some(work(state, item))
+    });
     slots.into_iter().map(|s| s.into_inner().expect("result slot").expect("every item was worked on")).collect()
 }

@@ -78,7 +78,7 @@ pub struct Run<'a> {
 
 impl Run<'_> {
     /// Restores one batch.
-    pub fn batch(&mut self, plan: Plan) -> Result<()> {
+    pub fn batch(&mut self, plan: &Plan) -> Result<()> {
         let (opts, target, is_root, threads) = (self.opts, self.target, self.is_root, self.threads);
         let mut phase = PhaseClock(Instant::now());
         let mut part = RestoreOutcome { batches: 1, ..Default::default() };
@@ -100,13 +100,13 @@ impl Run<'_> {
             None
         } else {
             let acl = std::mem::take(&mut self.acl);
-            Some(create::directories(target, &plan, false, is_root, acl, &AtomicU64::new(0), &self.cancel)?)
+            Some(create::directories(target, plan, false, is_root, acl, &AtomicU64::new(0), &self.cancel)?)
         };
         phase.lap(&mut part.phases, "dirs");
         let (states, meta_ok) = if self.empty {
-            compare::fresh(&plan)
+            compare::fresh(plan)
         } else {
-            compare::compare(target, &plan, self.repo.key(), opts.overwrite, threads, is_root)
+            compare::compare(target, plan, self.repo.key(), opts.overwrite, threads, is_root)
         };
         let files_already_done = meta_ok.iter().filter(|&&ok| ok).count() as u64;
         let needed: Vec<_> = plan.entries.iter().zip(&states).map(|(e, s)| s.needed(&e.node)).collect();
@@ -114,16 +114,16 @@ impl Run<'_> {
         // Chunks already on this machine (local/): found, verified and copied now, not fetched.
         let source = local::Source::locate(&opts.local_data, self.snapshot_path, self.into_dir);
         let places = local::Places { target, empty: self.empty, source };
-        let reused = local::reuse(self.repo, &plan, &states, &needed, places, opts)?;
+        let reused = local::reuse(self.repo, plan, &states, &needed, places, opts)?;
         phase.lap(&mut part.phases, "local");
         // Where round trips are dear, reads go through the gaps between wanted chunks.
         let in_flight = self.tuner.as_ref().map_or(opts.fetch_concurrency, FetchTuner::limit);
         let gap = link_gap(self.repo, self.fetch_rate, in_flight);
         part.read_gaps.push(gap);
-        let fetches = plan::fetches(self.repo, &plan, &reused.needed, self.data_budget, gap.gap);
+        let fetches = plan::fetches(self.repo, plan, &reused.needed, self.data_budget, gap.gap);
         phase.lap(&mut part.phases, "schedule");
 
-        let counted = RestoreOutcome::counted(&plan, &states, &needed);
+        let counted = RestoreOutcome::counted(plan, &states, &needed);
         let progress = self.progress;
         progress.total_bytes.fetch_add(counted.bytes_total, Ordering::Relaxed);
         progress.total_files.fetch_add(counted.files, Ordering::Relaxed);
@@ -131,7 +131,7 @@ impl Run<'_> {
         (part.bytes_reused_source, part.bytes_reused_target) = (reused.from_source, reused.from_target);
         if opts.dry_run {
             let dry = self.out.dry_run.get_or_insert_with(DryRun::default);
-            dry.add(DryRun::listed(&plan, &states));
+            dry.add(DryRun::listed(plan, &states));
             if opts.delete {
                 let selected = |rel: &Path| self.filter.selects(self.base_path, rel);
                 dry.delete.extend(delete::extra_entries(target, &plan.closed, self.into_dir, selected));
@@ -148,7 +148,7 @@ impl Run<'_> {
             + part.bytes_reused_target;
         let files_before = progress.done_files.load(Ordering::Relaxed);
         let sh = Shared {
-            plan: &plan,
+            plan,
             fetches: &fetches,
             states: &states,
             target,
@@ -157,7 +157,7 @@ impl Run<'_> {
                 .tuned_from(self.tuner.take()),
             failures: Failures::new(&fetches),
             write_clock: Default::default(),
-            remaining: super::shared::chunks_to_write(&plan, &fetches),
+            remaining: super::shared::chunks_to_write(plan, &fetches),
             // Files the local-data stage wrote into are prepared already.
             touched: reused
                 .prepared
@@ -231,12 +231,12 @@ impl Run<'_> {
         finish::finish_dirs(&sh, &self.failed_dirs, threads);
         phase.lap(&mut part.phases, "finish");
         if opts.verify {
-            let (checked, bad) = verify::verify(target, &plan, &states, &failed, self.repo.key(), threads);
+            let (checked, bad) = verify::verify(target, plan, &states, &failed, self.repo.key(), threads);
             part.verified = checked;
             part.failed.extend(bad);
             phase.lap(&mut part.phases, "verify");
         }
-        part.add_failed(&plan, failed);
+        part.add_failed(plan, failed);
         part.warnings = std::mem::take(&mut *sh.warnings.lock().expect("warnings lock"));
         self.acl = sh.acl_dirs.into_inner().unwrap_or_default();
         self.base = Base { bytes: base_done + written, fetched: self.base.fetched + part.bytes_fetched };

@@ -204,9 +204,11 @@ fn create_entries(sh: &Shared<'_>) -> Result<()> {
             || entry.link_of.is_some()
             || (has_data && matches!(sh.states[i], FileState::Create { .. } | FileState::InPlace { .. }))
             || sh.touched[i].get().is_some()
+            || matches!(sh.states[i], FileState::Complete | FileState::Skip)
         {
-            // Prepared by its first write (write.rs) or by the local-data stage (local/), or
-            // linked once its file is complete.
+            // Prepared by its first write (write.rs) or by the local-data stage (local/),
+            // linked once its file is complete, or a file with nothing to prepare (its content
+            // is right or left alone: a no-op restore's million files cost nothing here).
             continue;
         }
         if sh.cancelled() {

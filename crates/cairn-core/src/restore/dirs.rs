@@ -47,11 +47,16 @@ impl<'t> ParentDirs<'t> {
         Ok(Status::from(&rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?))
     }
 
-    /// Opens the file at `rel` for reading, never through a symlink, without updating its
-    /// access time where that is permitted.
-    pub fn open_read(&mut self, rel: &Path) -> io::Result<File> {
+    /// Opens whatever is at `rel` for reading and takes its status from the open descriptor:
+    /// one lookup of the name instead of two. Never follows a symlink (ELOOP), never blocks
+    /// (O_NONBLOCK: a FIFO opens at once; a socket fails with ENXIO) and never makes a
+    /// terminal the controlling one; the caller checks that it is a plain file before reading.
+    pub fn open_existing(&mut self, rel: &Path) -> io::Result<(File, Status)> {
         let (dir, name) = self.parent(rel)?;
-        crate::platform::open_noatime_at(dir, name)
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+        let file = File::from(crate::platform::openat_noatime(dir, name, flags)?);
+        let st = Status::from(&rustix::fs::fstat(&file)?);
+        Ok((file, st))
     }
 
     /// Opens (creating if needed) the file at `rel` for writing, never through a symlink; a

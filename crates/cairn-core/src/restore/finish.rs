@@ -53,8 +53,8 @@ pub fn finish_all(
         if entry.node.kind == NodeKind::Dir || entry.link_of.is_some() {
             return;
         }
-        let path = sh.target.join(&entry.rel);
         if failed.contains_key(&i) {
+            let path = sh.target.join(&entry.rel);
             // A file written in part is removed: a file is either exact or absent. One that
             // nothing was written to still holds what it held before.
             if entry.node.kind == NodeKind::File
@@ -68,7 +68,8 @@ pub fn finish_all(
         if sh.meta_done[i].load(Ordering::Acquire) || sh.states[i] == FileState::Skip {
             return;
         }
-        if let Err(e) = apply_to_path(&path, &entry.node, sh.is_root) {
+        // The path is made only here: a no-op restore's million files all return above.
+        if let Err(e) = apply_to_path(&sh.target.join(&entry.rel), &entry.node, sh.is_root) {
             sh.warn(entry.rel.clone(), e.to_string());
         }
         if entry.node.kind == NodeKind::File {

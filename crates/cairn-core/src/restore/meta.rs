@@ -50,7 +50,19 @@ impl Target for File {
         check(unsafe { libc::futimens(self.as_raw_fd(), times.as_ptr()) })
     }
     fn list_xattrs(&self) -> io::Result<Vec<OsString>> {
-        Ok(xattr::FileExt::list_xattr(self)?.collect())
+        // Most files have no extended attributes or a few short ones: one call into a buffer on
+        // the stack (a no-op restore asks for every file); a longer list is read as usual.
+        let mut small = [0u8; 512];
+        match rustix::fs::flistxattr(self, &mut small[..]) {
+            Ok(n) => Ok(small[..n]
+                .split(|&b| b == 0)
+                .filter(|name| !name.is_empty())
+                .map(OsStr::from_bytes)
+                .map(OsStr::to_os_string)
+                .collect()),
+            Err(rustix::io::Errno::RANGE) => Ok(xattr::FileExt::list_xattr(self)?.collect()),
+            Err(e) => Err(e.into()),
+        }
     }
     fn get_xattr(&self, name: &OsStr) -> io::Result<Option<Vec<u8>>> {
         xattr::FileExt::get_xattr(self, name)
