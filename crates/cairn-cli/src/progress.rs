@@ -105,6 +105,8 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
             })
             .collect();
         let gaps: Vec<_> = out.read_gaps.iter().map(|g| g.gap).collect();
+        let phases: Vec<_> =
+            out.phases.iter().map(|(n, d)| serde_json::json!({"phase": n, "seconds": d.as_secs_f64()})).collect();
         outln!(
             "{}",
             serde_json::json!({
@@ -117,6 +119,7 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
                 "batches": out.batches,
                 "fetch_tuning": tuning,
                 "read_gaps": gaps,
+                "phases": phases,
             })
         );
         return;

@@ -326,7 +326,8 @@ impl<'a> Reader<'a> {
             if !(long_enough && (enough || now - last.0 >= SAMPLE_MAX)) {
                 continue;
             }
-            let sample = totals.since(&last.1, now - last.0);
+            let mut sample = totals.since(&last.1, now - last.0);
+            sample.round_trip = self.repo.link().latency();
             latency = sample.request_time.checked_div(sample.requests.max(1) as u32).unwrap_or_default();
             if let Some((limit, reason)) = controller.step(&sample) {
                 tuning.gate.set_limit(limit);
@@ -418,6 +419,7 @@ impl Totals {
             request_time: Duration::from_nanos(self.request_nanos - before.request_nanos),
             blocked: Duration::from_nanos(self.blocked_nanos.saturating_sub(before.blocked_nanos)),
             reserved_per_read: (self.reserved - before.reserved) / requests.max(1),
+            round_trip: None,
         }
     }
 }

@@ -22,6 +22,20 @@
 //! besides the budget itself blocking fetches). Every change is logged with its reason for
 //! `--profile`.
 //!
+//! Going back after a step that gained nothing is bounded below by Little's law with the link's
+//! round trip: the reads in flight at the current limit carried `limit × read size ÷ request
+//! time` bytes per second, and keeping that rate needs at least `rate × round trip ÷ read size =
+//! limit × round trip ÷ request time` reads in flight however fast the link transfers. On a
+//! link where requests take about the round trip (200 ms per request, 8 MiB read in a few
+//! milliseconds) that is the current limit itself: the reads in flight were waiting out the
+//! round trip, not slowing each other, so a sample that measured less came from the workload
+//! (small files written slowly, few reads planned, a slow moment of the machine), not from the
+//! limit, and says nothing about it; the controller keeps the limit, and keeps climbing. Where
+//! requests grew slower with more in flight (a local disk, a saturated link) the floor is low and
+//! it goes back as before. An earlier version went back to the best limit after one such sample:
+//! the Linux tree at 200 ms fell from 8 to 4 in flight in two of three runs and climbed back a
+//! quarter at a time (0.84 of the best fixed setting).
+//!
 //! A restore runs in batches, each with a reader of its own; the controller is handed from one
 //! to the next ([`Reader::tuned_from`](super::Reader::tuned_from)), so a later batch starts
 //! where the one before settled instead of learning the link again.
@@ -103,6 +117,9 @@ pub struct Sample {
     pub blocked: Duration,
     /// Mean bytes one read reserves against the budget (range plus plaintext).
     pub reserved_per_read: u64,
+    /// The link's round trip as measured so far (the shortest small request, see
+    /// `storage::LinkMeter`), if any was timed.
+    pub round_trip: Option<Duration>,
 }
 
 impl Sample {
@@ -140,13 +157,15 @@ pub struct Controller {
     held: u32,
     /// Still doubling (no step has failed to gain yet).
     starting: bool,
+    /// The shortest round trip seen: the link's, or a sample's mean request time if shorter.
+    round_trip: Option<Duration>,
 }
 
 impl Controller {
     /// A controller starting at `start` reads in flight, within `budget` bytes.
     pub fn new(start: usize, budget: u64) -> Self {
         let start = start.clamp(1, AUTO_MAX);
-        Controller { limit: start, budget, best: 0.0, best_limit: start, held: 0, starting: true }
+        Controller { limit: start, budget, best: 0.0, best_limit: start, held: 0, starting: true, round_trip: None }
     }
 
     /// The current limit.
@@ -167,6 +186,7 @@ impl Controller {
         }
         let ceiling = self.ceiling(s.reserved_per_read);
         let throughput = s.throughput();
+        self.round_trip = [self.round_trip, s.round_trip, Some(s.latency())].into_iter().flatten().min();
         let pressure = s.blocked.as_secs_f64() / (s.elapsed.as_secs_f64() * self.limit as f64).max(1e-9);
         let (next, reason) = if pressure > PRESSURE {
             // Decoding or the budget holds the fetches back: more in flight gain nothing, so
@@ -200,9 +220,17 @@ impl Controller {
             return self.clamp(self.limit, ceiling, "budget");
         } else if self.limit != self.best_limit {
             // The last step lost throughput (or a probe gained nothing): back to the best
-            // limit, and hold there.
+            // limit, and hold there; but never below what the link's round trip needs to keep
+            // what the reads in flight carried (Little's law, see the module doc).
+            let floor = self.latency_floor(s);
+            if floor >= self.limit {
+                // The reads in flight were waiting out the round trip, not slowing each other:
+                // this sample says nothing about the limit. Keep it, and what was learnt.
+                return self.clamp(self.limit, ceiling, "budget");
+            }
             self.starting = false;
             self.held = 0;
+            self.best_limit = self.best_limit.max(floor);
             (self.best_limit, "no gain from more reads in flight")
         } else {
             self.held += 1;
@@ -215,6 +243,19 @@ impl Controller {
             (self.limit + self.limit.div_ceil(4), "probing for more throughput")
         };
         self.clamp(next, ceiling, reason)
+    }
+
+    /// Reads in flight needed to keep the rate the current limit's reads carried, `limit × read
+    /// size ÷ request time`, across the link's round trip (Little's law): `limit × round trip ÷
+    /// mean request time`, rounded up; 0 before a round trip is known.
+    fn latency_floor(&self, s: &Sample) -> usize {
+        let (Some(rtt), latency) = (self.round_trip, s.latency()) else { return 0 };
+        if latency.is_zero() {
+            return 0;
+        }
+        let needed = self.limit as f64 * rtt.as_secs_f64() / latency.as_secs_f64();
+        // A hair under a whole number is that number (the round trip is a mean's lower bound).
+        (needed - 0.05).ceil().max(0.0) as usize
     }
 
     /// Applies `next` within the budget's ceiling; returns it if the limit changed.
@@ -255,7 +296,34 @@ mod tests {
             request_time: Duration::from_secs_f64(per_request * requests as f64),
             blocked: Duration::from_secs_f64(blocked),
             reserved_per_read: 2 * size,
+            round_trip: Some(Duration::from_secs_f64(latency)),
         }
+    }
+
+    /// `sample` with only `share` of its reads done (the rest never planned, or held up by the
+    /// workload): the same time per request, fewer requests, less throughput.
+    fn thinned(sample: Sample, share: f64) -> Sample {
+        let requests = ((sample.requests as f64 * share).round() as u64).max(1);
+        let per_request = sample.request_time / sample.requests as u32;
+        Sample {
+            requests,
+            bytes: sample.bytes / sample.requests * requests,
+            request_time: per_request * requests as u32,
+            ..sample
+        }
+    }
+
+    /// A fixed sequence of shares in [0.5, 1): a workload whose reads come unevenly.
+    fn uneven(samples: usize) -> Vec<f64> {
+        let mut x: u32 = 0x2545_f491;
+        (0..samples)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                0.5 + f64::from(x % 1000) / 2000.0
+            })
+            .collect()
     }
 
     fn run(c: &mut Controller, samples: usize, model: impl Fn(usize) -> Sample) -> Vec<usize> {
@@ -343,6 +411,64 @@ mod tests {
         let mut c = Controller::new(4, 1 << 30);
         let limits = run(&mut c, 3, |n| simulate(n, 0.0, 1e9 / (n as f64 / 4.0), 1 << 20, f64::INFINITY));
         assert_eq!(limits[1], 4, "{limits:?}");
+    }
+
+    #[test]
+    fn at_high_latency_one_thin_sample_does_not_step_back() {
+        // 200 ms per request and storage in memory (4 GB/s shared: the benchmark's injected
+        // latency over tmpfs): requests take about the round trip whatever the limit. The
+        // sample after the first doubling finds fewer reads to do (a directory of small files)
+        // and measures half what the one before did: the reads in flight were not slower, so
+        // the limit stays at 8, and climbs on like slow start once reads come again.
+        let mib = 1 << 20;
+        let model = |n: usize| simulate(n, 0.2, 4e9, 8 * mib, f64::INFINITY);
+        let mut c = Controller::new(4, 1 << 30);
+        c.step(&model(4));
+        assert_eq!(c.limit(), 8);
+        let thin = thinned(model(8), 0.27);
+        assert!(thin.throughput() < model(4).throughput() / GAIN, "the sample lost throughput");
+        assert_eq!(c.step(&thin), None, "kept at 8");
+        assert_eq!(c.limit(), 8);
+        let limits = run(&mut c, 6, model);
+        assert!(limits.iter().all(|&l| l >= 8), "{limits:?}");
+        assert!(*limits.last().unwrap() >= 16, "still climbing like slow start: {limits:?}");
+    }
+
+    #[test]
+    fn at_high_latency_an_uneven_workload_keeps_the_limit_climbing() {
+        // The same link with every sample's reads thinned by a fixed uneven sequence (half to
+        // all of them done, throughput swinging by up to 2x; the first sample at 8 gets 40%,
+        // less than the one at 4 got): once doubled to 8 the limit never goes back below it, and it stays within one of what the budget holds (10 reads of
+        // 16 MiB reserved each: where fixed 16 or 64 run). At 10 the requests take 10% longer
+        // than the round trip (the transfer), so the floor there is 9.
+        let mib = 1 << 20;
+        let mut c = Controller::new(4, 10 * 16 * mib);
+        let mut limits = Vec::new();
+        for share in [1.0, 0.4].into_iter().chain(uneven(28)) {
+            c.step(&thinned(simulate(c.limit(), 0.2, 4e9, 8 * mib, f64::INFINITY), share));
+            limits.push(c.limit());
+        }
+        assert!(limits.iter().all(|&l| l >= 8), "never back to 4: {limits:?}");
+        assert!(limits[5..].iter().all(|&l| l >= 9), "{limits:?}");
+        assert_eq!(*limits.iter().max().unwrap(), 10, "{limits:?}");
+    }
+
+    #[test]
+    fn where_more_in_flight_slow_the_requests_a_loss_still_steps_back() {
+        // 20 ms per request, but a link that gets slower than its share with more in flight
+        // (total bandwidth 400 MB/s at 4 reads, half that at 8): requests at 8 take far more
+        // than the round trip, so the floor is low and the limit goes back to 4.
+        let mib = 1 << 20;
+        let bandwidth = |n: usize| 400e6 * (4.0 / n.max(4) as f64).powi(2);
+        let model = |n: usize| simulate(n, 0.02, bandwidth(n), 8 * mib, f64::INFINITY);
+        let mut c = Controller::new(4, 1 << 30);
+        let limits = run(&mut c, 3, model);
+        assert_eq!(limits[..2], [8, 4], "{limits:?}");
+        // And without a known round trip the floor comes from the shortest mean request time,
+        // which the slower requests at 8 exceed by more than the doubling: back to 4 as well.
+        let mut c = Controller::new(4, 1 << 30);
+        let limits = run(&mut c, 2, |n| Sample { round_trip: None, ..model(n) });
+        assert_eq!(limits, [8, 4], "{limits:?}");
     }
 
     #[test]
