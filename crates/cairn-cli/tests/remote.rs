@@ -201,7 +201,12 @@ fn metadata_cache_is_used_verified_and_repaired() {
     let listing = fx.cairn.ok(["ls", "latest"]);
     fx.cairn.ok(["snapshots"]);
     let repo_dir = PathBuf::from(location.rsplit_once(':').unwrap().1);
-    let cache_dir = fs::read_dir(fx.cache()).unwrap().next().expect("a repository cache").unwrap().path();
+    // The repository's directory, named by its ID (`key-hints/` beside it is not one).
+    let cache_dir = fs::read_dir(fx.cache())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().is_some_and(|n| n != "key-hints"))
+        .expect("a repository cache");
     for kind in ["index", "snapshots", "trees"] {
         let n = fs::read_dir(cache_dir.join(kind)).map(|d| d.count()).unwrap_or(0);
         assert!(n > 0, "nothing cached under {kind}/");
