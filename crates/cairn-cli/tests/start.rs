@@ -35,13 +35,20 @@ fn backed_up(base: &Path) -> (Cairn, std::path::PathBuf) {
     (cairn, src)
 }
 
-/// The `round_trips` record `--profile --json` printed.
-fn round_trips(stdout: &str) -> Value {
-    stdout
+/// The requests waited for one after another that `--profile --json` printed (its
+/// `round_trips` record), which must agree with the count printed beside them. Opening and
+/// locking wait for two at least, whatever the command: fewer means the trace missed requests.
+fn serial_chain(stdout: &str) -> Vec<String> {
+    let trips = stdout
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .find(|v| v["message_type"] == "round_trips")
-        .unwrap_or_else(|| panic!("no round_trips record in:\n{stdout}"))
+        .unwrap_or_else(|| panic!("no round_trips record in:\n{stdout}"));
+    let chain: Vec<String> =
+        trips["chain"].as_array().unwrap().iter().map(|c| c.as_str().unwrap().to_string()).collect();
+    assert_eq!(trips["serial_before_data"].as_u64().unwrap() as usize, chain.len());
+    assert!(chain.len() >= 2, "the trace counts requests: {chain:?}");
+    chain
 }
 
 #[test]
@@ -54,12 +61,8 @@ fn a_restore_waits_for_at_most_five_round_trips_before_its_first_data_fetch() {
         let target = base.path().join(format!("target-{spec}"));
         let out =
             slow.ok(["--json", "restore", spec, "--target", target.to_str().unwrap(), "--profile", "--no-local-data"]);
-        let trips = round_trips(&out);
-        let chain: Vec<&str> = trips["chain"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
-        let n = trips["serial_before_data"].as_u64().unwrap();
-        assert_eq!(n as usize, chain.len());
-        // The key's two round trips at least (list keys/, read a key file) come before any tree.
-        assert!(n >= 2, "the trace counts requests: {chain:?}");
+        let chain = serial_chain(&out);
+        let n = chain.len();
         // The source lies 5+ directories below the snapshot's root, and a level-by-level walk
         // alone would take one round trip per level.
         assert!(n <= 5, "{n} serial round trips before the first data fetch: {chain:?}");
@@ -87,11 +90,8 @@ fn a_check_waits_for_a_handful_of_round_trips_one_after_another() {
         }
         args.extend(["check".into(), "--profile".into()]);
         let out = slow.ok(&args);
-        let trips = round_trips(&out);
-        let chain: Vec<&str> = trips["chain"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
-        let n = trips["serial_before_data"].as_u64().unwrap();
-        assert_eq!(n as usize, chain.len());
-        assert!(n >= 2, "the trace counts requests: {chain:?}");
+        let chain = serial_chain(&out);
+        let n = chain.len();
         // Opening and locking wait for three (the key's two; the lock's write then its listing,
         // after the check that a repository is there), the trees and headers for one more each
         // tree pack the index leads to. One after another, the key, index, snapshot and pack

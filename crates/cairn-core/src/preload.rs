@@ -56,7 +56,14 @@ impl Preload {
     /// What a command that reads every file of the repository but the packs' contents needs
     /// (`check`): the index, every snapshot, the key files, and the listing of the packs.
     pub fn everything(fetch_files: bool) -> Self {
-        Preload { index: true, snapshot: Some("latest".into()), fetch_files, keys: true, packs: true, key: None }
+        Preload {
+            index: true,
+            snapshot: Some("latest".into()),
+            fetch_files,
+            keys: true,
+            packs: true,
+            ..Preload::default()
+        }
     }
 
     fn dirs(&self) -> Vec<Dir> {

@@ -134,13 +134,17 @@ impl ReadAhead {
         read.length = end;
     }
 
-    /// Keeps the bytes of `read` for the levels to come (all but the blobs it was made for,
-    /// which are taken at once).
-    fn hold(&self, read: &PackRead, bytes: Arc<Vec<u8>>) {
+    /// Keeps the bytes of `read` for the levels to come if it holds more than the blobs it was
+    /// made for (which are taken at once).
+    fn hold(&self, read: &PackRead, bytes: &Arc<Vec<u8>>) {
         let mut taken = HashSet::with_capacity(read.blobs.len());
         let wanted: u64 =
             read.blobs.iter().filter(|b| taken.insert(u64::from(b.offset))).map(|b| u64::from(b.length)).sum();
         let left = read.length.saturating_sub(wanted);
+        if left == 0 {
+            return;
+        }
+        let bytes = bytes.clone();
         self.held.lock().expect("read-ahead lock").push(Held {
             pack: read.pack,
             offset: read.offset,
@@ -335,10 +339,7 @@ fn read_trees<T: TreeForm>(repo: &Repository, read: &PackRead, ahead: &ReadAhead
     let key = repo.key().object_key(&read.salt);
     crate::repository::retry_damaged(|| {
         let bytes = Arc::new(repo.storage().read_range(&path, read.offset, read.length)?);
-        let wanted: u64 = read.blobs.iter().map(|b| u64::from(b.length)).sum();
-        if read.length > wanted {
-            ahead.hold(read, bytes.clone());
-        }
+        ahead.hold(read, &bytes);
         read.blobs
             .iter()
             .map(|b| {
@@ -698,7 +699,7 @@ mod read_ahead_tests {
         let at = |b: &BlobEntry| BlobLocation { pack, pack_no: 0, salt: [0; SALT_LEN], entry: *b };
         let ahead = ReadAhead::default();
         let read = PackRead { pack, salt: [0; SALT_LEN], offset: 0, length: 30, blobs: vec![blobs[0]] };
-        ahead.hold(&read, Arc::new(vec![0; 30]));
+        ahead.hold(&read, &Arc::new(vec![0; 30]));
         for _ in 0..3 {
             assert_eq!(ahead.take(&at(&blobs[1])).map(|(_, at)| at), Some(10));
         }

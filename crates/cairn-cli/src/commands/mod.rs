@@ -150,14 +150,10 @@ pub(crate) fn state_base(global: &Global) -> Option<std::path::PathBuf> {
     }
 }
 
-/// Where the metadata cache for `storage` lives, if the global options want one.
+/// Where the metadata cache for `storage` lives, if the global options want one: where
+/// [`state_base`] says, for a remote repository or one given `--cache-dir`.
 fn cache_base(global: &Global, storage: &dyn Storage) -> Option<std::path::PathBuf> {
-    match (&global.cache_dir, global.no_cache) {
-        (_, true) => None,
-        (Some(dir), false) => Some(dir.clone()),
-        (None, false) if storage.is_remote() => Cache::default_base(),
-        (None, false) => None,
-    }
+    state_base(global).filter(|_| global.cache_dir.is_some() || storage.is_remote())
 }
 
 /// Takes a lock for the rest of the command, reporting stale locks it ignores.

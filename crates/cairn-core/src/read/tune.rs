@@ -438,9 +438,10 @@ mod tests {
     fn at_high_latency_an_uneven_workload_keeps_the_limit_climbing() {
         // The same link with every sample's reads thinned by a fixed uneven sequence (half to
         // all of them done, throughput swinging by up to 2x; the first sample at 8 gets 40%,
-        // less than the one at 4 got): once doubled to 8 the limit never goes back below it, and it stays within one of what the budget holds (10 reads of
-        // 16 MiB reserved each: where fixed 16 or 64 run). At 10 the requests take 10% longer
-        // than the round trip (the transfer), so the floor there is 9.
+        // less than the one at 4 got): once doubled to 8 the limit never goes back below it,
+        // and it stays within one of what the budget holds (10 reads of 16 MiB reserved each:
+        // where fixed 16 or 64 run). At 10 the requests take 10% longer than the round trip
+        // (the transfer), so the floor there is 9.
         let mib = 1 << 20;
         let mut c = Controller::new(4, 10 * 16 * mib);
         let mut limits = Vec::new();
