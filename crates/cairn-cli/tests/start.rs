@@ -146,8 +146,10 @@ fn over_a_slow_link_the_fetch_concurrency_rises_unless_it_was_given() {
     let summary = slow.restore_with("latest", &target, &["--max-memory", "64M", "--no-local-data"]);
     let steps = summary["fetch_tuning"].as_array().unwrap();
     let limits: Vec<u64> = steps.iter().map(|s| s["limit"].as_u64().unwrap()).collect();
-    // Starts at the local default (4); at 100 ms per request more in flight fetch more.
+    // Above the local default (4): the open measured 100 ms per request, and more in flight
+    // fetch more (from the start, since the round trip is known before the first fetch).
     assert!(limits.iter().any(|&l| l > 4), "the concurrency rose: {steps:?}");
+    assert!(steps[0]["reason"].as_str().unwrap().contains("round trip"), "{steps:?}");
     // Never more than the budget holds: 64 MiB over reads reserving about 2 MiB each.
     assert!(limits.iter().all(|&l| l <= 32), "within the budget: {steps:?}");
     assert_same(&scan_source(&src), &scan(&restored_path(&target, &src)), true);

@@ -22,7 +22,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 
@@ -59,16 +59,27 @@ pub struct Loading {
 const READ_AHEAD_MAX: u64 = 64 * 1024 * 1024;
 
 /// Tree pack bytes read ahead by one walk: the ranges read, by pack, the packs already read
-/// whole (each at most once) and where each pack's blobs end. Dropped with the walk's
-/// [`Loading`].
+/// whole (each at most once), those whose whole read is still in flight, and where each pack's
+/// blobs end. Dropped with the walk's [`Loading`].
 #[derive(Default)]
 pub struct ReadAhead {
     /// Most bytes held (0: [`READ_AHEAD_MAX`]).
     max: AtomicU64,
-    held: Mutex<Vec<Held>>,
+    held: Mutex<Holding>,
+    /// Signalled when a whole pack read in flight has landed (or failed).
+    landed: Condvar,
     packs: Mutex<IdSet<PackId>>,
     bytes: AtomicU64,
     pack_ends: std::sync::OnceLock<Vec<u64>>,
+}
+
+/// The ranges held, and the packs being read whole: a tree of such a pack waits for that read
+/// instead of sending its own request one round trip behind it.
+#[derive(Default)]
+struct Holding {
+    ranges: Vec<Held>,
+    /// Pack → where its whole read (from 0) ends, while that read is in flight.
+    pending: IdMap<PackId, u64>,
 }
 
 /// One range of a pack read ahead.
@@ -85,13 +96,24 @@ struct Held {
 impl ReadAhead {
     /// The held bytes of a blob at `loc`, and where in them it lies; the blob counts as taken
     /// (a range whose every blob was taken is let go: a tree wanted again, an identical
-    /// subdirectory's, is then read on its own).
+    /// subdirectory's, is then read on its own). A blob of a pack whose whole read is in flight
+    /// waits for it.
     fn take(&self, loc: &BlobLocation) -> Option<(Arc<Vec<u8>>, usize)> {
         let (start, len) = (u64::from(loc.entry.offset), u64::from(loc.entry.length));
-        let mut held = self.held.lock().expect("read-ahead lock");
-        let i = held
-            .iter()
-            .position(|h| h.pack == loc.pack && h.offset <= start && start + len <= h.offset + h.bytes.len() as u64)?;
+        let mut state = self.held.lock().expect("read-ahead lock");
+        let i = loop {
+            let found = state.ranges.iter().position(|h| {
+                h.pack == loc.pack && h.offset <= start && start + len <= h.offset + h.bytes.len() as u64
+            });
+            match (found, state.pending.get(&loc.pack)) {
+                (Some(i), _) => break i,
+                (None, Some(end)) if start + len <= *end => {
+                    state = self.landed.wait(state).expect("read-ahead lock");
+                }
+                (None, _) => return None,
+            }
+        };
+        let held = &mut state.ranges;
         let h = &mut held[i];
         let found = (h.bytes.clone(), (start - h.offset) as usize);
         if h.taken.insert(start) {
@@ -128,10 +150,21 @@ impl ReadAhead {
         if !self.packs.lock().expect("read-ahead lock").insert(read.pack) {
             return;
         }
-        // Held whole until its blobs are taken (see `take`).
+        // Held whole until its blobs are taken (see `take`); its trees wait for it meanwhile.
         self.bytes.fetch_add(end, Ordering::Relaxed);
+        self.held.lock().expect("read-ahead lock").pending.insert(read.pack, end);
         read.offset = 0;
         read.length = end;
+    }
+
+    /// `read` is over, held or failed: if it was its pack's whole read, the trees waiting for
+    /// it go on (to the bytes held, or to a read of their own).
+    fn finished(&self, read: &PackRead) {
+        let mut state = self.held.lock().expect("read-ahead lock");
+        if read.offset == 0 && state.pending.get(&read.pack) == Some(&read.length) {
+            state.pending.remove(&read.pack);
+            self.landed.notify_all();
+        }
     }
 
     /// Keeps the bytes of `read` for the levels to come if it holds more than the blobs it was
@@ -145,7 +178,7 @@ impl ReadAhead {
             return;
         }
         let bytes = bytes.clone();
-        self.held.lock().expect("read-ahead lock").push(Held {
+        self.held.lock().expect("read-ahead lock").ranges.push(Held {
             pack: read.pack,
             offset: read.offset,
             bytes,
@@ -163,7 +196,7 @@ impl ReadAhead {
     /// Frees what is held (a finished walk: a restore's [`Loading`] lives on through its data
     /// pipeline, which must not carry tree packs beside its budget).
     pub(crate) fn release(&self) {
-        self.held.lock().expect("read-ahead lock").clear();
+        self.held.lock().expect("read-ahead lock").ranges.clear();
     }
 }
 
@@ -293,6 +326,10 @@ pub fn load_level(
             });
         }
     });
+    // Reads a cancel left unread must not keep other walkers waiting for them.
+    for read in &reads {
+        loading.read_ahead.finished(read);
+    }
     if loading.cancel.load(Ordering::Relaxed) {
         return Err(Error::Interrupted);
     }
@@ -337,7 +374,7 @@ fn decode_held<T: TreeForm>(repo: &Repository, loc: &BlobLocation, bytes: &[u8],
 fn read_trees<T: TreeForm>(repo: &Repository, read: &PackRead, ahead: &ReadAhead) -> Result<Vec<(BlobId, T)>> {
     let path = pack_path(&read.pack);
     let key = repo.key().object_key(&read.salt);
-    crate::repository::retry_damaged(|| {
+    let trees = crate::repository::retry_damaged(|| {
         let bytes = Arc::new(repo.storage().read_range(&path, read.offset, read.length)?);
         ahead.hold(read, &bytes);
         read.blobs
@@ -347,7 +384,9 @@ fn read_trees<T: TreeForm>(repo: &Repository, read: &PackRead, ahead: &ReadAhead
                 Ok((b.id, repo.decode_tree(&key, b, &bytes[start..start + b.length as usize], &path)?))
             })
             .collect()
-    })
+    });
+    ahead.finished(read);
+    trees
 }
 
 /// A loaded tree and how many directory nodes of other trees refer to it (identical
@@ -705,5 +744,34 @@ mod read_ahead_tests {
         }
         assert_eq!(ahead.take(&at(&blobs[2])).map(|(_, at)| at), Some(20), "let go before its last blob was taken");
         assert!(ahead.take(&at(&blobs[0])).is_none(), "every blob was taken: the range is let go");
+    }
+
+    /// A tree of a pack whose whole read is in flight waits for that read instead of sending
+    /// its own request one round trip behind it (a restore's sixth serial round trip at 50 ms);
+    /// a whole read that fails lets it go to read its own.
+    #[test]
+    fn a_tree_of_a_pack_being_read_whole_waits_for_that_read() {
+        let pack = PackId([7; 32]);
+        let blobs = [blob(1, 0, 10), blob(2, 10, 10)];
+        let at = |b: &BlobEntry| BlobLocation { pack, pack_no: 0, salt: [0; SALT_LEN], entry: *b };
+        let whole = PackRead { pack, salt: [0; SALT_LEN], offset: 0, length: 20, blobs: vec![blobs[0]] };
+        for lands in [true, false] {
+            let ahead = ReadAhead::default();
+            ahead.held.lock().unwrap().pending.insert(pack, 20);
+            std::thread::scope(|s| {
+                let (tx, rx) = crossbeam_channel::bounded(1);
+                let (ahead, at) = (&ahead, &at);
+                s.spawn(move || tx.send(ahead.take(&at(&blobs[1])).map(|(_, at)| at)).unwrap());
+                assert!(
+                    rx.recv_timeout(std::time::Duration::from_millis(200)).is_err(),
+                    "went on before the whole read landed"
+                );
+                if lands {
+                    ahead.hold(&whole, &Arc::new(vec![0; 20]));
+                }
+                ahead.finished(&whole);
+                assert_eq!(rx.recv().unwrap(), lands.then_some(10));
+            });
+        }
     }
 }

@@ -313,6 +313,9 @@ impl<'a> Reader<'a> {
     fn tune(&self, tuning: &Tuning) {
         // Made when reading started; taken by the one tuning loop of this reader.
         let Some(mut controller) = tuning.controller.lock().expect("tuner lock").take() else { return };
+        if let Some(start) = controller.take_start() {
+            tuning.log.lock().expect("tuning log").push(start);
+        }
         let began = Instant::now();
         let mut last = (Instant::now(), self.totals());
         let mut latency = Duration::ZERO;

@@ -36,6 +36,9 @@
 //! the Linux tree at 200 ms fell from 8 to 4 in flight in two of three runs and climbed back a
 //! quarter at a time (0.84 of the best fixed setting).
 //!
+//! The first reader of a restore starts where the round trip measured while opening the
+//! repository puts it ([`Controller::for_link`]), not at the storage's default.
+//!
 //! A restore runs in batches, each with a reader of its own; the controller is handed from one
 //! to the next ([`Reader::tuned_from`](super::Reader::tuned_from)), so a later batch starts
 //! where the one before settled instead of learning the link again.
@@ -43,11 +46,17 @@
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
+use super::gap::PRIOR_RATE;
+
 /// Most fetch workers an auto-tuned reader starts (and most reads it keeps in flight).
 pub const AUTO_MAX: usize = 64;
 
 /// Least relative throughput gain that counts as growth (5%: less is noise).
 const GAIN: f64 = 1.05;
+
+/// The read size [`Controller::for_link`] starts from: the reads of a restore of many small
+/// files, coalesced through gaps of about this much at the start limit (see `read/gap.rs`).
+const START_READ: u64 = 1 << 20;
 
 /// Samples to hold at the best limit before probing higher again.
 const HOLD: u32 = 4;
@@ -159,13 +168,46 @@ pub struct Controller {
     starting: bool,
     /// The shortest round trip seen: the link's, or a sample's mean request time if shorter.
     round_trip: Option<Duration>,
+    /// Where it started and why, when that was the link's round trip, until logged.
+    start: Option<Step>,
 }
 
 impl Controller {
     /// A controller starting at `start` reads in flight, within `budget` bytes.
     pub fn new(start: usize, budget: u64) -> Self {
         let start = start.clamp(1, AUTO_MAX);
-        Controller { limit: start, budget, best: 0.0, best_limit: start, held: 0, starting: true, round_trip: None }
+        Controller {
+            limit: start,
+            budget,
+            best: 0.0,
+            best_limit: start,
+            held: 0,
+            starting: true,
+            round_trip: None,
+            start: None,
+        }
+    }
+
+    /// A controller for a link whose round trip was measured before reading (the requests that
+    /// opened the repository): it starts where Little's law puts it for [`PRIOR_RATE`] in reads
+    /// of [`START_READ`], `rate × round trip ÷ read size`, if that is above `default` (the
+    /// storage's concurrency). Climbing from the storage's default doubles once per sample, and
+    /// a sample spans several round trips: at 200 ms the Linux tree's restore spent its first
+    /// second at 8–16 in flight and ended at 0.88 of fixed 64.
+    pub fn for_link(default: usize, round_trip: Option<Duration>, budget: u64) -> Self {
+        let Some(rtt) = round_trip else { return Controller::new(default, budget) };
+        let wanted = (PRIOR_RATE * rtt.as_secs_f64() / START_READ as f64).ceil() as usize;
+        let mut c = Controller::new(default.max(wanted), budget);
+        if c.limit > default {
+            let reason = "the round trip of the open needs it at the assumed rate";
+            c.start = Some(Step { at: Duration::ZERO, limit: c.limit, throughput: PRIOR_RATE, latency: rtt, reason });
+        }
+        c
+    }
+
+    /// Why it starts above the storage's default, once (for the log of `--profile`).
+    pub fn take_start(&mut self) -> Option<Step> {
+        self.start.take()
     }
 
     /// The current limit.
@@ -324,6 +366,24 @@ mod tests {
                 0.5 + f64::from(x % 1000) / 2000.0
             })
             .collect()
+    }
+
+    /// A link measured slow before reading starts the limit where its round trip needs it;
+    /// a fast one (or none measured) starts at the storage's default.
+    #[test]
+    fn a_slow_link_starts_with_the_reads_its_round_trip_needs() {
+        let ms = Duration::from_millis;
+        assert_eq!(Controller::for_link(4, None, 1 << 30).limit(), 4);
+        assert_eq!(Controller::for_link(4, Some(ms(1)), 1 << 30).limit(), 4);
+        assert_eq!(Controller::for_link(16, Some(ms(20)), 1 << 30).limit(), 16);
+        assert_eq!(Controller::for_link(4, Some(ms(50)), 1 << 30).limit(), 13);
+        assert_eq!(Controller::for_link(4, Some(ms(200)), 1 << 30).limit(), 52);
+        assert_eq!(Controller::for_link(4, Some(ms(1000)), 1 << 30).limit(), AUTO_MAX);
+        // Logged once, with the round trip it came from.
+        let mut c = Controller::for_link(4, Some(ms(200)), 1 << 30);
+        assert_eq!(c.take_start().map(|s| (s.limit, s.latency)), Some((52, ms(200))));
+        assert!(c.take_start().is_none());
+        assert!(Controller::for_link(16, Some(ms(20)), 1 << 30).take_start().is_none());
     }
 
     fn run(c: &mut Controller, samples: usize, model: impl Fn(usize) -> Sample) -> Vec<usize> {

@@ -117,6 +117,11 @@ impl Run<'_> {
         let reused = local::reuse(self.repo, plan, &states, &needed, places, opts)?;
         phase.lap(&mut part.phases, "local");
         // Where round trips are dear, reads go through the gaps between wanted chunks.
+        if opts.fetch_auto && self.tuner.is_none() {
+            // The first batch starts where the round trip of the open says it should.
+            let round_trip = self.repo.link().latency();
+            self.tuner = Some(FetchTuner::for_link(opts.fetch_concurrency, round_trip, self.data_budget));
+        }
         let in_flight = self.tuner.as_ref().map_or(opts.fetch_concurrency, FetchTuner::limit);
         let gap = link_gap(self.repo, self.fetch_rate, in_flight);
         part.read_gaps.push(gap);
