@@ -91,13 +91,16 @@ struct Held {
     left: u64,
     /// Where the blobs taken so far begin: a blob taken again (a tree met twice) counts once.
     taken: HashSet<u64>,
+    /// A pack's whole read, counted against the limit.
+    whole: bool,
 }
 
 impl ReadAhead {
-    /// The held bytes of a blob at `loc`, and where in them it lies; the blob counts as taken
-    /// (a range whose every blob was taken is let go: a tree wanted again, an identical
-    /// subdirectory's, is then read on its own). A blob of a pack whose whole read is in flight
-    /// waits for it.
+    /// The held bytes of a blob at `loc`, and where in them it lies; the blob counts as taken.
+    /// A range whose every blob was taken is let go at once, unless it is a whole pack (counted
+    /// against the limit): that stays until [`ReadAhead::extend`] needs its room, since a tree
+    /// met again (an identical or empty directory elsewhere) would otherwise be read on its own,
+    /// one round trip after another. A blob of a pack whose whole read is in flight waits for it.
     fn take(&self, loc: &BlobLocation) -> Option<(Arc<Vec<u8>>, usize)> {
         let (start, len) = (u64::from(loc.entry.offset), u64::from(loc.entry.length));
         let mut state = self.held.lock().expect("read-ahead lock");
@@ -119,16 +122,28 @@ impl ReadAhead {
         if h.taken.insert(start) {
             h.left = h.left.saturating_sub(len);
         }
-        if h.left == 0 {
-            let gone = held.swap_remove(i);
-            // A whole pack read counted against the limit (`extend`): its room is free again.
-            if gone.offset == 0 && self.packs.lock().expect("read-ahead lock").contains(&gone.pack) {
-                let freed = gone.bytes.len() as u64;
-                let _ =
-                    self.bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some(b.saturating_sub(freed)));
-            }
+        if h.left == 0 && !h.whole {
+            held.swap_remove(i);
         }
         Some(found)
+    }
+
+    /// Lets go of whole packs whose every blob was taken, oldest first, until `need` bytes fit
+    /// under `max` (or none is left to let go).
+    fn make_room(&self, need: u64, max: u64) {
+        let mut state = self.held.lock().expect("read-ahead lock");
+        while self.bytes.load(Ordering::Relaxed) + need > max {
+            let Some(i) = state.ranges.iter().position(|h| h.whole && h.left == 0) else { return };
+            self.free(state.ranges.remove(i));
+        }
+    }
+
+    /// Gives the room of a whole pack let go back to the limit.
+    fn free(&self, gone: Held) {
+        if gone.whole {
+            let freed = gone.bytes.len() as u64;
+            let _ = self.bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some(b.saturating_sub(freed)));
+        }
     }
 
     /// Widens `read` (of pack number `pack_no` in `repo`'s index) to all the blobs of its pack,
@@ -143,8 +158,11 @@ impl ReadAhead {
             0 => READ_AHEAD_MAX,
             m => m,
         };
-        let room = max.saturating_sub(self.bytes.load(Ordering::Relaxed));
-        if end > pack_size || end > room {
+        if end > pack_size {
+            return;
+        }
+        self.make_room(end, max);
+        if end > max.saturating_sub(self.bytes.load(Ordering::Relaxed)) {
             return;
         }
         if !self.packs.lock().expect("read-ahead lock").insert(read.pack) {
@@ -168,7 +186,8 @@ impl ReadAhead {
     }
 
     /// Keeps the bytes of `read` for the levels to come if it holds more than the blobs it was
-    /// made for (which are taken at once).
+    /// made for (which are taken at once). A pack's whole read (see [`ReadAhead::extend`]) is
+    /// held as such.
     fn hold(&self, read: &PackRead, bytes: &Arc<Vec<u8>>) {
         let mut taken = HashSet::with_capacity(read.blobs.len());
         let wanted: u64 =
@@ -178,13 +197,9 @@ impl ReadAhead {
             return;
         }
         let bytes = bytes.clone();
-        self.held.lock().expect("read-ahead lock").ranges.push(Held {
-            pack: read.pack,
-            offset: read.offset,
-            bytes,
-            left,
-            taken,
-        });
+        let mut state = self.held.lock().expect("read-ahead lock");
+        let whole = read.offset == 0 && state.pending.get(&read.pack) == Some(&read.length);
+        state.ranges.push(Held { pack: read.pack, offset: read.offset, bytes, left, taken, whole });
     }
 
     /// Holds at most `bytes` (a restore's share of `--max-memory` for tree packs), instead of
@@ -196,7 +211,8 @@ impl ReadAhead {
     /// Frees what is held (a finished walk: a restore's [`Loading`] lives on through its data
     /// pipeline, which must not carry tree packs beside its budget).
     pub(crate) fn release(&self) {
-        self.held.lock().expect("read-ahead lock").ranges.clear();
+        let gone = std::mem::take(&mut self.held.lock().expect("read-ahead lock").ranges);
+        gone.into_iter().for_each(|h| self.free(h));
     }
 }
 
@@ -744,6 +760,35 @@ mod read_ahead_tests {
         }
         assert_eq!(ahead.take(&at(&blobs[2])).map(|(_, at)| at), Some(20), "let go before its last blob was taken");
         assert!(ahead.take(&at(&blobs[0])).is_none(), "every blob was taken: the range is let go");
+    }
+
+    /// A whole pack stays held after its every tree was taken (a tree met again, an identical
+    /// or empty directory's, is not read on its own one round trip later) until its room is
+    /// needed; then the oldest goes first.
+    #[test]
+    fn a_whole_pack_stays_until_its_room_is_needed() {
+        let ahead = ReadAhead::default();
+        let at = |pack: PackId, b: &BlobEntry| BlobLocation { pack, pack_no: 0, salt: [0; SALT_LEN], entry: *b };
+        let blobs = [blob(1, 0, 10), blob(2, 10, 10)];
+        let (p1, p2) = (PackId([1; 32]), PackId([2; 32]));
+        for pack in [p1, p2] {
+            let whole = PackRead { pack, salt: [0; SALT_LEN], offset: 0, length: 20, blobs: vec![blobs[0]] };
+            ahead.held.lock().unwrap().pending.insert(pack, 20);
+            ahead.bytes.fetch_add(20, Ordering::Relaxed);
+            ahead.hold(&whole, &Arc::new(vec![0; 20]));
+            ahead.finished(&whole);
+            assert!(ahead.take(&at(pack, &blobs[1])).is_some());
+        }
+        // Every tree of both was taken; both are still there for a tree met again.
+        assert_eq!(ahead.take(&at(p1, &blobs[1])).map(|(_, at)| at), Some(10));
+        assert_eq!(ahead.take(&at(p2, &blobs[0])).map(|(_, at)| at), Some(0));
+        // Room for one more pack of 20 under a limit of 45: the oldest is let go, not the other.
+        ahead.make_room(20, 45);
+        assert_eq!(ahead.bytes.load(Ordering::Relaxed), 20);
+        assert!(ahead.take(&at(p1, &blobs[1])).is_none());
+        assert!(ahead.take(&at(p2, &blobs[1])).is_some());
+        ahead.release();
+        assert_eq!(ahead.bytes.load(Ordering::Relaxed), 0, "what is released is given back");
     }
 
     /// A tree of a pack whose whole read is in flight waits for that read instead of sending

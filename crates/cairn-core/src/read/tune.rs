@@ -58,6 +58,9 @@ const GAIN: f64 = 1.05;
 /// files, coalesced through gaps of about this much at the start limit (see `read/gap.rs`).
 const START_READ: u64 = 1 << 20;
 
+/// Fewest reads in flight [`Controller::for_link`] starts with (a local disk's default).
+const START_LEAST: usize = 4;
+
 /// Samples to hold at the best limit before probing higher again.
 const HOLD: u32 = 4;
 
@@ -190,22 +193,26 @@ impl Controller {
 
     /// A controller for a link whose round trip was measured before reading (the requests that
     /// opened the repository): it starts where Little's law puts it for [`PRIOR_RATE`] in reads
-    /// of [`START_READ`], `rate × round trip ÷ read size`, if that is above `default` (the
-    /// storage's concurrency). Climbing from the storage's default doubles once per sample, and
-    /// a sample spans several round trips: at 200 ms the Linux tree's restore spent its first
-    /// second at 8–16 in flight and ended at 0.88 of fixed 64.
+    /// of [`START_READ`], `rate × round trip ÷ read size`, and at least [`START_LEAST`]; with
+    /// no round trip measured, at `default` (the storage's concurrency).
+    ///
+    /// Climbing from the storage's default doubles once per sample, and a sample spans several
+    /// round trips: at 200 ms the Linux tree's restore spent its first second at 8–16 in flight
+    /// and ended at 0.88 of fixed 64. Starting at S3's 32 on MinIO over loopback (a round trip
+    /// of about a millisecond, decoding on two cores the bottleneck, so the limit holds) kept
+    /// the Linux tree at 0.88 of fixed 4.
     pub fn for_link(default: usize, round_trip: Option<Duration>, budget: u64) -> Self {
         let Some(rtt) = round_trip else { return Controller::new(default, budget) };
         let wanted = (PRIOR_RATE * rtt.as_secs_f64() / START_READ as f64).ceil() as usize;
-        let mut c = Controller::new(default.max(wanted), budget);
-        if c.limit > default {
+        let mut c = Controller::new(wanted.max(START_LEAST), budget);
+        if c.limit != default.clamp(1, AUTO_MAX) {
             let reason = "the round trip of the open needs it at the assumed rate";
             c.start = Some(Step { at: Duration::ZERO, limit: c.limit, throughput: PRIOR_RATE, latency: rtt, reason });
         }
         c
     }
 
-    /// Why it starts above the storage's default, once (for the log of `--profile`).
+    /// Why it starts away from the storage's default, once (for the log of `--profile`).
     pub fn take_start(&mut self) -> Option<Step> {
         self.start.take()
     }
@@ -368,14 +375,16 @@ mod tests {
             .collect()
     }
 
-    /// A link measured slow before reading starts the limit where its round trip needs it;
-    /// a fast one (or none measured) starts at the storage's default.
+    /// A link measured before reading starts the limit where its round trip needs it (at least
+    /// 4, even where the storage's default is higher); none measured starts at the default.
     #[test]
     fn a_slow_link_starts_with_the_reads_its_round_trip_needs() {
         let ms = Duration::from_millis;
         assert_eq!(Controller::for_link(4, None, 1 << 30).limit(), 4);
         assert_eq!(Controller::for_link(4, Some(ms(1)), 1 << 30).limit(), 4);
-        assert_eq!(Controller::for_link(16, Some(ms(20)), 1 << 30).limit(), 16);
+        assert_eq!(Controller::for_link(32, Some(ms(1)), 1 << 30).limit(), 4);
+        assert_eq!(Controller::for_link(32, None, 1 << 30).limit(), 32);
+        assert_eq!(Controller::for_link(16, Some(ms(20)), 1 << 30).limit(), 6);
         assert_eq!(Controller::for_link(4, Some(ms(50)), 1 << 30).limit(), 13);
         assert_eq!(Controller::for_link(4, Some(ms(200)), 1 << 30).limit(), 52);
         assert_eq!(Controller::for_link(4, Some(ms(1000)), 1 << 30).limit(), AUTO_MAX);
@@ -383,7 +392,9 @@ mod tests {
         let mut c = Controller::for_link(4, Some(ms(200)), 1 << 30);
         assert_eq!(c.take_start().map(|s| (s.limit, s.latency)), Some((52, ms(200))));
         assert!(c.take_start().is_none());
-        assert!(Controller::for_link(16, Some(ms(20)), 1 << 30).take_start().is_none());
+        assert!(Controller::for_link(4, Some(ms(10)), 1 << 30).take_start().is_none());
+        assert!(Controller::for_link(32, None, 1 << 30).take_start().is_none());
+        assert_eq!(Controller::for_link(32, Some(ms(1)), 1 << 30).take_start().map(|s| s.limit), Some(4));
     }
 
     fn run(c: &mut Controller, samples: usize, model: impl Fn(usize) -> Sample) -> Vec<usize> {
