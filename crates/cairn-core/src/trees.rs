@@ -58,6 +58,9 @@ pub struct Loading {
 /// 5 MiB stored; a walk of many snapshots holds at most this much beyond the trees it loads).
 const READ_AHEAD_MAX: u64 = 64 * 1024 * 1024;
 
+/// Most tree packs [`ReadAhead::all_tree_packs`] reads at once at the start of a walk.
+const ALL_TREE_PACKS: usize = 16;
+
 /// Tree pack bytes read ahead by one walk: the ranges read, by pack, the packs already read
 /// whole (each at most once), those whose whole read is still in flight, and where each pack's
 /// blobs end. Dropped with the walk's [`Loading`].
@@ -154,10 +157,7 @@ impl ReadAhead {
         let pack_size = u64::from(repo.config().pack_size) * 5 / 4;
         let ends = self.pack_ends.get_or_init(|| repo.index().pack_ends());
         let end = ends.get(pack_no as usize).copied().unwrap_or(0).max(read.offset + read.length);
-        let max = match self.max.load(Ordering::Relaxed) {
-            0 => READ_AHEAD_MAX,
-            m => m,
-        };
+        let max = self.max();
         if end > pack_size {
             return;
         }
@@ -173,6 +173,39 @@ impl ReadAhead {
         self.held.lock().expect("read-ahead lock").pending.insert(read.pack, end);
         read.offset = 0;
         read.length = end;
+    }
+
+    /// When the repository's trees lie in a few packs that fit under the limit together (at most
+    /// [`ALL_TREE_PACKS`], each no larger than the target pack size), the whole reads of all of
+    /// them, to be run side by side now ([`read_whole`]): every tree the walk wants then waits
+    /// for one round trip, however many packs its levels lead through one after another.
+    /// Registered as in flight, so the first trees wanted wait for these reads. None otherwise.
+    pub(crate) fn all_tree_packs(&self, repo: &Repository) -> Vec<PackRead> {
+        let packs = repo.index().tree_packs();
+        let pack_size = u64::from(repo.config().pack_size) * 5 / 4;
+        let total: u64 = packs.iter().map(|p| p.2).sum();
+        if packs.len() > ALL_TREE_PACKS || packs.iter().any(|p| p.2 > pack_size) || total > self.max() {
+            return Vec::new();
+        }
+        let mut state = self.held.lock().expect("read-ahead lock");
+        let mut read = self.packs.lock().expect("read-ahead lock");
+        packs
+            .into_iter()
+            .filter(|(pack, ..)| read.insert(*pack))
+            .map(|(pack, salt, end)| {
+                self.bytes.fetch_add(end, Ordering::Relaxed);
+                state.pending.insert(pack, end);
+                PackRead { pack, salt, offset: 0, length: end, blobs: Vec::new() }
+            })
+            .collect()
+    }
+
+    /// Most bytes held.
+    fn max(&self) -> u64 {
+        match self.max.load(Ordering::Relaxed) {
+            0 => READ_AHEAD_MAX,
+            m => m,
+        }
     }
 
     /// `read` is over, held or failed: if it was its pack's whole read, the trees waiting for
@@ -374,6 +407,12 @@ fn load_through(repo: &Repository, id: &BlobId, ahead: &ReadAhead) -> Result<Tre
         Ok(mut trees) if !trees.is_empty() => Ok(trees.swap_remove(0).1),
         _ => repo.read_tree_bytes(id),
     }
+}
+
+/// Runs a whole pack read from [`ReadAhead::all_tree_packs`]: its bytes are held for the walk
+/// (a read that fails lets the trees waiting for it read their own).
+pub(crate) fn read_whole(repo: &Repository, read: &PackRead, ahead: &ReadAhead) {
+    let _ = read_trees::<TreeBytes>(repo, read, ahead);
 }
 
 /// The tree at `loc`, decoded from `bytes` (held by a [`ReadAhead`]) where it lies at `at`; a

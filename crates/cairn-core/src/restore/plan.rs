@@ -233,6 +233,17 @@ pub fn stream(
     emit: impl FnMut(Plan) -> bool,
 ) -> Result<()> {
     std::thread::scope(|s| {
+        // A repository whose trees lie in a few packs has them all read at once, side by side
+        // (not when the metadata cache holds the trees, nor for a file without any).
+        let root = match &top {
+            Top::Tree(id) => Some(*id),
+            Top::Node(node) => node.subtree,
+        };
+        if root.is_some_and(|id| repo.cached_tree_as::<crate::tree::TreeBytes>(&id).is_none()) {
+            for read in loading.read_ahead.all_tree_packs(repo) {
+                s.spawn(move || crate::trees::read_whole(repo, &read, &loading.read_ahead));
+            }
+        }
         let loader = TreeLoader::start_with(s, repo, threads.max(1), Some(&loading.read_ahead));
         let mut b = Builder {
             filter,
