@@ -558,49 +558,47 @@ pub fn walk_loaded(
 }
 
 /// Every tree of `ids` (those the index lists), read at once through the read path with
-/// `concurrency` reads in flight within `max_memory`: each tree, or why it could not be read or
-/// parsed. IDs no index lists are left out.
+/// `concurrency` reads in flight within `max_memory`: `each` is given each tree, or why it
+/// could not be read or parsed, on the decode threads as it comes (a caller keeps what it needs
+/// of a tree, not the tree: the trees of a million files take hundreds of MiB parsed). IDs no
+/// index lists are left out.
 pub fn load_listed(
     repo: &Repository,
     ids: impl IntoIterator<Item = BlobId>,
     concurrency: usize,
     max_memory: u64,
     cancel: Arc<AtomicBool>,
-) -> IdMap<BlobId, Result<Tree>> {
+    each: &(dyn Fn(BlobId, Result<Tree>) + Sync),
+) {
     let index = repo.index();
     let located: Vec<_> = ids.into_iter().filter_map(|id| index.get(&id)).collect();
     drop(index);
     let reads = coalesce(located, max_memory.min(crate::read::MAX_READ * 2), coalesce_gap(repo));
-    let loaded = Mutex::new(IdMap::default());
     let reader = Reader::new(repo, max_memory, cancel);
     std::thread::scope(|s| {
-        let sink = ToTrees { loaded: &loaded };
+        let sink = ToTrees { each };
         for w in reader.start(s, &reads, concurrency, crate::parallel::cores(), sink) {
             w.join().expect("a tree reader panicked");
         }
     });
-    loaded.into_inner().expect("lock")
 }
 
 /// [`load_listed`]'s end of the read path: each verified tree blob parsed.
 #[derive(Clone)]
 struct ToTrees<'s> {
-    loaded: &'s Mutex<IdMap<BlobId, Result<Tree>>>,
+    each: &'s (dyn Fn(BlobId, Result<Tree>) + Sync),
 }
 
 impl<'s> Sink<'s> for ToTrees<'s> {
     fn blobs(&self, _read: &'s PackRead, blobs: Vec<Decoded<'s>>) -> bool {
-        let parsed: Vec<_> =
-            blobs.iter().map(|b| (b.id, Tree::from_bytes(&format!("tree {}", b.id.short()), &b.data))).collect();
-        self.loaded.lock().expect("lock").extend(parsed);
+        for b in &blobs {
+            (self.each)(b.id, Tree::from_bytes(&format!("tree {}", b.id.short()), &b.data));
+        }
         true
     }
 
     fn failed(&self, _read: &'s PackRead, blob: &BlobEntry, why: &Error) {
-        self.loaded
-            .lock()
-            .expect("lock")
-            .insert(blob.id, Err(Error::corrupt(format!("tree {}", blob.id.short()), why.to_string())));
+        (self.each)(blob.id, Err(Error::corrupt(format!("tree {}", blob.id.short()), why.to_string())));
     }
 }
 

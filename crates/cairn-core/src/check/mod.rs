@@ -9,8 +9,8 @@
 //!   (read with a small ranged read of its end) agrees with the index; packs no index lists and
 //!   blobs listed twice.
 //! - trees (`structure.rs`, through [`crate::trees::load_listed`]): every tree the index lists
-//!   is read at once through the read path; every tree of the chosen snapshots loads and every
-//!   blob they need is in the index.
+//!   is read at once through the read path, and only what the walk needs of it is kept; every
+//!   tree of the chosen snapshots loads and every blob they need is in the index.
 //! - `data.rs`: with `--read-data*`, packs read in full through the read path ([`crate::read`]):
 //!   each pack's bytes hashed against its name, every blob decrypted, decompressed and its ID
 //!   recomputed; which packs, from a subset and the record of earlier runs (`record.rs`).

@@ -140,9 +140,42 @@ fn header_agrees(repo: &Repository, p: &IndexedPackInfo) -> std::result::Result<
     Ok(())
 }
 
-/// Loads every tree the index lists at once (through the read path), then walks the trees of
-/// `snapshots` in memory and looks up every blob they need; returns the blobs (trees and data)
-/// they need when the check is limited to some snapshots.
+/// What the walk of [`trees`] keeps of a tree: its subtrees, and the data chunks its files name
+/// that no index lists (all of them when `collect`). The trees themselves are dropped as they
+/// are read: parsed, a million files' trees took hundreds of MiB.
+struct Kept {
+    subtrees: Vec<BlobId>,
+    missing: Vec<BlobId>,
+    chunks: Vec<BlobId>,
+}
+
+impl Kept {
+    fn of(tree: &crate::tree::Tree, index: &crate::index::Index, collect: bool) -> Self {
+        let mut kept = Kept { subtrees: Vec::new(), missing: Vec::new(), chunks: Vec::new() };
+        for node in &tree.nodes {
+            kept.subtrees.extend(node.subtree);
+            if node.kind != NodeKind::File {
+                continue;
+            }
+            for c in &node.content {
+                if let Chunk::Data { id, .. } = c {
+                    if collect {
+                        kept.chunks.push(*id);
+                    }
+                    if !index.contains(id) {
+                        kept.missing.push(*id);
+                    }
+                }
+            }
+        }
+        kept
+    }
+}
+
+/// Loads every tree the index lists at once (through the read path), keeping of each what the
+/// walk needs ([`Kept`]), then walks the trees of `snapshots` and reports every blob they need
+/// that no index lists; returns the blobs (trees and data) they need when the check is limited
+/// to some snapshots.
 pub fn trees(
     repo: &Repository,
     packs: &IdMap<PackId, IndexedPackInfo>,
@@ -159,8 +192,14 @@ pub fn trees(
         .values()
         .filter(|p| present.contains(&p.id))
         .flat_map(|p| p.blobs.iter().filter(|b| b.kind == BlobKind::Tree).map(|b| b.id));
-    let loaded =
-        load_listed(repo, listed, opts.concurrency, super::data_budget(repo, opts.max_memory), opts.cancel.clone());
+    let loaded: Mutex<IdMap<BlobId, Result<Kept>>> = Mutex::new(IdMap::default());
+    let keep = |id: BlobId, tree: Result<crate::tree::Tree>| {
+        let kept = tree.map(|t| Kept::of(&t, &repo.index(), collect));
+        loaded.lock().expect("lock").insert(id, kept);
+    };
+    let budget = super::data_budget(repo, opts.max_memory);
+    load_listed(repo, listed, opts.concurrency, budget, opts.cancel.clone(), &keep);
+    let loaded = loaded.into_inner().expect("lock");
     let mut needed: IdSet<BlobId> = IdSet::default();
     let mut missing: IdSet<BlobId> = IdSet::default();
     let mut seen: IdSet<BlobId> = IdSet::default();
@@ -185,25 +224,12 @@ pub fn trees(
                 continue;
             }
         };
-        for node in &tree.nodes {
-            if let Some(sub) = node.subtree {
-                if seen.insert(sub) {
-                    stack.push(sub);
-                }
-            }
-            if node.kind != NodeKind::File {
-                continue;
-            }
-            for c in &node.content {
-                if let Chunk::Data { id, .. } = c {
-                    if collect {
-                        needed.insert(*id);
-                    }
-                    if !index.contains(id) && missing.insert(*id) {
-                        let msg = format!("blob {} is in no index", id.short());
-                        report.findings.push(Finding::new(FindingKind::MissingBlob, None, msg).with_blob(*id));
-                    }
-                }
+        stack.extend(tree.subtrees.iter().filter(|sub| seen.insert(**sub)));
+        needed.extend(tree.chunks.iter().copied());
+        for id in &tree.missing {
+            if missing.insert(*id) {
+                let msg = format!("blob {} is in no index", id.short());
+                report.findings.push(Finding::new(FindingKind::MissingBlob, None, msg).with_blob(*id));
             }
         }
     }
