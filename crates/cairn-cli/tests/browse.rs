@@ -207,6 +207,10 @@ fn browse(cairn: &Cairn, base: &Path, local: bool) {
     );
     assert_eq!(found(&[&format!("{}/*/deep", src.root.display())]).len(), 0, "`*` crossed a directory");
     assert_eq!(found(&[&format!("{}/**/deep", src.root.display())]).len(), 2);
+    // By name: a directory unchanged in the second snapshot (c) is walked once when nothing
+    // matched below it the first time, and still found in both when something did.
+    assert_eq!(found(&["deep"]).len(), 2, "a match in an unchanged directory, in both snapshots");
+    assert_eq!(found(&["f"]), [(s2.clone(), src.p("e/f"), 10)]);
     // b/three was last modified in 2001.
     assert_eq!(found(&["--newest", "2002-01-01", "*"]), [(s1.clone(), src.p("b/three"), 2500)]);
     assert_eq!(found(&["--oldest", "2002-01-01", "three"]), []);

@@ -1,9 +1,11 @@
 //! Finding files across snapshots by glob patterns on their names or paths, and by their
 //! modification times.
 //!
-//! The trees of every snapshot searched are loaded once ([`crate::trees::load_many`]: a
-//! directory that several snapshots share is read once, level by level with many reads in
-//! flight), then each snapshot is walked in memory.
+//! Each snapshot is walked with its trees loaded a bounded window ahead ([`crate::trees::walk_with`]),
+//! so memory holds the walk's path and the window, however many files. A tree walked in an
+//! earlier snapshot without a match anywhere below it is not read again: the snapshots of one
+//! machine share most of their directories, and those are walked once. (Loading every tree of
+//! every snapshot at once held them all: 1.07 GB for `find` on a million files' repository.)
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -11,11 +13,11 @@ use std::path::Path;
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
 use crate::error::{Error, Result};
-use crate::id::SnapshotId;
+use crate::id::{BlobId, IdSet, SnapshotId};
 use crate::repository::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::{Node, Timestamp};
-use crate::trees::{load_many, walk_loaded, Loading};
+use crate::trees::{walk_with, Walker};
 
 /// What a search matches: glob patterns (any of them) and a range of modification times.
 ///
@@ -77,17 +79,59 @@ pub fn find(
     threads: usize,
     mut found: impl FnMut(&SnapshotId, &Snapshot, &Path, &Node) -> Result<()>,
 ) -> Result<()> {
-    let roots: Vec<_> = snapshots.iter().map(|(_, s)| s.tree).collect();
-    let trees = load_many(repo, &roots, threads, &Loading::default())?;
+    // Trees walked without a match below them: not read again in a later snapshot. Only where
+    // no pattern looks at the path: a tree matches the same names and times wherever it is,
+    // not the same paths.
+    let mut barren: IdSet<BlobId> = IdSet::default();
+    let remember = matcher.paths.is_empty();
     for (id, snap) in snapshots {
-        walk_loaded(&trees, snap.tree, Path::new("/"), |path, node| {
-            if matcher.matches(path, node) {
-                found(id, snap, path, node)?;
-            }
-            Ok(())
-        })?;
+        let skip = barren.clone();
+        let found = |path: &Path, node: &Node| found(id, snap, path, node);
+        let mut search = Search { matcher, found, matched: Vec::new(), barren: remember.then_some(&mut barren) };
+        walk_with(repo, snap.tree, Path::new("/"), threads, &skip, &mut search)?;
     }
     Ok(())
+}
+
+/// One snapshot's walk for [`find`]: for each tree on the walk's path, whether anything below
+/// it matched so far.
+struct Search<'a, F> {
+    matcher: &'a Matcher,
+    found: F,
+    matched: Vec<bool>,
+    barren: Option<&'a mut IdSet<BlobId>>,
+}
+
+impl<F: FnMut(&Path, &Node) -> Result<()>> Walker for Search<'_, F> {
+    fn visit(&mut self, path: &Path, node: &Node) -> Result<()> {
+        if self.matcher.matches(path, node) {
+            if let Some(m) = self.matched.last_mut() {
+                *m = true;
+            }
+            (self.found)(path, node)?;
+        }
+        Ok(())
+    }
+
+    fn enter(&mut self, _id: &BlobId) -> bool {
+        self.matched.push(false);
+        true
+    }
+
+    fn left(&mut self, id: BlobId) {
+        match self.matched.pop() {
+            Some(true) => {
+                if let Some(parent) = self.matched.last_mut() {
+                    *parent = true;
+                }
+            }
+            _ => {
+                if let Some(barren) = self.barren.as_mut() {
+                    barren.insert(id);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

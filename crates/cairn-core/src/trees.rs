@@ -500,21 +500,58 @@ pub fn walk(
     root: BlobId,
     base: &Path,
     threads: usize,
-    mut visit: impl FnMut(&Path, &Node) -> Result<()>,
+    visit: impl FnMut(&Path, &Node) -> Result<()>,
 ) -> Result<()> {
+    struct Visit<F>(F);
+    impl<F: FnMut(&Path, &Node) -> Result<()>> Walker for Visit<F> {
+        fn visit(&mut self, path: &Path, node: &Node) -> Result<()> {
+            (self.0)(path, node)
+        }
+    }
+    walk_with(repo, root, base, threads, &IdSet::default(), &mut Visit(visit))
+}
+
+/// What [`walk_with`] tells its caller, and asks it.
+pub trait Walker {
+    /// An entry, with its absolute path.
+    fn visit(&mut self, path: &Path, node: &Node) -> Result<()>;
+    /// Whether to go into the tree `id` (a directory's, or the root); a tree not entered is
+    /// not read.
+    fn enter(&mut self, _id: &BlobId) -> bool {
+        true
+    }
+    /// The walk has left the tree `id` (entered before) and everything below it.
+    fn left(&mut self, _id: BlobId) {}
+}
+
+/// [`walk`], telling `walker` where it enters and leaves trees, and not reading the trees in
+/// `skip` (nor entering them) nor any tree `walker` does not [`enter`](Walker::enter).
+pub fn walk_with(
+    repo: &Repository,
+    root: BlobId,
+    base: &Path,
+    threads: usize,
+    skip: &IdSet<BlobId>,
+    walker: &mut impl Walker,
+) -> Result<()> {
+    if skip.contains(&root) || !walker.enter(&root) {
+        return Ok(());
+    }
     std::thread::scope(|s| {
         let loader = TreeLoader::start(s, repo, threads.max(1));
-        let mut ahead = Ahead::new(repo, &loader, WALK_TREES_AHEAD, WALK_BYTES_AHEAD);
+        let mut ahead = Ahead::new(repo, &loader, WALK_TREES_AHEAD, WALK_BYTES_AHEAD).skipping(skip);
         // The trees on the walk's path, each with its nodes still to visit.
-        let mut stack: Vec<(PathBuf, Nodes)> = vec![(base.to_path_buf(), ahead.take(&root)?.into_nodes())];
-        while let Some((dir, nodes)) = stack.last_mut() {
+        let mut stack: Vec<(PathBuf, BlobId, Nodes)> =
+            vec![(base.to_path_buf(), root, ahead.take(&root)?.into_nodes())];
+        while let Some((dir, _, nodes)) = stack.last_mut() {
             let Some(node) = nodes.next() else {
-                stack.pop();
+                let (_, id, _) = stack.pop().expect("a tree on the path");
                 ahead.left();
+                walker.left(id);
                 continue;
             };
             let path = dir.join(OsStr::from_bytes(&node.name));
-            visit(&path, &node)?;
+            walker.visit(&path, &node)?;
             if let Some(sub) = node.subtree {
                 if stack.len() > MAX_DEPTH {
                     return Err(Error::invalid(
@@ -522,8 +559,11 @@ pub fn walk(
                         format!("directories nested deeper than {MAX_DEPTH} levels"),
                     ));
                 }
+                if skip.contains(&sub) || !walker.enter(&sub) {
+                    continue;
+                }
                 let nodes = ahead.take(&sub)?.into_nodes();
-                stack.push((path, nodes));
+                stack.push((path, sub, nodes));
             }
         }
         Ok(())
@@ -674,6 +714,8 @@ pub struct Ahead<'l> {
     slots: IdMap<BlobId, (Slot, u64)>,
     window: usize,
     bytes: u64,
+    /// Trees the walker will not enter: never loaded ahead.
+    skip: Option<&'l IdSet<BlobId>>,
 }
 
 enum Slot {
@@ -685,7 +727,18 @@ impl<'l> Ahead<'l> {
     /// Loads through `loader`, keeping at most `window` trees, and (beyond the next one) at
     /// most `bytes` of them as stored, requested or loaded ahead.
     pub fn new(repo: &'l Repository, loader: &'l TreeLoader, window: usize, bytes: u64) -> Self {
-        Ahead { repo, loader, todo: Vec::new(), slots: IdMap::default(), window: window.max(1), bytes }
+        Ahead { repo, loader, todo: Vec::new(), slots: IdMap::default(), window: window.max(1), bytes, skip: None }
+    }
+
+    /// Never loads the trees in `skip` ahead (the walker will not enter them).
+    pub fn skipping(mut self, skip: &'l IdSet<BlobId>) -> Self {
+        self.skip = Some(skip).filter(|s| !s.is_empty());
+        self
+    }
+
+    /// Whether the walker will want `id`.
+    fn wanted(&self, id: &BlobId) -> bool {
+        self.skip.is_none_or(|s| !s.contains(id))
     }
 
     /// The tree `id`, which the walker now descends into (the next of its parent's subtrees
@@ -708,7 +761,7 @@ impl<'l> Ahead<'l> {
             Ok(t) => t,
             Err(_) => self.repo.read_tree_bytes(id)?,
         };
-        self.todo.push(tree.subtrees().iter().copied().collect());
+        self.todo.push(tree.subtrees().iter().filter(|id| self.wanted(id)).copied().collect());
         self.refill();
         Ok(tree)
     }
@@ -760,7 +813,7 @@ impl<'l> Ahead<'l> {
                     bytes += len;
                     room -= 1;
                     if let Ok(tree) = loaded {
-                        order.extend(tree.subtrees().iter().rev());
+                        order.extend(tree.subtrees().iter().rev().filter(|id| self.wanted(id)));
                     }
                 }
             }
