@@ -3,8 +3,10 @@
 //!
 //! [`for_each_tree`] loads every distinct tree below a set of roots level by level, each
 //! level's tree blobs fetched with coalesced ranged reads on several threads, so a remote
-//! repository waits one round trip per level, not per directory. [`load_all`] keeps the trees
-//! for a walk in tree order ([`walk`]); [`resolve`] follows one path. When the trees wanted are
+//! repository waits one round trip per level, not per directory ([`load_all`] keeps them, for
+//! `copy`'s comparison of two snapshots). [`walk`] and [`walk_with`] visit one snapshot in tree
+//! order with its trees loaded a bounded window ahead (`ls`, `find`); [`resolve`] follows one
+//! path. When the trees wanted are
 //! known up front (every tree the index lists, for `check`), [`load_listed`] reads them all at
 //! once through the read path: one round of many requests instead of one per level. A walker
 //! that goes one directory at a time beside something else (a backup beside its parent
@@ -573,29 +575,6 @@ pub fn walk_with(
 /// Trees [`walk`] loads ahead at most, and their bytes as stored (beyond the next one).
 const WALK_TREES_AHEAD: usize = 64;
 const WALK_BYTES_AHEAD: u64 = 8 * 1024 * 1024;
-
-/// Visits every node below tree `root` depth first, in tree order, with its absolute path
-/// (`base` joined with the names on the way), in trees loaded before ([`load_many`]): several
-/// snapshots walked over trees read once. A tree missing from `trees` is an error naming it.
-pub fn walk_loaded(
-    trees: &IdMap<BlobId, LoadedTree>,
-    root: BlobId,
-    base: &Path,
-    mut visit: impl FnMut(&Path, &Node) -> Result<()>,
-) -> Result<()> {
-    let mut stack: Vec<(PathBuf, BlobId, usize)> = vec![(base.to_path_buf(), root, 0)];
-    while let Some((dir, id, at)) = stack.pop() {
-        let tree = &trees.get(&id).ok_or_else(|| Error::NotFound(format!("tree {} (not loaded)", id.short())))?.tree;
-        let Some(node) = tree.nodes.get(at) else { continue };
-        stack.push((dir.clone(), id, at + 1));
-        let path = dir.join(OsStr::from_bytes(&node.name));
-        visit(&path, node)?;
-        if let Some(sub) = node.subtree {
-            stack.push((path, sub, 0));
-        }
-    }
-    Ok(())
-}
 
 /// Every tree of `ids` (those the index lists), read at once through the read path with
 /// `concurrency` reads in flight within `max_memory`: `each` is given each tree, or why it
