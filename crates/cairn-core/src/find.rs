@@ -113,9 +113,8 @@ impl<F: FnMut(&Path, &Node) -> Result<()>> Walker for Search<'_, F> {
         Ok(())
     }
 
-    fn enter(&mut self, _id: &BlobId) -> bool {
+    fn entered(&mut self, _id: &BlobId) {
         self.matched.push(false);
-        true
     }
 
     fn left(&mut self, id: BlobId) {

@@ -269,17 +269,16 @@ impl Index {
             .unwrap_or(0)
     }
 
-    /// The packs holding trees (none a pending prune is about to delete), each with its salt and
-    /// where its blobs end.
-    pub fn tree_packs(&self) -> Vec<(PackId, [u8; SALT_LEN], u64)> {
-        let ends = self.pack_ends();
+    /// The packs holding trees (none a pending prune is about to delete): each one's number,
+    /// ID and salt.
+    pub fn tree_packs(&self) -> Vec<(u32, PackId, [u8; SALT_LEN])> {
         let mut trees = vec![false; self.packs.len()];
         for s in self.sorted.iter().chain(self.recent.values()) {
             trees[s.pack as usize] |= s.entry.kind == crate::pack::BlobKind::Tree;
         }
         (0..self.packs.len())
             .filter(|&p| trees[p] && !self.doomed[p])
-            .map(|p| (self.packs[p].0, self.packs[p].1, ends[p]))
+            .map(|p| (p as u32, self.packs[p].0, self.packs[p].1))
             .collect()
     }
 

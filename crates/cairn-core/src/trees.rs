@@ -183,10 +183,18 @@ impl ReadAhead {
     /// for one round trip, however many packs its levels lead through one after another.
     /// Registered as in flight, so the first trees wanted wait for these reads. None otherwise.
     pub(crate) fn all_tree_packs(&self, repo: &Repository) -> Vec<PackRead> {
-        let packs = repo.index().tree_packs();
+        let tree_packs = repo.index().tree_packs();
+        if tree_packs.len() > ALL_TREE_PACKS {
+            return Vec::new();
+        }
+        let ends = self.pack_ends.get_or_init(|| repo.index().pack_ends());
+        let packs: Vec<_> = tree_packs
+            .into_iter()
+            .map(|(pack_no, pack, salt)| (pack, salt, ends.get(pack_no as usize).copied().unwrap_or(0)))
+            .collect();
         let pack_size = u64::from(repo.config().pack_size) * 5 / 4;
         let total: u64 = packs.iter().map(|p| p.2).sum();
-        if packs.len() > ALL_TREE_PACKS || packs.iter().any(|p| p.2 > pack_size) || total > self.max() {
+        if packs.iter().any(|p| p.2 > pack_size) || total > self.max() {
             return Vec::new();
         }
         let mut state = self.held.lock().expect("read-ahead lock");
@@ -517,17 +525,14 @@ pub fn walk(
 pub trait Walker {
     /// An entry, with its absolute path.
     fn visit(&mut self, path: &Path, node: &Node) -> Result<()>;
-    /// Whether to go into the tree `id` (a directory's, or the root); a tree not entered is
-    /// not read.
-    fn enter(&mut self, _id: &BlobId) -> bool {
-        true
-    }
+    /// The walk goes into the tree `id` (a directory's, or the root).
+    fn entered(&mut self, _id: &BlobId) {}
     /// The walk has left the tree `id` (entered before) and everything below it.
     fn left(&mut self, _id: BlobId) {}
 }
 
-/// [`walk`], telling `walker` where it enters and leaves trees, and not reading the trees in
-/// `skip` (nor entering them) nor any tree `walker` does not [`enter`](Walker::enter).
+/// [`walk`], telling `walker` where it enters and leaves trees, and neither reading nor
+/// entering the trees in `skip`.
 pub fn walk_with(
     repo: &Repository,
     root: BlobId,
@@ -536,9 +541,10 @@ pub fn walk_with(
     skip: &IdSet<BlobId>,
     walker: &mut impl Walker,
 ) -> Result<()> {
-    if skip.contains(&root) || !walker.enter(&root) {
+    if skip.contains(&root) {
         return Ok(());
     }
+    walker.entered(&root);
     std::thread::scope(|s| {
         let loader = TreeLoader::start(s, repo, threads.max(1));
         let mut ahead = Ahead::new(repo, &loader, WALK_TREES_AHEAD, WALK_BYTES_AHEAD).skipping(skip);
@@ -561,9 +567,10 @@ pub fn walk_with(
                         format!("directories nested deeper than {MAX_DEPTH} levels"),
                     ));
                 }
-                if skip.contains(&sub) || !walker.enter(&sub) {
+                if skip.contains(&sub) {
                     continue;
                 }
+                walker.entered(&sub);
                 let nodes = ahead.take(&sub)?.into_nodes();
                 stack.push((path, sub, nodes));
             }
