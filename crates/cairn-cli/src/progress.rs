@@ -1,7 +1,8 @@
 //! Progress display and summaries for people (a bar on a terminal) and scripts (`--json`).
 
 use std::io::IsTerminal;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use cairn_core::backup::{self, BackupOutcome};
@@ -10,20 +11,44 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::output::{bytes, count, rate};
 
-/// Tells a progress thread to stop when dropped, also when the work it watches unwinds, so a
-/// failure can never leave the command waiting for its progress display.
-pub struct StopOnDrop<'a>(pub &'a AtomicBool);
+/// When a progress display stops: set once its work ends. The display waits on it between
+/// updates, so it stops at once (a plain sleep of 100 ms between checks made every command end
+/// up to 100 ms after its work did).
+#[derive(Default)]
+pub struct Done {
+    set: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl Done {
+    /// The work has ended.
+    pub fn set(&self) {
+        *self.set.lock().expect("progress lock") = true;
+        self.changed.notify_all();
+    }
+
+    /// Waits up to `tick` for the work to end; returns whether it has.
+    pub fn wait(&self, tick: Duration) -> bool {
+        let set = self.set.lock().expect("progress lock");
+        let (set, _) = self.changed.wait_timeout_while(set, tick, |set| !*set).expect("progress lock");
+        *set
+    }
+}
+
+/// Sets a [`Done`] when dropped, also when the work it watches unwinds, so a failure can never
+/// leave the command waiting for its progress display.
+pub struct StopOnDrop<'a>(pub &'a Done);
 
 impl Drop for StopOnDrop<'_> {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.0.set();
     }
 }
 
 /// Runs `work` while `show` displays progress on a thread of its own; `show` is told to stop
 /// when the work ends (also when it unwinds).
-pub fn while_showing<T>(show: impl FnOnce(&AtomicBool) + Send, work: impl FnOnce() -> T) -> T {
-    let done = AtomicBool::new(false);
+pub fn while_showing<T>(show: impl FnOnce(&Done) + Send, work: impl FnOnce() -> T) -> T {
+    let done = Done::default();
     std::thread::scope(|s| {
         let reporter = s.spawn(|| show(&done));
         let out = {
@@ -34,6 +59,9 @@ pub fn while_showing<T>(show: impl FnOnce(&AtomicBool) + Send, work: impl FnOnce
         out
     })
 }
+
+/// How often a progress display updates.
+const TICK: Duration = Duration::from_millis(100);
 
 /// A progress bar on stderr when it is a terminal and `--json` is off.
 fn terminal_bar(json: bool) -> Option<ProgressBar> {
@@ -49,12 +77,11 @@ fn terminal_bar(json: bool) -> Option<ProgressBar> {
 }
 
 /// Shows restore progress until `done`: a bar on a terminal, JSON lines with `--json`.
-pub fn restore(p: &Progress, done: &AtomicBool, json: bool) {
+pub fn restore(p: &Progress, done: &Done, json: bool) {
     let bar = terminal_bar(json);
     let started = Instant::now();
     let mut last_json = Instant::now();
-    while !done.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(100));
+    while !done.wait(TICK) {
         let total = p.total_bytes.load(Ordering::Relaxed);
         let now = p.done_bytes.load(Ordering::Relaxed);
         let files = (p.done_files.load(Ordering::Relaxed), p.total_files.load(Ordering::Relaxed));
@@ -260,12 +287,11 @@ fn reused_line(verb: &str, out: &RestoreOutcome) -> String {
 
 /// Shows backup progress until `done`: on a terminal the files being read right now, files
 /// and bytes done of the pre-scan's totals, the rate and the time left; JSON lines with `--json`.
-pub fn backup(p: &backup::Progress, done: &AtomicBool, json: bool) {
+pub fn backup(p: &backup::Progress, done: &Done, json: bool) {
     let bar = terminal_bar(json);
     let started = Instant::now();
     let mut last_json = Instant::now();
-    while !done.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(100));
+    while !done.wait(TICK) {
         let total = (p.total_files.load(Ordering::Relaxed), p.total_bytes.load(Ordering::Relaxed));
         let now = (p.files_done.load(Ordering::Relaxed), p.bytes_done.load(Ordering::Relaxed));
         let scanned = p.scan_finished.load(Ordering::Relaxed);
@@ -348,7 +374,7 @@ pub fn print_backup_summary(out: &BackupOutcome, json: bool) {
 
 /// Shows check progress until `done`: the phase and its count on a terminal, JSON lines with
 /// `--json`.
-pub fn check(p: &cairn_core::check::Progress, done: &AtomicBool, json: bool) {
+pub fn check(p: &cairn_core::check::Progress, done: &Done, json: bool) {
     let read = || (p.bytes_read.load(Ordering::Relaxed), p.bytes_to_read.load(Ordering::Relaxed));
     let counts =
         || (*p.phase.lock().expect("progress lock"), p.done.load(Ordering::Relaxed), p.total.load(Ordering::Relaxed));
@@ -371,7 +397,7 @@ pub fn check(p: &cairn_core::check::Progress, done: &AtomicBool, json: bool) {
 
 /// Shows copy progress until `done`: a bar of the source bytes read on a terminal, JSON lines
 /// with `--json`.
-pub fn copy(p: &cairn_core::copy::CopyProgress, done: &AtomicBool, json: bool) {
+pub fn copy(p: &cairn_core::copy::CopyProgress, done: &Done, json: bool) {
     let now = || {
         let phase = *p.phase.lock().expect("phase lock");
         (phase, p.total_bytes.load(Ordering::Relaxed), p.read_bytes.load(Ordering::Relaxed), p.written.bytes())
@@ -394,12 +420,11 @@ pub fn copy(p: &cairn_core::copy::CopyProgress, done: &AtomicBool, json: bool) {
 
 /// Until `done`, every 100 ms: `show` updates the bar on a terminal; otherwise, with `--json`,
 /// every second a status line of `status`'s fields (plus the message type and the time).
-fn poll_phases(done: &AtomicBool, json: bool, show: impl Fn(&ProgressBar), status: impl Fn() -> serde_json::Value) {
+fn poll_phases(done: &Done, json: bool, show: impl Fn(&ProgressBar), status: impl Fn() -> serde_json::Value) {
     let bar = terminal_bar(json);
     let started = Instant::now();
     let mut last_json = Instant::now();
-    while !done.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(100));
+    while !done.wait(TICK) {
         if let Some(bar) = &bar {
             show(bar);
         } else if json && last_json.elapsed() >= Duration::from_secs(1) {

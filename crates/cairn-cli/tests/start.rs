@@ -132,6 +132,46 @@ fn a_restore_holds_its_shared_lock_until_it_ends() {
     assert_eq!(locks(), 0, "the lock is removed when the restore ends");
 }
 
+/// The restore runs while its lock is being taken (one round trip less before data): when the
+/// lock cannot be had, the restore stops and the lock's error is what it says, in one line,
+/// with a non-zero exit; nothing is restored beyond what it had verified by then.
+#[test]
+fn a_restore_that_cannot_have_its_lock_stops_and_says_why() {
+    let base = tempfile::tempdir().unwrap();
+    let (cairn, src) = backed_up(base.path());
+    let before = scan_source(&src);
+    // An exclusive lock (a repair's) of a live process on this host: this test's own.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let info = serde_json::json!({
+        "version": 1, "exclusive": true, "hostname": cairn_core::platform::hostname(),
+        "username": "tester", "pid": std::process::id(), "created": now, "refreshed": now,
+    });
+    let planted = cairn.repo.join("locks").join(format!("{:032x}", 0xfeed_u64));
+    fs::create_dir_all(planted.parent().unwrap()).unwrap();
+    fs::write(&planted, info.to_string()).unwrap();
+    let target = base.path().join("target");
+    for latency in ["0ms", "50ms"] {
+        let out = cairn
+            .command()
+            .env("CAIRN_INJECT_FAULTS", format!("latency={latency}"))
+            .args(["restore", "latest", "--no-local-data", "--target"])
+            .arg(&target)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("is locked") && err.contains("exclusive"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        // Our own lock was taken back; the planted one is all there is.
+        let left: Vec<_> = fs::read_dir(cairn.repo.join("locks")).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(left, [planted.clone()]);
+    }
+    // Once the lock is gone the same restore completes the target, whatever it held.
+    fs::remove_file(&planted).unwrap();
+    cairn.ok(["restore", "latest", "--no-local-data", "--target", target.to_str().unwrap()]);
+    assert_same(&before, &scan(&restored_path(&target, &src)), true);
+}
+
 #[test]
 fn over_a_slow_link_the_fetch_concurrency_rises_unless_it_was_given() {
     let base = tempfile::tempdir().unwrap();

@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::AtomicBool;
 
 use std::io::IsTerminal;
 
@@ -122,7 +121,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         paths.extend(backup::read_files_from(list)?);
     }
     let progress = backup::Progress::default();
-    let done = AtomicBool::new(false);
+    let done = crate::progress::Done::default();
     let out = std::thread::scope(|s| {
         if show_progress {
             s.spawn(|| crate::progress::backup(&progress, &done, g.json));

@@ -2,13 +2,17 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
+use cairn_core::lock::LockKind;
+use cairn_core::preload::Preload;
 use cairn_core::restore::{self, LocalData, Progress, RestoreOptions};
 use clap::Args as ClapArgs;
 
-use super::{cancel_on_sigint, open_snapshot, parse_size, Global, Opened};
+use super::{open_locked_then, parse_size, set_on_sigint, split_spec, Global};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -77,11 +81,11 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
-    let Opened { repo, _lock, id, snapshot: snap, path } = open_snapshot(g, &a.snapshot)?;
+    let (name, path) = split_spec(&a.snapshot)?;
     let defaults = RestoreOptions::default();
-    let cancel = cancel_on_sigint()?;
-    let opts = RestoreOptions {
-        fetch_concurrency: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency()),
+    let cancel = Arc::new(AtomicBool::new(false));
+    let mut opts = RestoreOptions {
+        fetch_concurrency: a.fetch_concurrency.unwrap_or(defaults.fetch_concurrency),
         fetch_auto: a.fetch_concurrency.is_none(),
         decode_threads: a.decode_threads.unwrap_or(defaults.decode_threads),
         write_threads: a.write_threads.unwrap_or(defaults.write_threads),
@@ -95,7 +99,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         include: a.include,
         exclude: a.exclude,
         stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
-        cancel: Some(cancel),
+        cancel: Some(cancel.clone()),
         local_data: match (a.no_local_data, a.use_source) {
             (true, _) => LocalData::Off,
             (false, Some(Some(path))) => LocalData::SourceAt(std::path::absolute(path)?),
@@ -103,11 +107,30 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         },
         local_scanned_hook: std::env::var("CAIRN_TEST_LOCAL_SCANNED_HOOK").ok().filter(|c| !c.is_empty()),
     };
-    let progress = Progress::default();
-    let result = crate::progress::while_showing(
-        |done| crate::progress::restore(&progress, done, g.json),
-        || restore::restore(&repo, &snap, &id.short(), path, &a.target, &opts, &progress),
-    );
+    // The restore runs while the shared lock is being taken (three round trips one after
+    // another): if the lock cannot be had, it is stopped and the lock's error reported. What it
+    // wrote by then is verified data in the target, as after an interrupted restore
+    // (docs/DESIGN.md, "Starting at once").
+    let (repo, _lock, (id, result)) = open_locked_then(
+        g,
+        LockKind::Shared,
+        |cached| Preload::snapshot(name, !cached),
+        Some(&cancel),
+        |repo| {
+            set_on_sigint(&cancel)?;
+            repo.load_index()?;
+            let (id, snap) = repo.find_snapshot(name)?;
+            if a.fetch_concurrency.is_none() {
+                opts.fetch_concurrency = repo.storage().default_concurrency();
+            }
+            let progress = Progress::default();
+            let result = crate::progress::while_showing(
+                |done| crate::progress::restore(&progress, done, g.json),
+                || restore::restore(repo, &snap, &id.short(), path, &a.target, &opts, &progress),
+            );
+            Ok((id, result))
+        },
+    )?;
     let out = match result {
         Err(cairn_core::Error::Interrupted) => {
             eprintln!("cairn: restore interrupted; run the same command again to finish it");
