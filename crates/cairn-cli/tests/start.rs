@@ -164,7 +164,7 @@ fn a_restore_that_cannot_have_its_lock_stops_and_says_why() {
         assert_eq!(err.trim().lines().count(), 1, "{err}");
         // Our own lock was taken back; the planted one is all there is.
         let left: Vec<_> = fs::read_dir(cairn.repo.join("locks")).unwrap().map(|e| e.unwrap().path()).collect();
-        assert_eq!(left, [planted.clone()]);
+        assert_eq!(left, std::slice::from_ref(&planted));
     }
     // Once the lock is gone the same restore completes the target, whatever it held.
     fs::remove_file(&planted).unwrap();
