@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap, IdSet};
 use crate::repository::Repository;
-use crate::tree::{Chunk, Node, NodeKind, Tree};
+use crate::tree::{Chunk, Node, NodeKind, TreeBytes};
 use crate::trees::{load_level, Loading, MAX_DEPTH};
 
 /// What happened to a path.
@@ -188,15 +188,15 @@ pub fn diff(
         wanted.extend(level.iter().flat_map(|p| [p.before, p.after]).flatten());
         let wanted: Vec<BlobId> = wanted.into_iter().collect();
         d.stats.trees_read += wanted.len() as u64;
-        let mut trees: IdMap<BlobId, Tree> = IdMap::default();
+        // Kept encoded, each node decoded as the merge reaches it: a level's trees parsed whole
+        // took most of the diff's memory on a million files (374 MB).
+        let mut trees: IdMap<BlobId, TreeBytes> = IdMap::default();
         for (id, tree) in load_level(repo, &wanted, opts.threads, loading)? {
             trees.insert(id, tree.map_err(|e| unreadable(id, e))?);
         }
-        let empty = Tree { nodes: Vec::new() };
         for p in level {
-            let a = p.before.map_or(&empty, |id| &trees[&id]);
-            let b = p.after.map_or(&empty, |id| &trees[&id]);
-            d.merge(&p.path, a, b);
+            let nodes = |side: Option<BlobId>| side.into_iter().flat_map(|id| trees[&id].nodes());
+            d.merge(&p.path, nodes(p.before), nodes(p.after));
         }
     }
     d.entries.sort_by(|x, y| x.path.cmp(&y.path));
@@ -253,24 +253,22 @@ struct Differ {
 
 impl Differ {
     /// Compares two directories' entries (sorted by name, FORMAT.md §9) name by name.
-    fn merge(&mut self, dir: &Path, a: &Tree, b: &Tree) {
-        let (mut i, mut j) = (0, 0);
-        while i < a.nodes.len() || j < b.nodes.len() {
-            let (x, y) = (a.nodes.get(i), b.nodes.get(j));
-            let order = match (x, y) {
+    fn merge(&mut self, dir: &Path, a: impl Iterator<Item = Node>, b: impl Iterator<Item = Node>) {
+        let (mut a, mut b) = (a.peekable(), b.peekable());
+        loop {
+            let order = match (a.peek(), b.peek()) {
+                (None, None) => break,
                 (Some(x), Some(y)) => x.name.cmp(&y.name),
                 (Some(_), None) => std::cmp::Ordering::Less,
-                _ => std::cmp::Ordering::Greater,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
             };
             let (x, y) = match order {
-                std::cmp::Ordering::Less => (x, None),
-                std::cmp::Ordering::Greater => (None, y),
-                std::cmp::Ordering::Equal => (x, y),
+                std::cmp::Ordering::Less => (a.next(), None),
+                std::cmp::Ordering::Greater => (None, b.next()),
+                std::cmp::Ordering::Equal => (a.next(), b.next()),
             };
-            i += usize::from(x.is_some());
-            j += usize::from(y.is_some());
-            let name = x.or(y).map(|n| n.name.as_slice()).unwrap_or_default();
-            self.compare(dir.join(OsStr::from_bytes(name)), x, y);
+            let name = x.as_ref().or(y.as_ref()).map(|n| n.name.as_slice()).unwrap_or_default();
+            self.compare(dir.join(OsStr::from_bytes(name)), x.as_ref(), y.as_ref());
         }
     }
 
@@ -392,12 +390,12 @@ mod tests {
 
     #[test]
     fn merge_finds_added_removed_modified_and_metadata() {
-        let a = Tree { nodes: vec![file("a", &[(1, 10)]), file("b", &[(2, 20)]), file("c", &[(3, 30)])] };
+        let a = crate::tree::Tree { nodes: vec![file("a", &[(1, 10)]), file("b", &[(2, 20)]), file("c", &[(3, 30)])] };
         let mut c_touched = file("c", &[(3, 30)]);
         c_touched.mode = 0o600;
-        let b = Tree { nodes: vec![file("b", &[(2, 20), (4, 40)]), c_touched, file("d", &[(2, 20)])] };
+        let b = crate::tree::Tree { nodes: vec![file("b", &[(2, 20), (4, 40)]), c_touched, file("d", &[(2, 20)])] };
         let mut d = differ(true);
-        d.merge(Path::new("/x"), &a, &b);
+        d.merge(Path::new("/x"), a.nodes.clone().into_iter(), b.nodes.clone().into_iter());
         let got: Vec<_> = d.entries.iter().map(|e| (e.change.code(), e.path.display().to_string())).collect();
         assert_eq!(got, [('-', "/x/a".into()), ('M', "/x/b".into()), ('U', "/x/c".into()), ('+', "/x/d".into())]);
         assert_eq!(d.stats.files, Counts { added: 1, removed: 1, changed: 1 });
@@ -406,18 +404,18 @@ mod tests {
         assert_eq!((d.blobs.only_after(), d.blobs.only_before()), (40, 10));
         // Without --metadata the mode change is not reported.
         let mut quiet = differ(false);
-        quiet.merge(Path::new("/x"), &a, &b);
+        quiet.merge(Path::new("/x"), a.nodes.into_iter(), b.nodes.into_iter());
         assert_eq!(quiet.entries.len(), 3);
     }
 
     #[test]
     fn type_change_descends_into_the_directory_side() {
-        let a = Tree { nodes: vec![file("p", &[(1, 5)])] };
+        let a = crate::tree::Tree { nodes: vec![file("p", &[(1, 5)])] };
         let mut dir = Node::new(b"p".to_vec(), NodeKind::Dir);
         dir.subtree = Some(BlobId([9; 32]));
-        let b = Tree { nodes: vec![dir] };
+        let b = crate::tree::Tree { nodes: vec![dir] };
         let mut d = differ(false);
-        d.merge(Path::new("/"), &a, &b);
+        d.merge(Path::new("/"), a.nodes.into_iter(), b.nodes.into_iter());
         assert_eq!(d.entries[0].change, Change::TypeChanged);
         assert_eq!((d.stats.files.removed, d.stats.dirs.added, d.stats.type_changes), (1, 1, 1));
         assert_eq!(d.next.len(), 1);

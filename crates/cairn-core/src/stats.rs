@@ -16,7 +16,7 @@ use crate::pack::BlobKind;
 use crate::prune::{count_codec, CodecUse};
 use crate::repository::Repository;
 use crate::snapshot::Snapshot;
-use crate::tree::{Chunk, NodeKind, Tree};
+use crate::tree::{Chunk, NodeKind, TreeBytes};
 use crate::trees::{for_each_tree, Loading};
 
 /// What restoring the snapshots (each in turn) would create and write.
@@ -102,12 +102,14 @@ pub fn stats(
     for_each_tree(repo, snapshots.iter().map(|(_, s)| s.tree), threads, loading, |id, tree| {
         let tree = tree?;
         blobs.insert(id);
-        for c in tree.nodes.iter().flat_map(|n| &n.content) {
-            match *c {
-                Chunk::Data { id, .. } => {
-                    blobs.insert(id);
+        for n in tree.nodes() {
+            for c in &n.content {
+                match *c {
+                    Chunk::Data { id, .. } => {
+                        blobs.insert(id);
+                    }
+                    Chunk::Zero { len } => s.raw.zero_bytes += len,
                 }
-                Chunk::Zero { len } => s.raw.zero_bytes += len,
             }
         }
         trees.insert(id, Counted::of(&tree));
@@ -145,9 +147,9 @@ struct Counted {
 }
 
 impl Counted {
-    fn of(tree: &Tree) -> Self {
+    fn of(tree: &TreeBytes) -> Self {
         let mut c = Counted { own: RestoreSize::default(), linked: Vec::new(), subtrees: Vec::new() };
-        for n in &tree.nodes {
+        for n in tree.nodes() {
             c.subtrees.extend(n.subtree);
             match n.kind {
                 NodeKind::File => {

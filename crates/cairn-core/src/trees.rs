@@ -45,6 +45,10 @@ pub const MAX_DEPTH: usize = 2048;
 /// decoding in parallel saves).
 const TREE_READ_MIN: u64 = 256 * 1024;
 
+/// The most stored bytes of trees one read of a level takes ([`load_level_each`]): its trees are
+/// held parsed (about three times their stored size) until each is handed on.
+const TREE_READ_MAX: u64 = 4 * 1024 * 1024;
+
 /// Lets the caller stop tree loading early and watch it progress.
 #[derive(Default)]
 pub struct Loading {
@@ -295,7 +299,7 @@ pub fn for_each_tree(
     roots: impl IntoIterator<Item = BlobId>,
     threads: usize,
     loading: &Loading,
-    mut visit: impl FnMut(BlobId, Result<Tree>) -> Result<()>,
+    mut visit: impl FnMut(BlobId, Result<TreeBytes>) -> Result<()> + Send,
 ) -> Result<()> {
     let mut seen: IdSet<BlobId> = IdSet::default();
     let mut level: Vec<BlobId> = roots.into_iter().filter(|id| seen.insert(*id)).collect();
@@ -309,13 +313,25 @@ pub fn for_each_tree(
                 format!("directories nested deeper than {MAX_DEPTH} levels"),
             ));
         }
-        let mut next = Vec::new();
-        for (id, tree) in load_level(repo, &level, threads, loading)? {
-            if let Ok(tree) = &tree {
-                next.extend(tree.nodes.iter().filter_map(|n| n.subtree).filter(|sub| seen.insert(*sub)));
+        // Each tree is visited as it is decoded and dropped after: a level of a million files'
+        // directories held parsed took hundreds of MiB (`stats` of `many`: 454 MB).
+        let walked = Mutex::new((Vec::new(), &mut seen, &mut visit, Ok(())));
+        load_level_each(repo, &level, threads, loading, &|id, tree: Result<TreeBytes>| {
+            let mut w = walked.lock().expect("walk lock");
+            let (next, seen, visit, failed) = &mut *w;
+            if failed.is_err() {
+                return;
             }
-            visit(id, tree)?;
-        }
+            if let Ok(tree) = &tree {
+                next.extend(tree.subtrees().iter().filter(|sub| seen.insert(**sub)));
+            }
+            // After an error the rest of the level is read but not visited.
+            if let Err(e) = visit(id, tree) {
+                *failed = Err(e);
+            }
+        })?;
+        let (mut next, _, _, failed) = walked.into_inner().expect("walk lock");
+        failed?;
         next.sort_unstable();
         level = next;
     }
@@ -329,19 +345,35 @@ pub fn for_each_tree(
 /// A read that fails is retried tree by tree, so each tree gets its own error. A walker that
 /// chooses which subtrees to descend into (`diff` loads only those whose IDs differ) calls
 /// this once per level with the trees it wants.
-pub fn load_level(
+pub fn load_level<T: TreeForm + Send>(
     repo: &Repository,
     level: &[BlobId],
     threads: usize,
     loading: &Loading,
-) -> Result<Vec<(BlobId, Result<Tree>)>> {
-    let mut out: Vec<(BlobId, Result<Tree>)> = Vec::with_capacity(level.len());
+) -> Result<Vec<(BlobId, Result<T>)>> {
+    let loaded = Mutex::new(Vec::with_capacity(level.len()));
+    load_level_each(repo, level, threads, loading, &|id, tree: Result<T>| {
+        loaded.lock().expect("lock").push((id, tree))
+    })?;
+    Ok(loaded.into_inner().expect("lock"))
+}
+
+/// [`load_level`], giving `each` every tree as it is decoded (on the loading threads) instead of
+/// collecting them: what is held at once is the reads in flight, each at most [`TREE_READ_MAX`]
+/// of stored trees, whatever the level's size.
+pub fn load_level_each<T: TreeForm>(
+    repo: &Repository,
+    level: &[BlobId],
+    threads: usize,
+    loading: &Loading,
+    each: &(dyn Fn(BlobId, Result<T>) + Sync),
+) -> Result<()> {
     let index = repo.index();
     let mut located = Vec::with_capacity(level.len());
     let mut held = Vec::new();
     for id in level {
-        if let Some(t) = repo.cached_tree(id) {
-            out.push((*id, Ok(t)));
+        if let Some(t) = repo.cached_tree_as(id) {
+            each(*id, Ok(t));
             continue;
         }
         match index.get(id) {
@@ -349,12 +381,12 @@ pub fn load_level(
                 Some((bytes, at)) => held.push((loc, bytes, at)),
                 None => located.push(loc),
             },
-            None => out.push((*id, Err(Error::NotFound(format!("tree {} (not in any index)", id.short()))))),
+            None => each(*id, Err(Error::NotFound(format!("tree {} (not in any index)", id.short())))),
         }
     }
     drop(index);
     let level_bytes: u64 = located.iter().map(|l| u64::from(l.entry.length) + u64::from(l.entry.raw_length)).sum();
-    let share = (level_bytes / (threads.max(1) as u64 * 4)).max(TREE_READ_MIN);
+    let share = (level_bytes / (threads.max(1) as u64 * 4)).clamp(TREE_READ_MIN, TREE_READ_MAX);
     let pack_nos: IdMap<PackId, u32> = located.iter().map(|l| (l.pack, l.pack_no)).collect();
     let mut reads = coalesce(located, share, coalesce_gap(repo));
     for read in &mut reads {
@@ -362,7 +394,6 @@ pub fn load_level(
     }
     let next = AtomicUsize::new(0);
     let next_held = AtomicUsize::new(0);
-    let loaded = Mutex::new(out);
     std::thread::scope(|s| {
         for _ in 0..threads.clamp(1, (reads.len() + held.len()).max(1)) {
             s.spawn(|| {
@@ -370,17 +401,18 @@ pub fn load_level(
                     if loading.cancel.load(Ordering::Relaxed) {
                         return;
                     }
-                    let trees: Vec<(BlobId, Result<Tree>)> = match read_trees(repo, read, &loading.read_ahead) {
-                        Ok(t) => t.into_iter().map(|(id, t)| (id, Ok(t))).collect(),
-                        Err(_) => read.blobs.iter().map(|b| (b.id, repo.read_tree(&b.id))).collect(),
-                    };
+                    match read_trees(repo, read, &loading.read_ahead) {
+                        Ok(trees) => trees.into_iter().for_each(|(id, t)| each(id, Ok(t))),
+                        Err(_) => read.blobs.iter().for_each(|b| each(b.id, repo.read_tree_as(&b.id))),
+                    }
                     loading.reads_done.fetch_add(1, Ordering::Relaxed);
-                    loaded.lock().expect("lock").extend(trees);
                 }
                 // Trees read ahead by an earlier level: only decoded (a damaged one is read again).
                 while let Some((loc, bytes, at)) = held.get(next_held.fetch_add(1, Ordering::Relaxed)) {
-                    let tree = decode_held(repo, loc, bytes, *at);
-                    loaded.lock().expect("lock").push((loc.entry.id, tree));
+                    if loading.cancel.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    each(loc.entry.id, decode_held(repo, loc, bytes, *at));
                 }
             });
         }
@@ -392,7 +424,7 @@ pub fn load_level(
     if loading.cancel.load(Ordering::Relaxed) {
         return Err(Error::Interrupted);
     }
-    Ok(loaded.into_inner().expect("lock"))
+    Ok(())
 }
 
 /// Tree `id`: from the bytes `ahead` holds, else by reading its whole pack (the first time)
@@ -489,10 +521,10 @@ pub fn load_many(
     }
     for_each_tree(repo, roots.iter().copied(), threads, loading, |id, tree| {
         let tree = tree?;
-        for sub in tree.nodes.iter().filter_map(|n| n.subtree) {
-            *uses.entry(sub).or_default() += 1;
+        for sub in tree.subtrees() {
+            *uses.entry(*sub).or_default() += 1;
         }
-        trees.insert(id, LoadedTree { tree, uses: 0 });
+        trees.insert(id, LoadedTree { tree: tree.into_tree(), uses: 0 });
         Ok(())
     })?;
     for (id, t) in trees.iter_mut() {

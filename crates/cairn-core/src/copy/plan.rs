@@ -38,7 +38,7 @@ pub(super) fn needed(
                 id.short()
             ))
         })?;
-        for node in &tree.nodes {
+        for node in tree.nodes() {
             for chunk in &node.content {
                 if let Chunk::Data { id, .. } = chunk {
                     if seen.insert(*id) {
@@ -47,7 +47,7 @@ pub(super) fn needed(
                 }
             }
         }
-        trees.insert(id, tree);
+        trees.insert(id, tree.into_tree());
         Ok(())
     })?;
     Ok(Needed { trees, data })

@@ -26,7 +26,7 @@ pub fn mark(repo: &Repository, snapshots: &[(SnapshotId, Snapshot)], loading: &L
             ))
         })?;
         used.insert(id);
-        for node in &tree.nodes {
+        for node in tree.nodes() {
             used.extend(node.content.iter().filter_map(|c| match c {
                 Chunk::Data { id, .. } => Some(*id),
                 Chunk::Zero { .. } => None,
