@@ -8,13 +8,13 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap, IdSet};
 use crate::repository::Repository;
-use crate::tree::{Chunk, Tree};
+use crate::tree::{Chunk, TreeBytes};
 use crate::trees::{for_each_tree, Loading};
 
 /// What the snapshots to copy need from the source.
 pub(super) struct Needed {
-    /// Every tree, parsed (the rewrite stage rewrites them when blob IDs differ).
-    pub trees: IdMap<BlobId, Tree>,
+    /// Every tree, encoded (the rewrite stage decodes and rewrites them when blob IDs differ).
+    pub trees: IdMap<BlobId, TreeBytes>,
     /// Every data blob, in the order first met.
     pub data: Vec<BlobId>,
 }
@@ -47,7 +47,7 @@ pub(super) fn needed(
                 }
             }
         }
-        trees.insert(id, tree.into_tree());
+        trees.insert(id, tree);
         Ok(())
     })?;
     Ok(Needed { trees, data })

@@ -11,13 +11,13 @@ use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap};
 use crate::pack::BlobKind;
 use crate::packwrite::{Job, Payload};
-use crate::tree::{Chunk, Tree};
+use crate::tree::{Chunk, Tree, TreeBytes};
 
 /// Rewrites every tree below `roots` bottom-up; returns source tree ID → destination tree ID.
 /// `trees` holds every tree below the roots; `data` maps every data blob they name.
 pub(super) fn rewrite(
     dst: &Destination<'_>,
-    trees: &IdMap<BlobId, Tree>,
+    trees: &IdMap<BlobId, TreeBytes>,
     roots: &[BlobId],
     data: &IdMap<BlobId, BlobId>,
     jobs: &Sender<Job>,
@@ -32,9 +32,7 @@ pub(super) fn rewrite(
         let tree = trees.get(&id).ok_or_else(|| Error::Internal(format!("tree {} was not loaded", id.short())))?;
         if !children_done {
             stack.push((id, true));
-            stack.extend(
-                tree.nodes.iter().filter_map(|n| n.subtree).filter(|s| !renamed.contains_key(s)).map(|s| (s, false)),
-            );
+            stack.extend(tree.subtrees().iter().filter(|s| !renamed.contains_key(*s)).map(|s| (*s, false)));
             continue;
         }
         let new = rename_tree(tree, data, &renamed)?;
@@ -51,9 +49,9 @@ pub(super) fn rewrite(
 }
 
 /// `tree` with every chunk and subtree ID replaced by its destination ID.
-fn rename_tree(tree: &Tree, data: &IdMap<BlobId, BlobId>, trees: &IdMap<BlobId, BlobId>) -> Result<Tree> {
+fn rename_tree(tree: &TreeBytes, data: &IdMap<BlobId, BlobId>, trees: &IdMap<BlobId, BlobId>) -> Result<Tree> {
     let missing = |what: &str, id: &BlobId| Error::Internal(format!("{what} {} has no destination ID", id.short()));
-    let mut out = tree.clone();
+    let mut out = Tree { nodes: tree.nodes().collect() };
     for node in &mut out.nodes {
         for chunk in &mut node.content {
             if let Chunk::Data { id, .. } = chunk {
