@@ -94,3 +94,55 @@ fn peak_rss_of_a_backup_of_200k_files_stays_within_the_bound() {
     assert!(dumped.status.success(), "dump failed: {}", String::from_utf8_lossy(&dumped.stderr));
     assert_eq!(dumped.stdout, fs::read(src.join("big").join(name)).expect("read"));
 }
+
+/// Backs `src` up with `extra` arguments over a link where every request takes 200 ms (packs
+/// are filled far faster than they are stored, so they pile up as far as the backup lets
+/// them); returns the JSON summary, stderr and the peak RSS in MiB.
+fn slow_backup(cairn: &Cairn, src: &Path, extra: &[&str]) -> (Option<Value>, String, u64) {
+    let mut c = cairn.command();
+    c.env("CAIRN_INJECT_FAULTS", "latency=200ms").args(["--json", "backup"]).args(extra).arg(src);
+    let (stdout, stderr, peak_kib) = run_with_peak_rss(&mut c);
+    let summary = stdout.lines().rev().find_map(|l| serde_json::from_str::<Value>(l).ok());
+    (summary, stderr, peak_kib / 1024)
+}
+
+/// `backup --max-memory` bounds the packs being filled, waiting and being stored (the part of a
+/// backup's memory its configuration sets: 10 packs of 18 MiB with two threads and two uploads)
+/// to half of what the index leaves; a budget that cannot hold two packs is refused up front.
+#[test]
+fn backup_max_memory_bounds_the_packs_in_memory() {
+    let base = memory_tempdir();
+    let src = base.path().join("src");
+    fs::create_dir_all(&src).expect("mkdir");
+    let mut rng = Rng(5);
+    for i in 0..6 {
+        fs::write(src.join(format!("random-{i}")), rng.bytes(40 << 20)).expect("write");
+    }
+    let cairn = Cairn::new(&base.path().join("repo"), PASSWORD);
+    cairn.init(&[]); // 16 MiB packs
+
+    // Too small for two packs of 18 MiB: refused in one line, nothing stored.
+    let out = cairn.run(["backup", "--max-memory", "64M", src.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--max-memory 64 MiB is too small") && err.contains("give at least"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(cairn.snapshots().is_empty());
+
+    let max_mib = 128;
+    let (summary, stderr, bounded) = slow_backup(&cairn, &src, &["--max-memory", &format!("{max_mib}M")]);
+    let summary = summary.unwrap_or_else(|| panic!("no summary: {stderr}"));
+    assert_eq!(num(&summary, "files_new"), 6, "{summary}");
+    eprintln!("backup --max-memory {max_mib}M over a slow link: peak RSS {bounded} MiB");
+    assert!(bounded <= max_mib + 64, "peak RSS {bounded} MiB over --max-memory {max_mib} MiB + 64 MiB");
+    let checked = cairn.ok(["check", "--read-data"]);
+    assert!(checked.contains("no errors"), "{checked}");
+    // The same backup into a fresh repository without the bound holds more packs at once: the
+    // bound is what held it.
+    let control = Cairn::new(&base.path().join("control"), PASSWORD);
+    control.init(&[]);
+    let (summary, stderr, unbounded) = slow_backup(&control, &src, &[]);
+    assert!(summary.is_some(), "{stderr}");
+    eprintln!("the same without --max-memory: peak RSS {unbounded} MiB");
+    assert!(unbounded > bounded, "without the bound {unbounded} MiB, with it {bounded} MiB");
+}

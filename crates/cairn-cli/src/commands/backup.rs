@@ -79,6 +79,11 @@ pub struct Args {
     /// Packs uploaded at once
     #[arg(long, default_value_t = backup::DEFAULT_UPLOAD_CONCURRENCY, value_name = "N")]
     pub upload_concurrency: usize,
+    /// Bound the backup's memory: half of what the index leaves goes to the packs being filled
+    /// and stored (fewer packers run if it holds fewer than two packs each), the rest to the
+    /// directories and files being read [default: no bound but the threads' and uploads' counts]
+    #[arg(long, value_name = "SIZE")]
+    pub max_memory: Option<String>,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
@@ -114,6 +119,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         },
         dry_run: a.dry_run,
         prescan: show_progress,
+        max_memory: a.max_memory.as_deref().map(parse_size).transpose()?,
         ..defaults
     };
     let mut paths = a.paths;

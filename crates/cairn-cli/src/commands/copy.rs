@@ -101,6 +101,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
             threads: cores,
             uploads: dst.storage().default_concurrency().clamp(2, 8),
             index_every: cairn_core::backup::DEFAULT_INDEX_EVERY,
+            memory: None,
         },
         tree_threads: cores.max(src.storage().default_concurrency().min(8)),
     };

@@ -105,6 +105,7 @@ pub(crate) fn run_plan(g: &Global, repo: &Repository, plan: PlanOptions, a: &Run
                 threads: packers,
                 uploads: repo.storage().default_concurrency().clamp(2, 8),
                 index_every: cairn_core::backup::DEFAULT_INDEX_EVERY,
+                memory: None,
             },
         },
         dry_run: a.dry_run,

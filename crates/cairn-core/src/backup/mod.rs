@@ -15,6 +15,7 @@
 
 mod chunk;
 mod links;
+mod memory;
 mod parent;
 mod pending;
 mod progress;
@@ -89,6 +90,9 @@ pub struct BackupOptions {
     pub dry_run: bool,
     /// Count the files and bytes to expect alongside the backup (for a progress display).
     pub prescan: bool,
+    /// The backup's memory bound (`--max-memory`; `None`: the threads' and uploads' counts
+    /// alone bound the packs). See `memory.rs`.
+    pub max_memory: Option<u64>,
 }
 
 impl BackupOptions {
@@ -114,6 +118,7 @@ impl Default for BackupOptions {
             select: SelectOptions::default(),
             dry_run: false,
             prescan: false,
+            max_memory: None,
         }
     }
 }
@@ -260,6 +265,7 @@ fn run(
         threads: opts.threads.max(1),
         uploads: opts.upload_concurrency.max(1),
         index_every: opts.index_every,
+        memory: opts.max_memory.map(|m| memory::pack_share(repo, m)).transpose()?,
     };
     let written = Written::default();
     let root = write_packs(repo, &write, &written, |jobs| {

@@ -14,7 +14,7 @@ mod index;
 mod packer;
 mod upload;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::thread::ScopedJoinHandle;
 
@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::id::{BlobId, IndexId};
 use crate::index::IndexedPack;
 use crate::pack::{BlobKind, FinishedPack};
+use crate::read::{Budget, Reservation};
 use crate::repository::Repository;
 
 /// A blob on its way into a pack.
@@ -63,7 +64,24 @@ pub struct WriteOptions {
     pub uploads: usize,
     /// Stored packs per index file.
     pub index_every: usize,
+    /// Bytes the packs being filled, waiting and being stored may hold together (`None`: no
+    /// limit but the threads' and uploads' counts). Each pack reserves [`pack_buffer`] bytes
+    /// when its first blob comes and frees them once stored; fewer packers run when the
+    /// budget holds fewer than two packs for each (a packer fills a data and a tree pack at
+    /// once, and one waiting for room while every pack in memory is still open would wait
+    /// forever).
+    pub memory: Option<u64>,
 }
+
+/// The bytes a pack of `repo` may take in memory while it is filled: its buffer is made this
+/// large once (the target size and an eighth, so the blob that passes the target fits).
+pub fn pack_buffer(repo: &Repository) -> u64 {
+    let target = u64::from(repo.config().pack_size);
+    target + target / 8
+}
+
+/// The fewest packs a pack writer's memory must hold: one data and one tree pack being filled.
+pub const PACKS_MIN: u64 = 2;
 
 /// What a pack writer wrote.
 #[derive(Debug, Default)]
@@ -94,23 +112,35 @@ pub fn write_packs<T>(
     produce: impl FnOnce(Sender<Job>) -> Result<T>,
 ) -> Result<T> {
     let uploads = opts.uploads.max(1);
-    let threads = opts.threads.max(1);
+    let buffer = pack_buffer(repo);
+    let budget = opts.memory.map(|bytes| Budget::new(bytes.max(PACKS_MIN * buffer)));
+    // Two packs in memory for each packer at least (see WriteOptions::memory).
+    let fit = budget.as_ref().map_or(usize::MAX, |b| (b.limit() / buffer / PACKS_MIN).max(1) as usize);
+    let threads = opts.threads.max(1).min(fit);
+    let live_uploaders = AtomicUsize::new(uploads);
     std::thread::scope(|s| {
         let (stored_tx, stored_rx) = bounded::<IndexedPack>(uploads * 2);
-        let (packs_tx, packs_rx) = bounded::<FinishedPack>(uploads);
+        let (packs_tx, packs_rx) = bounded::<Sealed<'_>>(uploads);
         let (jobs_tx, jobs_rx) = bounded::<Job>(threads * 4);
         let indexer = s.spawn(move || index::index_packs(repo, stored_rx, opts.index_every, written));
+        let live = &live_uploaders;
         let uploaders: Vec<_> = (0..uploads)
             .map(|_| {
                 let (rx, tx) = (packs_rx.clone(), stored_tx.clone());
-                s.spawn(move || upload::run(repo, rx, tx, written))
+                s.spawn(move || {
+                    let done = upload::run(repo, rx, tx, written);
+                    live.fetch_sub(1, Ordering::Relaxed);
+                    done
+                })
             })
             .collect();
         drop((stored_tx, packs_rx));
+        // A packer waiting for room gives up once no uploader is left to make it.
+        let room = budget.as_ref().map(|b| packer::Room { budget: b, bytes: buffer, gone: live });
         let packers: Vec<_> = (0..threads)
             .map(|_| {
-                let (rx, tx) = (jobs_rx.clone(), packs_tx.clone());
-                s.spawn(move || packer::run(repo, rx, tx, opts.codec))
+                let (rx, tx, room) = (jobs_rx.clone(), packs_tx.clone(), room.clone());
+                s.spawn(move || packer::run(repo, rx, tx, opts.codec, room))
             })
             .collect();
         drop((packs_tx, jobs_rx));
@@ -121,6 +151,13 @@ pub fn write_packs<T>(
         indexed.and(uploaded).and(packed)?;
         produced
     })
+}
+
+/// A finished pack on its way to be stored, with the room it holds in the writer's memory
+/// budget (freed once it is stored).
+pub(crate) struct Sealed<'b> {
+    pack: FinishedPack,
+    room: Option<Reservation<'b>>,
 }
 
 /// Joins workers; the first error wins.

@@ -3,17 +3,48 @@
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::{stopped, Job, Payload};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::{stopped, Job, Payload, Sealed};
 use crate::compress::Codec;
 use crate::crypto::SEAL_OVERHEAD;
 use crate::error::Result;
-use crate::pack::{BlobKind, FinishedPack, PackWriter};
+use crate::pack::{BlobKind, PackWriter};
+use crate::read::{Budget, Reservation};
 use crate::repository::Repository;
+
+/// Room in a pack writer's memory budget (see `WriteOptions::memory`): `bytes` for each pack,
+/// given up waiting for once no uploader is left (`gone` counts the live ones).
+#[derive(Clone)]
+pub(super) struct Room<'b> {
+    pub budget: &'b Budget,
+    pub bytes: u64,
+    pub gone: &'b AtomicUsize,
+}
+
+impl<'b> Room<'b> {
+    /// Waits for a pack's room; `None` if no uploader is left to free any.
+    fn take(&self) -> Option<Reservation<'b>> {
+        self.budget.reserve(self.bytes, || self.gone.load(Ordering::Relaxed) == 0)
+    }
+}
+
+/// A pack being filled, with its room in the budget once its first blob came.
+struct Open<'b> {
+    writer: PackWriter,
+    room: Option<Reservation<'b>>,
+}
 
 /// Runs one packer until the job sender is dropped; flushes its last, partly full packs. Trees and
 /// file data go to packs of their own (as in restic): loading a snapshot's trees never reads
 /// file data, tree packs can be cached whole, and losing a data pack never loses a directory.
-pub(super) fn run(repo: &Repository, jobs: Receiver<Job>, packs: Sender<FinishedPack>, codec: Codec) -> Result<()> {
+pub(super) fn run<'b>(
+    repo: &Repository,
+    jobs: Receiver<Job>,
+    packs: Sender<Sealed<'b>>,
+    codec: Codec,
+    room: Option<Room<'b>>,
+) -> Result<()> {
     let target = repo.config().pack_size as usize;
     // A data pack's buffer is made this large once and never grows: a blob that would not fit
     // closes the pack first (growing a full 18 MiB buffer doubles it, and one such pack per
@@ -21,13 +52,13 @@ pub(super) fn run(repo: &Repository, jobs: Receiver<Job>, packs: Sender<Finished
     let limit = target + target / 8;
     // Trees are small: their pack starts small and grows as needed.
     let capacity = |kind| if kind == BlobKind::Tree { TREE_PACK_START } else { limit };
-    let new_writer = |kind| PackWriter::new(repo.key(), capacity(kind));
-    // Closes a pack and hands it to the uploaders, a new one taking its place.
-    let close = |writer: &mut PackWriter, kind| {
-        let full = std::mem::replace(writer, new_writer(kind));
-        packs.send(full.finish()).map_err(|_| stopped("upload"))
+    let new_pack = |kind| Open { writer: PackWriter::new(repo.key(), capacity(kind)), room: None };
+    // Closes a pack and hands it to the uploaders with its room, a new one taking its place.
+    let close = |open: &mut Open<'b>, kind| {
+        let full = std::mem::replace(open, new_pack(kind));
+        packs.send(Sealed { pack: full.writer.finish(), room: full.room }).map_err(|_| stopped("upload"))
     };
-    let mut writers = [new_writer(BlobKind::Data), new_writer(BlobKind::Tree)];
+    let mut open = [new_pack(BlobKind::Data), new_pack(BlobKind::Tree)];
     for job in jobs {
         let slot = usize::from(job.kind == BlobKind::Tree);
         let (codec, raw_length, stored) = match job.payload {
@@ -38,19 +69,22 @@ pub(super) fn run(repo: &Repository, jobs: Receiver<Job>, packs: Sender<Finished
             }
             Payload::Stored { codec, raw_length, bytes } => (codec, raw_length, bytes),
         };
-        let writer = &mut writers[slot];
-        if !writer.is_empty() && writer.len() + stored.len() + SEAL_OVERHEAD > limit {
-            close(writer, job.kind)?;
+        let pack = &mut open[slot];
+        if !pack.writer.is_empty() && pack.writer.len() + stored.len() + SEAL_OVERHEAD > limit {
+            close(pack, job.kind)?;
         }
-        writer.reserve(stored.len() + SEAL_OVERHEAD, limit);
-        writer.add(job.id, job.kind, codec, raw_length, &stored);
-        if writer.len() >= target {
-            close(writer, job.kind)?;
+        if let (Some(room), true) = (&room, pack.room.is_none()) {
+            pack.room = Some(room.take().ok_or_else(|| stopped("upload"))?);
+        }
+        pack.writer.reserve(stored.len() + SEAL_OVERHEAD, limit);
+        pack.writer.add(job.id, job.kind, codec, raw_length, &stored);
+        if pack.writer.len() >= target {
+            close(pack, job.kind)?;
         }
     }
-    for writer in writers {
-        if !writer.is_empty() {
-            packs.send(writer.finish()).map_err(|_| stopped("upload"))?;
+    for pack in open {
+        if !pack.writer.is_empty() {
+            packs.send(Sealed { pack: pack.writer.finish(), room: pack.room }).map_err(|_| stopped("upload"))?;
         }
     }
     Ok(())

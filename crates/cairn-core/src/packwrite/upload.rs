@@ -5,23 +5,24 @@ use std::sync::atomic::Ordering;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::{stopped, Written};
+use super::{stopped, Sealed, Written};
 use crate::error::Result;
 use crate::index::IndexedPack;
 use crate::layout::pack_path;
-use crate::pack::FinishedPack;
 use crate::repository::Repository;
 
 /// Runs one uploader until the packers are done.
 pub(super) fn run(
     repo: &Repository,
-    packs: Receiver<FinishedPack>,
+    packs: Receiver<Sealed<'_>>,
     stored: Sender<IndexedPack>,
     written: &Written,
 ) -> Result<()> {
-    for pack in packs {
+    for Sealed { pack, room } in packs {
         let len = pack.bytes.len() as u64;
         repo.storage().write(&pack_path(&pack.id), pack.bytes)?;
+        // Stored: the pack's room in the writer's budget is free again.
+        drop(room);
         written.bytes_stored.fetch_add(len, Ordering::Relaxed);
         written.packs.fetch_add(1, Ordering::Relaxed);
         let indexed = IndexedPack { id: pack.id, salt: pack.salt, blobs: pack.entries };
