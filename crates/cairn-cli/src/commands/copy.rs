@@ -26,7 +26,7 @@ pub struct Args {
     pub filters: FilterArgs,
     #[command(flatten)]
     pub from: FromRepoArgs,
-    /// Bytes read from the source held in flight (new packs being filled and stored come on top)
+    /// Bytes read from the source held in flight, and again for the new packs being filled and stored
     #[arg(long, value_name = "SIZE", default_value = "128M")]
     pub max_memory: String,
     /// Reads of the source in flight [default: the source backend's concurrency, at least 4]
@@ -101,7 +101,8 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
             threads: cores,
             uploads: dst.storage().default_concurrency().clamp(2, 8),
             index_every: cairn_core::backup::DEFAULT_INDEX_EVERY,
-            memory: None,
+            // The packs being filled and stored hold at most as much as the reads in flight.
+            memory: Some(max_memory),
         },
         tree_threads: cores.max(src.storage().default_concurrency().min(8)),
     };
