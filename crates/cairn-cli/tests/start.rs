@@ -172,6 +172,45 @@ fn a_restore_that_cannot_have_its_lock_stops_and_says_why() {
     assert_same(&before, &scan(&restored_path(&target, &src)), true);
 }
 
+/// A reader that opens beside its lock lists `deletions/` before its lock is written; a
+/// prune's manifest stored in between would be seen by neither side (the prune would not wait
+/// for the reader, nor the reader avoid the prune's doomed packs). The lock lists `deletions/`
+/// again once written: such a manifest stops the command, in one line, before it trusts what
+/// it read.
+#[test]
+fn a_manifest_stored_while_a_reader_takes_its_lock_is_seen() {
+    let base = tempfile::tempdir().unwrap();
+    let (cairn, _src) = backed_up(base.path());
+    let deletions = cairn.repo.join("deletions");
+    fs::create_dir_all(&deletions).unwrap();
+    let target = base.path().join("target");
+    for (i, args) in [vec!["check"], vec!["restore", "latest", "--no-local-data", "--target", target.to_str().unwrap()]]
+        .into_iter()
+        .enumerate()
+    {
+        // The lock's write hangs 2 s; the open's listing of `deletions/` is long done when the
+        // manifest appears.
+        let child = cairn
+            .command()
+            .env("CAIRN_INJECT_FAULTS", "stall-write=locks/,stall-for=2s")
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(700));
+        let name = format!("{:064x}", 0xd0_u64 + i as u64);
+        fs::write(deletions.join(&name), b"a manifest stored meanwhile").unwrap();
+        let out = common::wait_within_timeout(child, args[0]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(&format!("a prune stored deletions/{name}")) && err.contains("run it again"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        fs::remove_file(deletions.join(&name)).unwrap();
+        assert_eq!(fs::read_dir(cairn.repo.join("locks")).unwrap().count(), 0, "the lock was let go");
+    }
+}
+
 #[test]
 fn over_a_slow_link_the_fetch_concurrency_rises_unless_it_was_given() {
     let base = tempfile::tempdir().unwrap();

@@ -184,6 +184,18 @@ impl Lock {
     /// Takes a lock of `kind`, or fails naming the lock that conflicts. Stale locks do not
     /// conflict; they are returned by [`Lock::stale`] so the caller can report them.
     pub fn acquire(storage: Arc<dyn Storage>, kind: LockKind) -> Result<Lock> {
+        Lock::acquire_beside(storage, kind, || ()).map(|(lock, ())| lock)
+    }
+
+    /// [`Lock::acquire`], running `beside` once the lock is written, beside the listing of the
+    /// others (no round trip more): what it reads, it reads under the lock. A reader that
+    /// listed `deletions/` while its lock was being taken lists it again here, so a prune's
+    /// manifest stored in between is seen (docs/DESIGN.md, "Prune beside backups").
+    pub fn acquire_beside<T: Send>(
+        storage: Arc<dyn Storage>,
+        kind: LockKind,
+        beside: impl FnOnce() -> T + Send,
+    ) -> Result<(Lock, T)> {
         let now = unix_now();
         let info = LockInfo {
             version: 1,
@@ -196,7 +208,11 @@ impl Lock {
             refreshed: now,
         };
         let path = write_new(&*storage, &info)?;
-        let others = match list_others(&*storage, &path) {
+        let (others, beside) = std::thread::scope(|s| {
+            let beside = s.spawn(beside);
+            (list_others(&*storage, &path), beside.join().expect("a lock's companion panicked"))
+        });
+        let others = match others {
             Ok(all) => all,
             Err(e) => {
                 let _ = storage.delete(&path);
@@ -228,7 +244,7 @@ impl Lock {
                 .spawn(move || refresh_until_stopped(&*storage, info, &path, &stop, REFRESH_EVERY))
                 .map_err(|e| Error::io("lock refresher", "cannot start a thread", e))?
         };
-        Ok(Lock { storage, path, stop, refresher: Some(refresher), stale, holder })
+        Ok((Lock { storage, path, stop, refresher: Some(refresher), stale, holder }, beside))
     }
 
     /// This lock's holder (to tell it from the others in a listing).

@@ -1,7 +1,7 @@
 //! A repository: storage plus the master key, config and index, and typed access to every kind
 //! of stored file (FORMAT.md §1).
 
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use crate::cache::Cache;
 use crate::compress::Codec;
@@ -67,6 +67,9 @@ pub struct Repository {
     key_id: Option<KeyId>,
     /// Listings and files read ahead while opening, each taken once.
     preloaded: Preloaded,
+    /// The deletion manifests [`Repository::deletions`] listed first: what the index was
+    /// loaded with (the packs of pending prunes it treats as doomed).
+    deletions_seen: Mutex<Option<Vec<DeletionId>>>,
     /// Every request's time, timed by the [`MeteredStorage`] around `storage`.
     link: Arc<LinkMeter>,
 }
@@ -97,6 +100,7 @@ impl Repository {
             cache: None,
             key_id: None,
             preloaded: Preloaded::default(),
+            deletions_seen: Mutex::new(None),
             link,
         };
         repo.key_id = Some(repo.add_key(password, opts.kdf)?);
@@ -194,6 +198,7 @@ impl Repository {
             cache: None,
             key_id,
             preloaded: Preloaded::default(),
+            deletions_seen: Mutex::new(None),
             link,
         })
     }
@@ -228,12 +233,18 @@ impl Repository {
     pub fn deletions(&self) -> Result<Vec<(DeletionId, Result<Deletion>)>> {
         let listed = self.preloaded.list(&*self.storage, Dir::Deletions)?;
         let ids: Vec<DeletionId> = listed.iter().filter_map(|o| layout::parse_deletion_path(&o.path)).collect();
+        self.deletions_seen.lock().expect("deletions lock").get_or_insert_with(|| ids.clone());
         let threads = crate::parallel::cores().max(self.storage.default_concurrency());
         let read = map_parallel(&ids, threads, |id| {
             let path = layout::deletion_path(id);
             Deletion::from_bytes(&path, &self.read_sealed(&path, SealedKind::Deletion)?)
         });
         Ok(ids.into_iter().zip(read).collect())
+    }
+
+    /// The deletion manifests the index was loaded with (`None` before any were listed).
+    pub fn deletions_seen(&self) -> Option<Vec<DeletionId>> {
+        self.deletions_seen.lock().expect("deletions lock").clone()
     }
 
     /// Writes a deletion manifest; returns its ID.

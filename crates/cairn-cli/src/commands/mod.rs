@@ -86,16 +86,21 @@ pub(crate) fn open_locked_then<T>(
     let storage = storage(global)?;
     let preload = preload(cache_base(global, &*storage).is_some());
     let pw = password::get(global.password_file.as_deref(), "CAIRN_PASSWORD", "repository password", false)?;
+    // The open lists `deletions/` beside the lock's write, maybe before it: the lock lists it
+    // again once written, so a prune's manifest stored in between is not missed.
+    let relist = preload.index;
     let (opened, held) = std::thread::scope(|s| {
         let locking = std::thread::Builder::new()
             .name("cairn-lock-take".into())
-            .spawn_scoped(s, || -> Result<Lock> {
+            .spawn_scoped(s, || -> Result<(Lock, Option<Vec<String>>)> {
                 let taken = (|| {
                     // Where there is no repository, nothing is written (the open says so).
                     if !storage.exists(cairn_core::layout::CONFIG)? {
                         return Err(cairn_core::Error::NoRepository(storage.location().to_string()).into());
                     }
-                    take_lock(storage.clone(), kind)
+                    let manifests = || relist.then(|| storage.list(cairn_core::layout::Dir::Deletions.name()));
+                    let (lock, listed) = take_lock_beside(storage.clone(), kind, manifests)?;
+                    Ok((lock, listed.transpose()?.map(|l| l.into_iter().map(|o| o.path).collect())))
                 })();
                 if let (Err(_), Some(stop)) = (&taken, stop) {
                     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -110,7 +115,16 @@ pub(crate) fn open_locked_then<T>(
         Ok::<_, cairn_core::Error>((opened, locking.join().expect("the lock thread panicked")))
     })?;
     let (repo, done) = opened?;
-    let lock = held?;
+    let (lock, listed) = held?;
+    if let (Some(listed), Some(seen)) = (listed, repo.deletions_seen()) {
+        let mut listed = listed.iter().filter_map(|p| cairn_core::layout::parse_deletion_path(p));
+        if let Some(new) = listed.find(|id| !seen.contains(id)).map(|id| cairn_core::layout::deletion_path(&id)) {
+            bail!(
+                "a prune stored {new} while this command was opening the repository, so what it read may be out of \
+                 date: run it again"
+            );
+        }
+    }
     Ok((repo, lock, done?))
 }
 
@@ -158,16 +172,20 @@ fn cache_base(global: &Global, storage: &dyn Storage) -> Option<std::path::PathB
 
 /// Takes a lock for the rest of the command, reporting stale locks it ignores.
 pub(crate) fn lock(repo: &Repository, kind: LockKind) -> Result<Lock> {
-    take_lock(repo.storage().clone(), kind)
+    take_lock_beside(repo.storage().clone(), kind, || ()).map(|(lock, ())| lock)
 }
 
-fn take_lock(storage: Arc<dyn Storage>, kind: LockKind) -> Result<Lock> {
-    let held = Lock::acquire(storage, kind)?;
+fn take_lock_beside<T: Send>(
+    storage: Arc<dyn Storage>,
+    kind: LockKind,
+    beside: impl FnOnce() -> T + Send,
+) -> Result<(Lock, T)> {
+    let (held, done) = Lock::acquire_beside(storage, kind, beside)?;
     for l in held.stale() {
         let why = l.stale_reason().unwrap_or_default();
         eprintln!("warning: ignoring stale lock {} ({why}); `cairn unlock` removes it", l.path);
     }
-    Ok(held)
+    Ok((held, done))
 }
 
 /// Opens the repository for reading a snapshot: a shared lock, the index, and the snapshot
