@@ -8,7 +8,8 @@ untimed read of the whole tree, so every tool starts from a warm page cache), `t
 set's tar (the baseline), full restore into a fresh directory under --scratch (a tmpfs keeps the
 disk out of it), and a no-op restore into that restored tree. Cairn's restores fetch from the
 repository (--no-local-data) within the run's --max-memory. Every full restore is checked
-(diff -r, rsync -ain, du); the no-op restore is checked too. restic runs beside Cairn on the
+(diff -r, rsync -ain, du), after the no-op restore into it (whose time the check's reads
+would change: see `restores`). restic runs beside Cairn on the
 largest set asked for only: its backups of the smaller sets would add a quarter of an hour and
 the per-file curve is Cairn's. The partial and metadata restores and the 1/1/1 restore of the
 tree scenarios are not run: at a million files each is another full pass over the tree and
@@ -102,17 +103,26 @@ class ManyBench:
 
     def restores(self, ds, t, repo, noop):
         """A full restore into a fresh directory and, when `noop`, a no-op restore into the
-        restored tree; the tree is removed before the next tool's (a million files take 4.9 GB
-        of tmpfs: two at once with the repositories did not fit in this machine's memory)."""
+        restored tree as the full restore left it; the tree is removed before the next tool's (a
+        million files take 4.9 GB of tmpfs: two at once with the repositories did not fit in
+        this machine's memory).
+
+        The no-op runs before the tree is checked: the check reads every file, which sets its
+        access time, and a restore puts the snapshot's access times back, so a no-op after the
+        check re-applied the metadata of every file (100k files: 1.09 s instead of 0.61 s).
+        The check after the no-op covers both: the full restore's row takes its result, and the
+        no-op's only if the full one was right."""
         d = self.r.fresh(f"restore-{t.name}")
         try:
             self.r.settle()
-            row = self.step(ds, FULL, t.name, t.restore_cmd(repo, d), env=t.env, cwd=t.restore_cwd(d))
-            self.checked(row, ds, t.restored(d, ds.path))
-            if noop and row and row["check"] == "ok":
+            full = self.step(ds, FULL, t.name, t.restore_cmd(repo, d), env=t.env, cwd=t.restore_cwd(d))
+            again = None
+            if noop and full and full["check"] == "ok":
                 self.r.settle()
-                row = self.step(ds, NOOP, t.name, t.restore_cmd(repo, d), env=t.env, cwd=t.restore_cwd(d))
-                self.checked(row, ds, t.restored(d, ds.path))
+                again = self.step(ds, NOOP, t.name, t.restore_cmd(repo, d), env=t.env, cwd=t.restore_cwd(d))
+            self.checked(full, ds, t.restored(d, ds.path))
+            if again and again["check"] == "ok":
+                again["check"] = full["check"]
         finally:
             shutil.rmtree(d, ignore_errors=True)
 
