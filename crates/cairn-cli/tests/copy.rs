@@ -266,11 +266,14 @@ fn a_copy_killed_at_any_step_completes_when_run_again() {
             let mut child = spawn(
                 &dst,
                 &[("CAIRN_INJECT_FAULTS", &spec), ("CAIRN_FROM_PASSWORD", SOURCE_PASSWORD)],
-                &["--json", "copy", "--from-repo", &fx.source_location(), "--max-memory", "4M"],
+                &["--json", "copy", "--from-repo", &fx.source_location(), "--max-memory", "128M"],
             );
             // Let it reach the stall (it stalls for two minutes there).
             std::thread::sleep(Duration::from_millis(3000));
-            assert!(child.try_wait().unwrap().is_none(), "{moment}: the copy ended before it was killed");
+            if child.try_wait().unwrap().is_some() {
+                let out = child.wait_with_output().unwrap();
+                panic!("{moment}: the copy ended before it was killed: {}", String::from_utf8_lossy(&out.stderr));
+            }
             child.kill().unwrap(); // SIGKILL
             child.wait().unwrap();
             assert!(dst.snapshots().is_empty(), "{moment}: a snapshot was written before the kill");
@@ -362,6 +365,8 @@ fn bad_input_is_a_one_line_error() {
         (vec!["copy"], SOURCE_PASSWORD, "give --from-repo"),
         (vec!["copy", "--from-repo", &missing], SOURCE_PASSWORD, "source repository"),
         (vec!["copy", "--from-repo", &from, "--max-memory", "lots"], SOURCE_PASSWORD, "lots"),
+        // The whole copy within the budget: one that cannot hold two packs and some reads.
+        (vec!["copy", "--from-repo", &from, "--max-memory", "2M"], SOURCE_PASSWORD, "too small for this copy"),
     ];
     for (args, password, want) in cases {
         let out = dst.run_env(&[("CAIRN_FROM_PASSWORD", password)], &args);

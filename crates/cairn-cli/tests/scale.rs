@@ -222,20 +222,63 @@ fn peak_rss_of_a_restore_of_200k_files_stays_within_the_budget() {
     cairn.backup(&[&src], &[]);
     let t = base.path().join("t");
     let budget_mib = 16;
-    // Reaped below with wait4, which also gives the peak RSS.
-    #[allow(clippy::zombie_processes)]
-    let child = cairn
-        .command()
+    let mut restore = cairn.command();
+    restore
         .args(["--json", "restore", "latest", "--target"])
         .arg(&t)
         // The source is still here; this measures the fetching restore (the local-data stage's
         // own memory is not bounded by batches yet: docs/DESIGN.md, "Restore in batches").
-        .args(["--max-memory", &format!("{budget_mib}M"), "--no-local-data"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn cairn");
+        .args(["--max-memory", &format!("{budget_mib}M"), "--no-local-data"]);
+    let (out, peak_mib) = run_measured(restore);
+    let summary = common::last_json(&out);
+    assert_eq!(num(&summary, "files"), MANY as u64, "{summary}");
+    assert_eq!(num(&summary, "failed"), 0, "{summary}");
+    assert!(num(&summary, "batches") > 1, "{summary}");
+    assert!(peak_mib <= budget_mib + 64, "peak RSS {peak_mib} MiB over --max-memory {budget_mib}M + 64 MiB: {summary}");
+    // Spot checks of the content (a full scan of 200,000 files is left to the other tests).
+    let restored = restored_path(&t, &src);
+    for d in [0, 99, 199] {
+        for f in [0, MANY / 400, MANY / 200 - 1] {
+            let rel = format!("dir{d:03}/file-with-a-longer-name-{f:05}");
+            assert_eq!(fs::read(restored.join(&rel)).expect("read"), fs::read(src.join(&rel)).expect("read"), "{rel}");
+        }
+    }
+
+    // A copy into a repository with other IDs (every blob read, named again and every tree
+    // rewritten) within its budget too: it held every tree and a hash map entry or three per
+    // blob, beside the budget's reads and packs.
+    let dst = Cairn::new(&base.path().join("copy"), PASSWORD);
+    dst.init(&["--pack-size", "1"]);
+    let copy_mib = 48;
+    let mut copy = dst.command();
+    copy.env("CAIRN_FROM_PASSWORD", PASSWORD)
+        .args(["--json", "copy", "--from-repo"])
+        .arg(&cairn.repo)
+        .args(["--max-memory", &format!("{copy_mib}M")]);
+    let (out, peak_mib) = run_measured(copy);
+    let summary = common::last_json(&out);
+    assert_eq!(num(&summary, "snapshots_copied"), 1, "{summary}");
+    assert!(
+        peak_mib <= copy_mib + 64,
+        "copy: peak RSS {peak_mib} MiB over --max-memory {copy_mib}M + 64 MiB: {summary}"
+    );
+    let t2 = base.path().join("t2");
+    dst.restore_with("latest", &t2, &["--no-local-data"]);
+    let copied = restored_path(&t2, &src);
+    for d in [0, 99, 199] {
+        for f in [0, MANY / 400, MANY / 200 - 1] {
+            let rel = format!("dir{d:03}/file-with-a-longer-name-{f:05}");
+            assert_eq!(fs::read(copied.join(&rel)).expect("read"), fs::read(src.join(&rel)).expect("read"), "{rel}");
+        }
+    }
+}
+
+/// Runs `cmd` (stdout piped, stderr shown) to its end; its stdout and peak RSS in MiB. A
+/// failure is a panic with its output.
+fn run_measured(mut cmd: std::process::Command) -> (String, u64) {
+    // Reaped below with wait4, which also gives the peak RSS.
+    #[allow(clippy::zombie_processes)]
+    let child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn cairn");
     let pid = child.id() as libc::pid_t;
     let out = {
         use std::io::Read;
@@ -247,19 +290,6 @@ fn peak_rss_of_a_restore_of_200k_files_stays_within_the_budget() {
     // SAFETY: a zeroed rusage is a valid out-parameter; wait4 reaps the child we spawned.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     assert_eq!(unsafe { libc::wait4(pid, &mut status, 0, &mut usage) }, pid, "wait4");
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "restore failed: {status:#x} {out}");
-    let summary = common::last_json(&out);
-    assert_eq!(num(&summary, "files"), MANY as u64, "{summary}");
-    assert_eq!(num(&summary, "failed"), 0, "{summary}");
-    assert!(num(&summary, "batches") > 1, "{summary}");
-    let peak_mib = usage.ru_maxrss as u64 / 1024;
-    assert!(peak_mib <= budget_mib + 64, "peak RSS {peak_mib} MiB over --max-memory {budget_mib}M + 64 MiB: {summary}");
-    // Spot checks of the content (a full scan of 200,000 files is left to the other tests).
-    let restored = restored_path(&t, &src);
-    for d in [0, 99, 199] {
-        for f in [0, MANY / 400, MANY / 200 - 1] {
-            let rel = format!("dir{d:03}/file-with-a-longer-name-{f:05}");
-            assert_eq!(fs::read(restored.join(&rel)).expect("read"), fs::read(src.join(&rel)).expect("read"), "{rel}");
-        }
-    }
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "{cmd:?} failed: {status:#x} {out}");
+    (out, usage.ru_maxrss as u64 / 1024)
 }

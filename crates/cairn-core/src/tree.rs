@@ -217,6 +217,12 @@ impl TreeBytes {
         self.starts.is_empty()
     }
 
+    /// Bytes the tree takes in memory (its plaintext and what locates its nodes and subtrees).
+    pub fn memory_bytes(&self) -> u64 {
+        (self.plain.capacity() + self.starts.capacity() * 4 + self.subtrees.capacity() * std::mem::size_of::<BlobId>())
+            as u64
+    }
+
     /// The subdirectories' tree IDs, in tree order.
     pub fn subtrees(&self) -> &[BlobId] {
         &self.subtrees

@@ -26,8 +26,9 @@ pub struct Args {
     pub filters: FilterArgs,
     #[command(flatten)]
     pub from: FromRepoArgs,
-    /// Bytes read from the source held in flight, and again for the new packs being filled and stored
-    #[arg(long, value_name = "SIZE", default_value = "128M")]
+    /// The whole copy's memory: both repositories' indexes, what it marks per source blob, trees
+    /// kept for the rewrite, reads in flight, and the new packs being filled and stored
+    #[arg(long, value_name = "SIZE", default_value = "256M")]
     pub max_memory: String,
     /// Reads of the source in flight [default: the source backend's concurrency, at least 4]
     #[arg(long, value_name = "N")]
@@ -90,7 +91,6 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let opts = CopyOptions {
         filter: a.filters.filter(&a.ids),
         read: ReadOptions {
-            max_memory,
             fetchers: a.fetch_concurrency.unwrap_or(src.storage().default_concurrency().max(4)).max(1),
             decoders: cores,
         },
@@ -101,10 +101,14 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
             threads: cores,
             uploads: dst.storage().default_concurrency().clamp(2, 8),
             index_every: cairn_core::backup::DEFAULT_INDEX_EVERY,
-            // The packs being filled and stored hold at most as much as the reads in flight.
-            memory: Some(max_memory),
+            // Set by the copy: its share of --max-memory.
+            memory: None,
+            // The walk meets each blob once: the destination's index need not learn them.
+            index_stored: false,
+            keep_indexed: false,
         },
         tree_threads: cores.max(src.storage().default_concurrency().min(8)),
+        max_memory,
     };
     let p = CopyProgress::default();
     let report =

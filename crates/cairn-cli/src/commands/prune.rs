@@ -106,6 +106,9 @@ pub(crate) fn run_plan(g: &Global, repo: &Repository, plan: PlanOptions, a: &Run
                 uploads: repo.storage().default_concurrency().clamp(2, 8),
                 index_every: cairn_core::backup::DEFAULT_INDEX_EVERY,
                 memory: None,
+                index_stored: true,
+                // The summary counts the codecs of the blobs the new packs hold.
+                keep_indexed: true,
             },
         },
         dry_run: a.dry_run,

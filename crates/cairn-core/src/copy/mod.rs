@@ -22,6 +22,7 @@
 //! destination the backup's kind, so a prune there treats the copy as a running backup).
 
 mod known;
+mod marks;
 mod plan;
 mod rewrite;
 pub mod select;
@@ -34,13 +35,17 @@ use std::time::Instant;
 pub use select::Skipped;
 pub use transfer::ReadOptions;
 
+use crossbeam_channel::bounded;
+
 use crate::error::{Error, Result};
-use crate::id::{BlobId, IdMap, IdSet, SnapshotId};
+use crate::id::{BlobId, IdMap, SnapshotId};
 use crate::index::BlobLocation;
-use crate::packwrite::{write_packs, WriteOptions, Written};
+use crate::packwrite::{pack_buffer, write_packs, WriteOptions, Written, PACKS_MIN};
 use crate::repository::Repository;
 use crate::select::SnapshotFilter;
 use crate::snapshot::Snapshot;
+use marks::Marks;
+use plan::Walk;
 use transfer::Destination;
 
 /// How to copy.
@@ -50,10 +55,73 @@ pub struct CopyOptions {
     pub filter: SnapshotFilter,
     /// How the source is read.
     pub read: ReadOptions,
-    /// How the destination's packs are written.
+    /// How the destination's packs are written (their memory is a share of `max_memory`).
     pub write: WriteOptions,
     /// Threads that load trees.
     pub tree_threads: usize,
+    /// The whole copy's memory: both indexes, what it marks per source blob, trees kept for
+    /// the rewrite, reads in flight and packs being filled and stored ([`Shares`]).
+    pub max_memory: u64,
+}
+
+/// How a copy shares out its `--max-memory` (docs/DESIGN.md, "Copy"). First what grows with
+/// the repositories: the two indexes as loaded (the destination's does not learn what the copy
+/// stores) and the marks. Of the rest, three eighths for the packs being filled and stored, an
+/// eighth for trees (read ahead of the walk, being loaded, and kept between the walk and the
+/// rewrite), an eighth for the walk's batches of blobs to read, and the rest for reads in
+/// flight.
+#[derive(Clone, Copy, Debug)]
+pub struct Shares {
+    /// Bytes of reads in flight.
+    pub read: u64,
+    /// Bytes of the destination's packs in memory.
+    pub write: u64,
+    /// Bytes of trees: tree packs read ahead of the walk, and trees kept for the rewrite.
+    pub hold: u64,
+}
+
+impl Shares {
+    /// The shares of `max_memory` for copying from `src` to `dst`, or why it cannot run within it.
+    pub fn of(src: &Repository, dst: &Repository, rename: bool, max_memory: u64) -> Result<Shares> {
+        let fixed =
+            src.index().memory_bytes() + dst.index().memory_bytes() + Marks::memory_bytes(src.index().len(), rename);
+        let left = max_memory.saturating_sub(fixed);
+        let (write, hold, batches) = (left * 3 / 8, left / 8, left / 8);
+        let read = left - write - hold - batches;
+        let least_write = PACKS_MIN * pack_buffer(dst);
+        if write < least_write || read < READ_MIN {
+            let least = fixed + least_write.max(READ_MIN) * 8 / 3 + 1;
+            return Err(Error::Usage(format!(
+                "--max-memory {} MiB is too small for this copy: the two indexes and the copy's marks take {} MiB, \
+                 and the reads and packs in flight need {} MiB more; give at least {} MiB",
+                mib(max_memory),
+                mib(fixed),
+                mib(least - fixed),
+                mib(least),
+            )));
+        }
+        Ok(Shares { read, write, hold })
+    }
+
+    /// Blobs one batch of the walk holds (about 200 bytes each with its read): the batches'
+    /// share (as large as a third of the reads') holds the batch being read, the one waiting
+    /// and the one being made.
+    fn batch(&self) -> usize {
+        (self.read / 9 / 200).clamp(1024, 100_000) as usize
+    }
+
+    /// Threads that load trees: each holds a read of up to 4 MiB of stored and decoded trees
+    /// while it hands them on, within the trees' share beside what is read ahead and kept.
+    fn tree_threads(&self, most: usize) -> usize {
+        most.min((self.hold / (8 << 20)) as usize).max(1)
+    }
+}
+
+/// The smallest read share: reads of 1 MiB, a few in flight (a larger blob is read alone).
+const READ_MIN: u64 = 4 << 20;
+
+fn mib(bytes: u64) -> u64 {
+    bytes.div_ceil(1 << 20)
 }
 
 /// What a copy is doing, for a progress display.
@@ -141,44 +209,74 @@ pub fn copy(
         return Ok(report);
     }
 
-    progress.phase("loading trees");
-    let roots: Vec<BlobId> = selection.todo.iter().map(|(_, s)| s.tree).collect();
-    let needed = plan::needed(src, roots.iter().copied(), opts.tree_threads, cancel.clone())?;
-    report.blobs_needed = (needed.trees.len() + needed.data.len()) as u64;
-
     if !cancel.load(Ordering::Relaxed) {
         // Temporary objects of killed processes (a killed copy's too); a failed write removed its own.
         if let Err(e) = dst.storage().remove_stale_temporaries(crate::storage::STALE_TEMPORARY_AGE) {
             tracing::warn!("cannot remove stale temporary objects: {e}");
         }
     }
+    let roots: Vec<BlobId> = selection.todo.iter().map(|(_, s)| s.tree).collect();
+    let rename = !same_ids;
+    let share = Shares::of(src, dst, rename, opts.max_memory)?;
     // Between repositories with different IDs, earlier copies name what they hold (`known`).
-    let known = if same_ids {
-        IdMap::default()
-    } else {
+    let known = if rename {
         progress.phase("matching earlier copies");
         let pairs = earlier_copies(src, dst, &selection.todo, &selection.by_origin);
         known::names(src, dst, &pairs, opts.tree_threads, cancel.clone())
+    } else {
+        IdMap::default()
     };
-    let dest = Destination {
-        repo: dst,
-        rekey: !same_ids,
-        queued: Default::default(),
-        renamed: Default::default(),
-        blobs_written: AtomicU64::new(0),
+    let marks = Marks::new(&src.index(), rename);
+    let dest = Destination { src, repo: dst, rekey: rename, marks: &marks, blobs_written: AtomicU64::new(0) };
+    let walk = Walk {
+        src,
+        dst,
+        rename,
+        known: &known,
+        threads: share.tree_threads(opts.tree_threads),
+        hold: share.hold,
+        batch: share.batch(),
     };
-    let to_read = locate(src, &dest, &needed, &known)?;
-    report.blobs_known = dest.renamed.lock().expect("renamed lock").len() as u64;
-    let new_roots = write_packs(dst, &opts.write, &progress.written, |jobs| {
+    let read = opts.read;
+    // The walk meets each blob once, so the destination's index need not learn what is stored.
+    let write = WriteOptions { memory: Some(share.write), index_stored: false, keep_indexed: false, ..opts.write };
+    let (walked, new_roots) = write_packs(dst, &write, &progress.written, |jobs| {
         progress.phase("copying");
-        transfer::transfer(src, &dest, to_read, &opts.read, &jobs, progress, cancel.clone())?;
+        let mut walked = std::thread::scope(|s| {
+            // The walk hands on a batch while the one before it is read: one waits, one is read.
+            let (tx, rx) = bounded::<Vec<BlobLocation>>(1);
+            let walker = s.spawn(|| {
+                let tx = tx;
+                walk.run(&roots, &marks, cancel.clone(), |batch| tx.send(batch).map_err(|_| Error::Interrupted))
+            });
+            let mut moved = Ok(());
+            for batch in &rx {
+                moved = transfer::transfer(&dest, batch, share.read, &read, &jobs, progress, cancel.clone());
+                if moved.is_err() {
+                    break;
+                }
+            }
+            drop(rx); // a walker waiting to send stops
+            let walked = walker.join().expect("copy walker panicked");
+            moved.and(walked)
+        })?;
         if same_ids {
-            return Ok(roots.iter().map(|r| (*r, *r)).collect::<IdMap<_, _>>());
+            return Ok((walked, roots.iter().map(|r| (*r, *r)).collect::<IdMap<_, _>>()));
         }
         progress.phase("rewriting trees");
-        let data = std::mem::take(&mut *dest.renamed.lock().expect("renamed lock"));
-        rewrite::rewrite(&dest, &needed.trees, &roots, &data, &jobs)
+        let renamed = rewrite::rewrite(
+            &dest,
+            &mut walked,
+            &roots,
+            share.tree_threads(opts.tree_threads),
+            share.hold / 2,
+            cancel.clone(),
+            &jobs,
+        )?;
+        Ok((walked, renamed))
     })?;
+    report.blobs_needed = walked.trees + walked.data;
+    report.blobs_known = walked.known;
     if cancel.load(Ordering::Relaxed) {
         return Err(Error::Interrupted);
     }
@@ -223,49 +321,4 @@ fn earlier_copies(
             Some((src.read_snapshot(&p).ok()?.tree, dst.read_snapshot(copy).ok()?.tree))
         })
         .collect()
-}
-
-/// Where in the source the blobs to read are. With the same IDs in both repositories only what
-/// the destination lacks (trees included) is read; otherwise every data blob is read, to learn
-/// its name under the destination's key (trees are rewritten from the plan's copies), except
-/// those whose name an earlier copy told (`known`) and the destination still holds. A blob no
-/// source index lists is an error: the source is damaged.
-fn locate(
-    src: &Repository,
-    dst: &Destination<'_>,
-    needed: &plan::Needed,
-    known: &IdMap<BlobId, BlobId>,
-) -> Result<Vec<BlobLocation>> {
-    let index = src.index();
-    let dst_index = dst.repo.index();
-    let mut seen: IdSet<BlobId> = IdSet::default();
-    let ids: Box<dyn Iterator<Item = &BlobId>> = if dst.rekey {
-        let mut renamed = dst.renamed.lock().expect("renamed lock");
-        let mut unknown = Vec::new();
-        for id in &needed.data {
-            match known.get(id) {
-                Some(new) if dst_index.contains_live(new) => {
-                    renamed.insert(*id, *new);
-                }
-                _ => unknown.push(id),
-            }
-        }
-        Box::new(unknown.into_iter())
-    } else {
-        Box::new(needed.trees.keys().chain(needed.data.iter()).filter(|id| !dst_index.contains_live(id)))
-    };
-    let mut located = Vec::new();
-    for id in ids {
-        if !seen.insert(*id) {
-            continue;
-        }
-        let loc = index.get(id).ok_or_else(|| {
-            Error::Refused(format!(
-                "blob {} is in no index of the source; nothing was copied: run `cairn check` on the source",
-                id.short()
-            ))
-        })?;
-        located.push(loc);
-    }
-    Ok(located)
 }

@@ -6,17 +6,18 @@
 //! When the two repositories name blobs with different keys, each blob is also named under the
 //! destination's key here (its plaintext hashed: decompressed once more, or as it is when stored
 //! uncompressed); the destination may hold it already under that name, and then it is not
-//! written again. The old → new names are kept for the rewrite stage.
+//! written again. The new names are kept in the marks (`marks.rs`) for the rewrite stage.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::Sender;
 
+use super::marks::Marks;
 use super::CopyProgress;
 use crate::compress::Codec;
 use crate::error::{Error, Result};
-use crate::id::{BlobId, IdMap, IdSet};
+use crate::id::BlobId;
 use crate::index::BlobLocation;
 use crate::layout::pack_path;
 use crate::pack::BlobEntry;
@@ -27,34 +28,32 @@ use crate::repository::Repository;
 /// How the transfer reads.
 #[derive(Clone, Copy, Debug)]
 pub struct ReadOptions {
-    /// Bytes in flight on the read side.
-    pub max_memory: u64,
     /// Reads in flight.
     pub fetchers: usize,
     /// Threads that verify (and, between unrelated repositories, rename) what was read.
     pub decoders: usize,
 }
 
-/// What the destination already has or has been given, shared by the transfer's workers and
-/// the rewrite stage.
+/// Where the copied blobs go, shared by the transfer's workers and the rewrite stage.
 pub(super) struct Destination<'a> {
+    /// The source (the marks are kept by its index's positions).
+    pub src: &'a Repository,
     /// The destination.
     pub repo: &'a Repository,
     /// Whether blob IDs must be recomputed under the destination's key.
     pub rekey: bool,
-    /// Blobs queued for the pack writer by this copy (destination IDs).
-    pub queued: Mutex<IdSet<BlobId>>,
-    /// Source ID → destination ID of each blob read (only when `rekey`).
-    pub renamed: Mutex<IdMap<BlobId, BlobId>>,
+    /// What is known of each source blob (its destination ID when `rekey`).
+    pub marks: &'a Marks,
     /// Blobs given to the pack writer.
     pub blobs_written: AtomicU64,
 }
 
 impl Destination<'_> {
-    /// Whether `id` (a destination ID) must be written: the destination has no live copy and
-    /// this copy has not queued it yet.
+    /// Whether `id` (a destination ID) must be written: the destination has no live copy. (The
+    /// walk meets each source blob once, and distinct source blobs have distinct plaintexts, so
+    /// this copy never gives the pack writer one blob twice.)
     pub fn wants(&self, id: BlobId) -> bool {
-        !self.repo.index().contains_live(&id) && self.queued.lock().expect("queued lock").insert(id)
+        !self.repo.index().contains_live(&id)
     }
 
     /// Hands a blob to the pack writer; false if it stopped.
@@ -64,21 +63,22 @@ impl Destination<'_> {
     }
 }
 
-/// Reads `blobs` (source locations) and hands those the destination lacks to `jobs`. A blob
-/// that cannot be read is an error naming it.
+/// Reads one batch of `blobs` (source locations) and hands those the destination lacks to
+/// `jobs`. A blob that cannot be read is an error naming it.
 pub(super) fn transfer(
-    src: &Repository,
     dst: &Destination<'_>,
     blobs: Vec<BlobLocation>,
+    budget: u64,
     opts: &ReadOptions,
     jobs: &Sender<Job>,
     progress: &CopyProgress,
     cancel: Arc<AtomicBool>,
 ) -> Result<()> {
-    let reads = coalesce(blobs, opts.max_memory / 4, coalesce_gap(src));
-    progress.total_bytes.store(reads.iter().map(|r| r.length).sum(), Ordering::Relaxed);
+    let src = dst.src;
+    let reads = coalesce(blobs, budget / 4, coalesce_gap(src));
+    progress.total_bytes.fetch_add(reads.iter().map(|r| r.length).sum(), Ordering::Relaxed);
     let failures = Mutex::new(Vec::new());
-    let reader = Reader::new(src, opts.max_memory, cancel);
+    let reader = Reader::new(src, budget, cancel);
     std::thread::scope(|s| {
         let sink = ToDestination { jobs: jobs.clone(), dst, failures: &failures, progress };
         for w in reader.start(s, &reads, opts.fetchers, opts.decoders, sink) {
@@ -127,7 +127,8 @@ impl ToDestination<'_> {
                 }
             }
         };
-        self.dst.renamed.lock().expect("renamed lock").insert(entry.id, id);
+        let pos = self.dst.src.index().position(&entry.id)?;
+        self.dst.marks.name(pos, id);
         Some(id)
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
-use super::Written;
+use super::{WriteOptions, Written};
 use crate::error::Result;
 use crate::index::IndexedPack;
 use crate::repository::Repository;
@@ -21,14 +21,20 @@ const INDEX_INTERVAL: Duration = Duration::from_secs(30);
 pub(super) fn index_packs(
     repo: &Repository,
     packs: Receiver<IndexedPack>,
-    every: usize,
+    opts: &WriteOptions,
     written: &Written,
 ) -> Result<()> {
+    let every = opts.index_every;
     let mut batch = Vec::new();
     let mut last = Instant::now();
     let save = |batch: &mut Vec<IndexedPack>| -> Result<()> {
         let id = repo.save_index(batch)?;
-        written.index_files.lock().expect("written lock").push((id, std::mem::take(batch)));
+        let packs = std::mem::take(batch);
+        written
+            .index_files
+            .lock()
+            .expect("written lock")
+            .push((id, if opts.keep_indexed { packs } else { Vec::new() }));
         Ok(())
     };
     loop {

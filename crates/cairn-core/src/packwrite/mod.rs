@@ -71,6 +71,13 @@ pub struct WriteOptions {
     /// once, and one waiting for room while every pack in memory is still open would wait
     /// forever).
     pub memory: Option<u64>,
+    /// Whether each stored pack joins the repository's in-memory index (a backup or a prune
+    /// deduplicates against what it stored; a copy, whose walk meets each blob once, does not
+    /// hold a million blobs' entries for nothing).
+    pub index_stored: bool,
+    /// Whether [`Written::index_files`] keeps the packs each index file lists (a prune counts
+    /// their codecs), or only the files' IDs.
+    pub keep_indexed: bool,
 }
 
 /// The bytes a pack of `repo` may take in memory while it is filled: its buffer is made this
@@ -90,7 +97,7 @@ pub struct Written {
     pub bytes_stored: AtomicU64,
     /// Packs stored.
     pub packs: AtomicU64,
-    /// Index files written, each naming the packs it lists.
+    /// Index files written, each naming the packs it lists (when [`WriteOptions::keep_indexed`]).
     pub index_files: Mutex<Vec<(IndexId, Vec<IndexedPack>)>>,
 }
 
@@ -122,13 +129,13 @@ pub fn write_packs<T>(
         let (stored_tx, stored_rx) = bounded::<IndexedPack>(uploads * 2);
         let (packs_tx, packs_rx) = bounded::<Sealed<'_>>(uploads);
         let (jobs_tx, jobs_rx) = bounded::<Job>(threads * 4);
-        let indexer = s.spawn(move || index::index_packs(repo, stored_rx, opts.index_every, written));
+        let indexer = s.spawn(move || index::index_packs(repo, stored_rx, opts, written));
         let live = &live_uploaders;
         let uploaders: Vec<_> = (0..uploads)
             .map(|_| {
                 let (rx, tx) = (packs_rx.clone(), stored_tx.clone());
                 s.spawn(move || {
-                    let done = upload::run(repo, rx, tx, written);
+                    let done = upload::run(repo, rx, tx, opts.index_stored, written);
                     live.fetch_sub(1, Ordering::Relaxed);
                     done
                 })

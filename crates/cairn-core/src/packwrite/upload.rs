@@ -16,6 +16,7 @@ pub(super) fn run(
     repo: &Repository,
     packs: Receiver<Sealed<'_>>,
     stored: Sender<IndexedPack>,
+    index_stored: bool,
     written: &Written,
 ) -> Result<()> {
     for Sealed { pack, room } in packs {
@@ -26,7 +27,9 @@ pub(super) fn run(
         written.bytes_stored.fetch_add(len, Ordering::Relaxed);
         written.packs.fetch_add(1, Ordering::Relaxed);
         let indexed = IndexedPack { id: pack.id, salt: pack.salt, blobs: pack.entries };
-        repo.index_pack(&indexed);
+        if index_stored {
+            repo.index_pack(&indexed);
+        }
         stored.send(indexed).map_err(|_| stopped("index"))?;
     }
     Ok(())
