@@ -49,6 +49,11 @@ impl Marks {
         self.names.lock().expect("names lock")[pos] = name;
     }
 
+    /// Whether the source blob at `pos` has a destination ID.
+    pub fn named(&self, pos: usize) -> bool {
+        self.names.lock().expect("names lock").get(pos).is_some_and(|n| *n != UNNAMED)
+    }
+
     /// The destination ID of source blob `id`, if it was named.
     pub fn name_of(&self, index: &Index, id: &BlobId) -> Option<BlobId> {
         let pos = index.position(id)?;

@@ -218,21 +218,19 @@ pub fn copy(
     let roots: Vec<BlobId> = selection.todo.iter().map(|(_, s)| s.tree).collect();
     let rename = !same_ids;
     let share = Shares::of(src, dst, rename, opts.max_memory)?;
+    let marks = Marks::new(&src.index(), rename);
     // Between repositories with different IDs, earlier copies name what they hold (`known`).
-    let known = if rename {
+    if rename {
         progress.phase("matching earlier copies");
         let pairs = earlier_copies(src, dst, &selection.todo, &selection.by_origin);
-        known::names(src, dst, &pairs, opts.tree_threads, cancel.clone())
-    } else {
-        IdMap::default()
-    };
-    let marks = Marks::new(&src.index(), rename);
+        let threads = share.tree_threads(opts.tree_threads);
+        known::names(src, dst, &pairs, threads, share.hold, cancel.clone(), &marks);
+    }
     let dest = Destination { src, repo: dst, rekey: rename, marks: &marks, blobs_written: AtomicU64::new(0) };
     let walk = Walk {
         src,
         dst,
         rename,
-        known: &known,
         threads: share.tree_threads(opts.tree_threads),
         hold: share.hold,
         batch: share.batch(),

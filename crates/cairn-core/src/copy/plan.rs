@@ -41,8 +41,6 @@ pub(super) struct Walk<'a> {
     pub dst: &'a Repository,
     /// Whether blobs are renamed (the repositories' IDs differ).
     pub rename: bool,
-    /// Source ID → destination ID told by earlier copies (when renaming).
-    pub known: &'a IdMap<BlobId, BlobId>,
     /// Threads that load trees.
     pub threads: usize,
     /// Bytes of trees held: half for tree packs read ahead of the walk, half for decoded trees
@@ -126,12 +124,11 @@ impl Walk<'_> {
                     }
                     continue;
                 }
-                match self.known.get(id) {
-                    Some(new) if dst_index.contains_live(new) => {
-                        marks.name(pos, *new);
-                        walked.known += 1;
-                    }
-                    _ => batch.push(loc),
+                // Named by an earlier copy (`known.rs`), which the destination still holds.
+                if marks.named(pos) {
+                    walked.known += 1;
+                } else {
+                    batch.push(loc);
                 }
             }
         }
