@@ -72,7 +72,8 @@ pub struct CopyOptions {
 /// flight.
 #[derive(Clone, Copy, Debug)]
 pub struct Shares {
-    /// Bytes of reads in flight.
+    /// Bytes the reads take: the reader admits half as many in flight, because a read's reused
+    /// buffer may be up to twice its size and idle buffers are kept (`read/buffers.rs`).
     pub read: u64,
     /// Bytes of the destination's packs in memory.
     pub write: u64,
@@ -249,7 +250,7 @@ pub fn copy(
             });
             let mut moved = Ok(());
             for batch in &rx {
-                moved = transfer::transfer(&dest, batch, share.read, &read, &jobs, progress, cancel.clone());
+                moved = transfer::transfer(&dest, batch, share.read / 2, &read, &jobs, progress, cancel.clone());
                 if moved.is_err() {
                     break;
                 }

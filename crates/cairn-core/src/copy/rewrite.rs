@@ -22,7 +22,7 @@ use crate::id::{BlobId, IdMap, IdSet};
 use crate::pack::BlobKind;
 use crate::packwrite::{Job, Payload};
 use crate::repository::Repository;
-use crate::tree::{Chunk, Tree, TreeBytes};
+use crate::tree::{Chunk, TreeBytes};
 use crate::trees::{load_level_each, Loading};
 
 /// Rewrites every tree the walk met (`walked.shape`), bottom-up; returns source tree ID →
@@ -75,8 +75,7 @@ fn one(
                 .map(|s| renamed.get(s).map(|new| (*s, *new)).ok_or_else(|| missing("tree", s)))
                 .collect::<Result<_>>()?
         };
-        let new = rename_tree(src, &tree, dst.marks, &subtrees)?;
-        let bytes = new.to_bytes();
+        let bytes = rename_tree(src, &tree, dst.marks, &subtrees)?;
         let new_id = dst.repo.key().blob_id(&bytes);
         if dst.wants(new_id)
             && !dst.send(jobs, Job { id: new_id, kind: BlobKind::Tree, payload: Payload::Plain(bytes) })
@@ -137,11 +136,10 @@ fn by_height(shape: &IdMap<BlobId, Box<[BlobId]>>, roots: &[BlobId]) -> Result<V
     Ok(levels)
 }
 
-/// `tree` with every chunk and subtree ID replaced by its destination ID.
-fn rename_tree(src: &Repository, tree: &TreeBytes, marks: &Marks, trees: &IdMap<BlobId, BlobId>) -> Result<Tree> {
+/// The encoding of `tree` with every chunk and subtree ID replaced by its destination ID.
+fn rename_tree(src: &Repository, tree: &TreeBytes, marks: &Marks, trees: &IdMap<BlobId, BlobId>) -> Result<Vec<u8>> {
     let index = src.index();
-    let mut out = Tree { nodes: tree.nodes().collect() };
-    for node in &mut out.nodes {
+    tree.map_nodes(|node| {
         for chunk in &mut node.content {
             if let Chunk::Data { id, .. } = chunk {
                 *id = marks.name_of(&index, id).ok_or_else(|| missing("blob", id))?;
@@ -150,6 +148,6 @@ fn rename_tree(src: &Repository, tree: &TreeBytes, marks: &Marks, trees: &IdMap<
         if let Some(sub) = &mut node.subtree {
             *sub = *trees.get(sub).ok_or_else(|| missing("tree", sub))?;
         }
-    }
-    Ok(out)
+        Ok(())
+    })
 }
