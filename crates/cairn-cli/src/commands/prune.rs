@@ -106,7 +106,8 @@ pub(crate) fn run_plan(g: &Global, repo: &Repository, plan: PlanOptions, a: &Run
                 uploads: repo.storage().default_concurrency().clamp(2, 8),
                 index_every: cairn_core::backup::DEFAULT_INDEX_EVERY,
                 memory: None,
-                index_stored: true,
+                // Nothing looks the repacked blobs up: finishing reads the index files again.
+                index_stored: false,
                 // The summary counts the codecs of the blobs the new packs hold.
                 keep_indexed: true,
             },

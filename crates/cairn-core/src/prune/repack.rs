@@ -30,8 +30,16 @@ pub struct RepackOptions {
     pub write: WriteOptions,
 }
 
+/// Blobs one batch of the repack reads at most: an eighth of the read budget, at about 200
+/// bytes a blob for its location and read, so a repack of a million blobs does not plan them
+/// all at once (150 MB of `many`'s prune); whole packs, at least one.
+fn batch_blobs(opts: &RepackOptions) -> usize {
+    (opts.max_memory / 8 / 200).clamp(16, 262_144) as usize
+}
+
 /// Copies the claimed blobs of `packs` into new packs (and index files for them, listed in
-/// `written`). A blob that cannot be read is an error naming it: the prune then deletes nothing.
+/// `written`), a batch of packs at a time. A blob that cannot be read is an error naming it:
+/// the prune then deletes nothing.
 pub fn repack(
     repo: &Repository,
     packs: &[&PlannedPack],
@@ -40,32 +48,46 @@ pub fn repack(
     written: &Written,
     cancel: Arc<AtomicBool>,
 ) -> Result<()> {
-    let located: Vec<BlobLocation> = packs
-        .iter()
-        .enumerate()
-        .flat_map(|(no, p)| {
-            p.claimed.iter().map(move |&entry| BlobLocation {
-                pack: p.pack.id,
-                pack_no: no as u32,
-                salt: p.pack.salt,
-                entry,
-            })
-        })
-        .collect();
-    let reads = coalesce(located, opts.max_memory / 4, coalesce_gap(repo));
     let failures = Mutex::new(Vec::new());
-    let reader = Reader::new(repo, opts.max_memory, cancel);
     write_packs(repo, &opts.write, written, |jobs| {
-        std::thread::scope(|s| {
-            let sink = ToPacks { jobs, plan, failures: &failures };
-            for w in reader.start(s, &reads, opts.fetchers, opts.decoders, sink) {
-                w.join().expect("repack worker panicked");
+        let mut first = 0;
+        while first < packs.len() {
+            // Whole packs per batch (a pack's blobs are read together), at least one.
+            let mut blobs = 0;
+            let mut end = first;
+            while end < packs.len() && (end == first || blobs + packs[end].claimed.len() <= batch_blobs(opts)) {
+                blobs += packs[end].claimed.len();
+                end += 1;
             }
-        });
-        if reader.cancelled() {
-            return Err(Error::Interrupted);
+            let located: Vec<BlobLocation> = packs[first..end]
+                .iter()
+                .enumerate()
+                .flat_map(|(no, p)| {
+                    p.claimed.iter().map(move |&entry| BlobLocation {
+                        pack: p.pack.id,
+                        pack_no: no as u32,
+                        salt: p.pack.salt,
+                        entry,
+                    })
+                })
+                .collect();
+            first = end;
+            let reads = coalesce(located, opts.max_memory / 4, coalesce_gap(repo));
+            let reader = Reader::new(repo, opts.max_memory, cancel.clone());
+            std::thread::scope(|s| {
+                let sink = ToPacks { jobs: jobs.clone(), plan, failures: &failures };
+                for w in reader.start(s, &reads, opts.fetchers, opts.decoders, sink) {
+                    w.join().expect("repack worker panicked");
+                }
+            });
+            if reader.cancelled() {
+                return Err(Error::Interrupted);
+            }
+            if !failures.lock().expect("failures lock").is_empty() {
+                break;
+            }
         }
-        match failures.into_inner().expect("failures lock").into_iter().next() {
+        match failures.lock().expect("failures lock").drain(..).next() {
             Some(first) => Err(Error::Refused(format!(
                 "{first}; prune deletes nothing: run `cairn check --read-data`, then `cairn repair packs`"
             ))),
