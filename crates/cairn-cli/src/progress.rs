@@ -240,6 +240,21 @@ pub fn print_round_trips(storage: &dyn cairn_core::storage::Storage, json: bool)
     }
 }
 
+/// With `--profile`: when the restore's lock was let go (`Held`).
+pub fn print_lock_let_go(held: &crate::commands::Held, json: bool) {
+    let before_end = match held {
+        crate::commands::Held::LetGo(d) => Some(d.as_secs_f64()),
+        crate::commands::Held::Kept(_) => None,
+    };
+    if json {
+        outln!("{}", serde_json::json!({"message_type": "lock", "let_go_before_end_seconds": before_end}));
+    } else if let Some(s) = before_end {
+        outln!("lock let go once the reads were over, {s:.3} s before the restore ended");
+    } else {
+        outln!("lock held to the end");
+    }
+}
+
 /// Prints what a dry run found.
 pub fn print_dry_run(dry: &DryRun, out: &RestoreOutcome, json: bool) {
     if json {

@@ -132,6 +132,37 @@ fn a_restore_holds_its_shared_lock_until_it_ends() {
     assert_eq!(locks(), 0, "the lock is removed when the restore ends");
 }
 
+/// Once a restore reads nothing more from the repository (its walk is over and its last
+/// batch's read workers have ended) it lets its lock go, so the lock's removal runs beside its
+/// last writes; a restore that fetches nothing keeps it to the end. Either way no lock is left.
+#[test]
+fn a_restore_lets_its_lock_go_once_its_reads_are_over() {
+    let base = tempfile::tempdir().unwrap();
+    let (cairn, src) = backed_up(base.path());
+    let before = scan_source(&src);
+    let slow = cairn.clone().with_env("CAIRN_INJECT_FAULTS", "latency=20ms");
+    let target = base.path().join("target");
+    let let_go = |out: &str| {
+        let record = out
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|v| v["message_type"] == "lock")
+            .unwrap_or_else(|| panic!("no lock record in:\n{out}"));
+        record["let_go_before_end_seconds"].as_f64()
+    };
+    let args = ["--json", "restore", "latest", "--target", target.to_str().unwrap(), "--profile", "--no-local-data"];
+    let first = slow.ok(args);
+    let early = let_go(&first);
+    assert!(early.is_some_and(|s| s >= 0.0), "the lock was not let go when the reads ended: {first}");
+    assert_same(&before, &scan(&restored_path(&target, &src)), true);
+    let locks = || fs::read_dir(cairn.repo.join("locks")).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(locks(), 0, "the lock is removed by the time the restore ends");
+    // The same again: everything is in place, nothing is fetched, the lock is kept to the end.
+    let again = slow.ok(args);
+    assert_eq!(let_go(&again), None, "{again}");
+    assert_eq!(locks(), 0);
+}
+
 /// The restore runs while its lock is being taken (one round trip less before data): when the
 /// lock cannot be had, the restore stops and the lock's error is what it says, in one line,
 /// with a non-zero exit; nothing is restored beyond what it had verified by then.

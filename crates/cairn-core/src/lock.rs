@@ -448,3 +448,28 @@ mod tests {
         assert!(locks[0].info.as_ref().unwrap().refreshed > 0);
     }
 }
+
+/// A one-way signal that a lock may be let go before its command ends: a restore raises it once
+/// it will read nothing more from the repository, so the lock's removal (a round trip) runs
+/// beside the restore's last writes instead of after them.
+#[derive(Debug, Default)]
+pub struct Release {
+    raised: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl Release {
+    /// Raises the signal (again: nothing more).
+    pub fn raise(&self) {
+        *self.raised.lock().expect("release lock") = true;
+        self.changed.notify_all();
+    }
+
+    /// Waits until the signal is raised.
+    pub fn wait(&self) {
+        let mut raised = self.raised.lock().expect("release lock");
+        while !*raised {
+            raised = self.changed.wait(raised).expect("release lock");
+        }
+    }
+}

@@ -83,17 +83,43 @@ pub(crate) fn open_locked_then<T>(
     stop: Option<&std::sync::atomic::AtomicBool>,
     then: impl FnOnce(&Repository) -> Result<T>,
 ) -> Result<(Repository, Lock, T)> {
+    let (repo, held, done) = open_locked_releasing(global, kind, preload, stop, None, then)?;
+    let Held::Kept(lock) = held else { unreachable!("a lock without an early release is kept") };
+    Ok((repo, lock, done))
+}
+
+/// What became of the lock of [`open_locked_releasing`].
+pub(crate) enum Held {
+    /// Still held: removed when dropped.
+    Kept(Lock),
+    /// Let go when `release` was raised, this long before `then` ended.
+    LetGo(std::time::Duration),
+}
+
+/// [`open_locked_then`], letting the lock go as soon as `release` is raised (a restore raises it
+/// once it reads nothing more from the repository): its removal, a round trip, then runs beside
+/// the end of `then` instead of after it.
+pub(crate) fn open_locked_releasing<T>(
+    global: &Global,
+    kind: LockKind,
+    preload: impl FnOnce(bool) -> Preload,
+    stop: Option<&std::sync::atomic::AtomicBool>,
+    release: Option<&cairn_core::lock::Release>,
+    then: impl FnOnce(&Repository) -> Result<T>,
+) -> Result<(Repository, Held, T)> {
+    use std::sync::atomic::{AtomicBool, Ordering};
     let storage = storage(global)?;
     let preload = preload(cache_base(global, &*storage).is_some());
     let pw = password::get(global.password_file.as_deref(), "CAIRN_PASSWORD", "repository password", false)?;
     // The open lists `deletions/` beside the lock's write, maybe before it: the lock lists it
     // again once written, so a prune's manifest stored in between is not missed.
     let relist = preload.index;
+    let finished = AtomicBool::new(false);
     let (opened, held) = std::thread::scope(|s| {
         let locking = std::thread::Builder::new()
             .name("cairn-lock-take".into())
-            .spawn_scoped(s, || -> Result<(Lock, Option<Vec<String>>)> {
-                let taken = (|| {
+            .spawn_scoped(s, || -> Result<(Held, Option<Vec<String>>, Option<std::time::Instant>)> {
+                let taken = (|| -> Result<(Lock, Option<Vec<String>>)> {
                     // Where there is no repository, nothing is written (the open says so).
                     if !storage.exists(cairn_core::layout::CONFIG)? {
                         return Err(cairn_core::Error::NoRepository(storage.location().to_string()).into());
@@ -103,19 +129,49 @@ pub(crate) fn open_locked_then<T>(
                     Ok((lock, listed.transpose()?.map(|l| l.into_iter().map(|o| o.path).collect())))
                 })();
                 if let (Err(_), Some(stop)) = (&taken, stop) {
-                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    stop.store(true, Ordering::Relaxed);
                 }
-                taken
+                let (lock, listed) = taken?;
+                let Some(release) = release else { return Ok((Held::Kept(lock), listed, None)) };
+                release.wait();
+                if finished.load(Ordering::Acquire) {
+                    return Ok((Held::Kept(lock), listed, None));
+                }
+                let at = std::time::Instant::now();
+                drop(lock); // removed here, beside the command's last work
+                Ok((Held::LetGo(std::time::Duration::ZERO), listed, Some(at)))
             })
             .map_err(|e| cairn_core::Error::io("lock", "cannot start a thread", e))?;
-        let opened = open_preloaded(global, storage.clone(), &pw, &preload).map(|repo| {
-            let done = then(&repo);
-            (repo, done)
-        });
-        Ok::<_, cairn_core::Error>((opened, locking.join().expect("the lock thread panicked")))
+        // However `then` ends (a panic included), the lock thread stops waiting for `release`.
+        struct Finished<'a>(&'a AtomicBool, Option<&'a cairn_core::lock::Release>);
+        impl Drop for Finished<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Release);
+                if let Some(r) = self.1 {
+                    r.raise();
+                }
+            }
+        }
+        let mut ended = None;
+        let opened = {
+            let guard = Finished(&finished, release);
+            let opened = open_preloaded(global, storage.clone(), &pw, &preload).map(|repo| {
+                let done = then(&repo);
+                (repo, done)
+            });
+            drop(guard);
+            ended.get_or_insert_with(std::time::Instant::now);
+            opened
+        };
+        let held =
+            locking.join().expect("the lock thread panicked").map(|(held, listed, at)| match (held, at, ended) {
+                (Held::LetGo(_), Some(at), Some(end)) => (Held::LetGo(end.saturating_duration_since(at)), listed),
+                (held, _, _) => (held, listed),
+            });
+        Ok::<_, cairn_core::Error>((opened, held))
     })?;
     let (repo, done) = opened?;
-    let (lock, listed) = held?;
+    let (held, listed) = held?;
     if let (Some(listed), Some(seen)) = (listed, repo.deletions_seen()) {
         let mut listed = listed.iter().filter_map(|p| cairn_core::layout::parse_deletion_path(p));
         if let Some(new) = listed.find(|id| !seen.contains(id)).map(|id| cairn_core::layout::deletion_path(&id)) {
@@ -125,7 +181,7 @@ pub(crate) fn open_locked_then<T>(
             );
         }
     }
-    Ok((repo, lock, done?))
+    Ok((repo, held, done?))
 }
 
 /// Opens the repository in `storage` with `pw`, with the metadata cache the global options

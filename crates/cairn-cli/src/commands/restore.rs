@@ -12,7 +12,7 @@ use cairn_core::preload::Preload;
 use cairn_core::restore::{self, LocalData, Progress, RestoreOptions};
 use clap::Args as ClapArgs;
 
-use super::{open_locked_then, parse_size, set_on_sigint, split_spec, Global};
+use super::{open_locked_releasing, parse_size, set_on_sigint, split_spec, Global};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -110,12 +110,15 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     // The restore runs while the shared lock is being taken (three round trips one after
     // another): if the lock cannot be had, it is stopped and the lock's error reported. What it
     // wrote by then is verified data in the target, as after an interrupted restore
-    // (docs/DESIGN.md, "Starting at once").
-    let (repo, _lock, (id, result)) = open_locked_then(
+    // (docs/DESIGN.md, "Starting at once"). Once the restore reads nothing more from the
+    // repository, the lock is let go beside its last writes (one round trip off its end).
+    let progress = Progress::default();
+    let (repo, held, (id, result)) = open_locked_releasing(
         g,
         LockKind::Shared,
         |cached| Preload::snapshot(name, !cached),
         Some(&cancel),
+        Some(&progress.reads_over),
         |repo| {
             set_on_sigint(&cancel)?;
             repo.load_index()?;
@@ -123,7 +126,6 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
             if a.fetch_concurrency.is_none() {
                 opts.fetch_concurrency = repo.storage().default_concurrency();
             }
-            let progress = Progress::default();
             let result = crate::progress::while_showing(
                 |done| crate::progress::restore(&progress, done, g.json),
                 || restore::restore(repo, &snap, &id.short(), path, &a.target, &opts, &progress),
@@ -153,6 +155,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     }
     if a.profile {
         crate::progress::print_round_trips(&**repo.storage(), g.json);
+        crate::progress::print_lock_let_go(&held, g.json);
     }
     crate::progress::print_restore_summary(&id.to_hex(), &out, g.json, a.profile);
     if !out.failed.is_empty() {

@@ -188,6 +188,8 @@ pub struct Reader<'a> {
     /// Set by [`Reader::auto_tuned`]: the gate on reads in flight and what the controller did.
     tuning: Option<Tuning>,
     meter: Meter,
+    /// Called once every fetch and decode worker of a [`Reader::start`] has ended.
+    when_done: Option<&'a (dyn Fn() + Sync)>,
 }
 
 /// The fetch stage's running totals the controller samples.
@@ -198,6 +200,8 @@ struct Meter {
     budget_wait_nanos: AtomicU64,
     reserved: AtomicU64,
     live_fetchers: AtomicUsize,
+    /// Fetch and decode workers not ended yet.
+    live_workers: AtomicUsize,
 }
 
 /// An auto-tuned reader's gate and log.
@@ -222,6 +226,24 @@ impl<'a> Reader<'a> {
             cancel,
             tuning: None,
             meter: Meter::default(),
+            when_done: None,
+        }
+    }
+
+    /// Calls `hook` once every fetch and decode worker of [`Reader::start`] has ended, whether
+    /// the reads were done, cancelled or refused: this reader reads nothing more (a decode
+    /// worker reads a damaged blob again before it ends).
+    pub fn when_done(mut self, hook: &'a (dyn Fn() + Sync)) -> Self {
+        self.when_done = Some(hook);
+        self
+    }
+
+    /// A fetch or decode worker ended.
+    fn worker_ended(&self) {
+        if self.meter.live_workers.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Some(hook) = self.when_done {
+                hook();
+            }
         }
     }
 
@@ -281,6 +303,7 @@ impl<'a> Reader<'a> {
             fetchers = AUTO_MAX.max(fetchers);
         }
         self.meter.live_fetchers.fetch_add(fetchers, Ordering::Relaxed);
+        self.meter.live_workers.fetch_add(fetchers + decoders, Ordering::AcqRel);
         if let Some(tuning) = &self.tuning {
             workers.push(spawn_named(s, "tune", move || self.tune(tuning)));
         }
@@ -299,11 +322,15 @@ impl<'a> Reader<'a> {
             workers.push(spawn_named(s, "fetch", move || {
                 fetch::fetch_worker(self, rx, tx, sink);
                 self.meter.live_fetchers.fetch_sub(1, Ordering::Relaxed);
+                self.worker_ended();
             }));
         }
         for _ in 0..decoders {
             let (rx, sink) = (fetched_rx.clone(), sink.clone());
-            workers.push(spawn_named(s, "decode", move || decode::decode_worker(self, rx, sink)));
+            workers.push(spawn_named(s, "decode", move || {
+                decode::decode_worker(self, rx, sink);
+                self.worker_ended();
+            }));
         }
         workers
     }

@@ -74,6 +74,8 @@ pub struct Run<'a> {
     pub fetch_rate: Option<f64>,
     /// What the batches did.
     pub out: RestoreOutcome,
+    /// Set by the plan thread once its walk is over (no tree is read after it).
+    pub walk_done: &'a AtomicBool,
 }
 
 impl Run<'_> {
@@ -152,12 +154,20 @@ impl Run<'_> {
             + part.bytes_reused_source
             + part.bytes_reused_target;
         let files_before = progress.done_files.load(Ordering::Relaxed);
+        // The last batch's reads end the restore's reading (the walk ended before it).
+        let walk_done = self.walk_done;
+        let reads_over = || {
+            if walk_done.load(Ordering::Acquire) {
+                progress.reads_over.raise();
+            }
+        };
         let sh = Shared {
             plan,
             fetches: &fetches,
             states: &states,
             target,
             reader: Reader::new(self.repo, self.data_budget, self.cancel.clone())
+                .when_done(&reads_over)
                 .auto_tuned(opts.fetch_auto)
                 .tuned_from(self.tuner.take()),
             failures: Failures::new(&fetches),

@@ -82,6 +82,7 @@ pub fn restore(
     let limit = plan::BatchLimit::for_memory(opts.max_memory);
     loading.read_ahead.limit(limit.tree_packs());
     let empty = fsops::target_is_empty(target);
+    let walk_done = std::sync::atomic::AtomicBool::new(false);
     let mut run = Run {
         repo,
         target,
@@ -104,6 +105,7 @@ pub fn restore(
         tuner: None,
         fetch_rate: None,
         out: RestoreOutcome::default(),
+        walk_done: &walk_done,
     };
     // Closed directories list their children for `--delete`, and for the local-data stage,
     // which looks for chunks in the target's files the snapshot does not name.
@@ -114,7 +116,7 @@ pub fn restore(
         // one: freeing a batch's entries (three allocations each) took the main thread 3 ms a
         // batch while the compare threads waited for the next batch.
         let (done_tx, done_rx) = crossbeam_channel::bounded::<Plan>(1);
-        let (filter, base_path, loading) = (&filter, &base_path, &loading);
+        let (filter, base_path, loading, walk_done) = (&filter, &base_path, &loading, &walk_done);
         let planner = std::thread::Builder::new()
             .name("plan".into())
             // The walk recurses once per directory level (at most trees::MAX_DEPTH).
@@ -125,7 +127,10 @@ pub fn restore(
                     done_rx.try_iter().for_each(drop);
                     sent
                 };
-                plan::stream(repo, top, base_path, filter, names, tree_threads(opts), loading, limit, emit)
+                let walked =
+                    plan::stream(repo, top, base_path, filter, names, tree_threads(opts), loading, limit, emit);
+                walk_done.store(true, Ordering::Release);
+                walked
             })
             .map_err(|e| Error::io("plan thread", "cannot start", e))?;
         let mut done = Ok(());

@@ -204,6 +204,9 @@ pub struct Progress {
     pub fetched_bytes: AtomicU64,
     /// Set when the watchdog sees a stall: which stage is waiting.
     pub stall: Mutex<Option<String>>,
+    /// Raised once the restore reads nothing more from the repository: its walk is over and
+    /// the last batch's read workers have ended (the caller may let its lock go then).
+    pub reads_over: crate::lock::Release,
 }
 
 /// What a dry run found.
