@@ -2,57 +2,25 @@
 
 use std::io::IsTerminal;
 use std::sync::atomic::Ordering;
-use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use cairn_core::backup::{self, BackupOutcome};
 use cairn_core::restore::{DryRun, Progress, RestoreOutcome, STAGE_NAMES};
+use cairn_core::signal::{RaiseOnDrop, Signal};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::output::{bytes, count, rate};
 
-/// When a progress display stops: set once its work ends. The display waits on it between
-/// updates, so it stops at once (a plain sleep of 100 ms between checks made every command end
-/// up to 100 ms after its work did).
-#[derive(Default)]
-pub struct Done {
-    set: Mutex<bool>,
-    changed: Condvar,
-}
-
-impl Done {
-    /// The work has ended.
-    pub fn set(&self) {
-        *self.set.lock().expect("progress lock") = true;
-        self.changed.notify_all();
-    }
-
-    /// Waits up to `tick` for the work to end; returns whether it has.
-    pub fn wait(&self, tick: Duration) -> bool {
-        let set = self.set.lock().expect("progress lock");
-        let (set, _) = self.changed.wait_timeout_while(set, tick, |set| !*set).expect("progress lock");
-        *set
-    }
-}
-
-/// Sets a [`Done`] when dropped, also when the work it watches unwinds, so a failure can never
-/// leave the command waiting for its progress display.
-pub struct StopOnDrop<'a>(pub &'a Done);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.set();
-    }
-}
-
 /// Runs `work` while `show` displays progress on a thread of its own; `show` is told to stop
-/// when the work ends (also when it unwinds).
-pub fn while_showing<T>(show: impl FnOnce(&Done) + Send, work: impl FnOnce() -> T) -> T {
-    let done = Done::default();
+/// when the work ends (also when it unwinds) by a [`Signal`] it waits on between updates, so it
+/// stops at once (a plain sleep of 100 ms between checks made every command end up to 100 ms
+/// after its work did).
+pub fn while_showing<T>(show: impl FnOnce(&Signal) + Send, work: impl FnOnce() -> T) -> T {
+    let done = Signal::default();
     std::thread::scope(|s| {
         let reporter = s.spawn(|| show(&done));
         let out = {
-            let _stop = StopOnDrop(&done);
+            let _stop = RaiseOnDrop(&done);
             work()
         };
         reporter.join().expect("progress thread");
@@ -77,11 +45,11 @@ fn terminal_bar(json: bool) -> Option<ProgressBar> {
 }
 
 /// Shows restore progress until `done`: a bar on a terminal, JSON lines with `--json`.
-pub fn restore(p: &Progress, done: &Done, json: bool) {
+pub fn restore(p: &Progress, done: &Signal, json: bool) {
     let bar = terminal_bar(json);
     let started = Instant::now();
     let mut last_json = Instant::now();
-    while !done.wait(TICK) {
+    while !done.wait_timeout(TICK) {
         let total = p.total_bytes.load(Ordering::Relaxed);
         let now = p.done_bytes.load(Ordering::Relaxed);
         let files = (p.done_files.load(Ordering::Relaxed), p.total_files.load(Ordering::Relaxed));
@@ -302,11 +270,11 @@ fn reused_line(verb: &str, out: &RestoreOutcome) -> String {
 
 /// Shows backup progress until `done`: on a terminal the files being read right now, files
 /// and bytes done of the pre-scan's totals, the rate and the time left; JSON lines with `--json`.
-pub fn backup(p: &backup::Progress, done: &Done, json: bool) {
+pub fn backup(p: &backup::Progress, done: &Signal, json: bool) {
     let bar = terminal_bar(json);
     let started = Instant::now();
     let mut last_json = Instant::now();
-    while !done.wait(TICK) {
+    while !done.wait_timeout(TICK) {
         let total = (p.total_files.load(Ordering::Relaxed), p.total_bytes.load(Ordering::Relaxed));
         let now = (p.files_done.load(Ordering::Relaxed), p.bytes_done.load(Ordering::Relaxed));
         let scanned = p.scan_finished.load(Ordering::Relaxed);
@@ -389,7 +357,7 @@ pub fn print_backup_summary(out: &BackupOutcome, json: bool) {
 
 /// Shows check progress until `done`: the phase and its count on a terminal, JSON lines with
 /// `--json`.
-pub fn check(p: &cairn_core::check::Progress, done: &Done, json: bool) {
+pub fn check(p: &cairn_core::check::Progress, done: &Signal, json: bool) {
     let read = || (p.bytes_read.load(Ordering::Relaxed), p.bytes_to_read.load(Ordering::Relaxed));
     let counts =
         || (*p.phase.lock().expect("progress lock"), p.done.load(Ordering::Relaxed), p.total.load(Ordering::Relaxed));
@@ -412,7 +380,7 @@ pub fn check(p: &cairn_core::check::Progress, done: &Done, json: bool) {
 
 /// Shows copy progress until `done`: a bar of the source bytes read on a terminal, JSON lines
 /// with `--json`.
-pub fn copy(p: &cairn_core::copy::CopyProgress, done: &Done, json: bool) {
+pub fn copy(p: &cairn_core::copy::CopyProgress, done: &Signal, json: bool) {
     let now = || {
         let phase = *p.phase.lock().expect("phase lock");
         (phase, p.total_bytes.load(Ordering::Relaxed), p.read_bytes.load(Ordering::Relaxed), p.written.bytes())
@@ -435,11 +403,11 @@ pub fn copy(p: &cairn_core::copy::CopyProgress, done: &Done, json: bool) {
 
 /// Until `done`, every 100 ms: `show` updates the bar on a terminal; otherwise, with `--json`,
 /// every second a status line of `status`'s fields (plus the message type and the time).
-fn poll_phases(done: &Done, json: bool, show: impl Fn(&ProgressBar), status: impl Fn() -> serde_json::Value) {
+fn poll_phases(done: &Signal, json: bool, show: impl Fn(&ProgressBar), status: impl Fn() -> serde_json::Value) {
     let bar = terminal_bar(json);
     let started = Instant::now();
     let mut last_json = Instant::now();
-    while !done.wait(TICK) {
+    while !done.wait_timeout(TICK) {
         if let Some(bar) = &bar {
             show(bar);
         } else if json && last_json.elapsed() >= Duration::from_secs(1) {

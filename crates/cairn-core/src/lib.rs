@@ -49,6 +49,7 @@ pub mod repository;
 pub mod restore;
 pub mod sealed;
 pub mod select;
+pub mod signal;
 pub mod snapshot;
 pub mod stats;
 pub mod storage;

@@ -9,13 +9,14 @@
 //! (same host) or that has not been refreshed for [`STALE_AFTER`] is *stale*: it is reported and
 //! ignored, and `cairn unlock` removes it.
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::signal::Signal;
 use crate::storage::Storage;
 
 /// How often a held lock is rewritten.
@@ -174,7 +175,7 @@ pub fn remove(storage: &dyn Storage, all: bool) -> Result<Vec<(String, String)>>
 pub struct Lock {
     storage: Arc<dyn Storage>,
     path: Arc<Mutex<String>>,
-    stop: Arc<(Mutex<bool>, Condvar)>,
+    stop: Arc<Signal>,
     refresher: Option<JoinHandle<()>>,
     stale: Vec<FoundLock>,
     holder: Holder,
@@ -236,7 +237,7 @@ impl Lock {
         }
         let holder = info.holder();
         let path = Arc::new(Mutex::new(path));
-        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let stop = Arc::new(Signal::default());
         let refresher = {
             let (storage, path, stop) = (storage.clone(), path.clone(), stop.clone());
             std::thread::Builder::new()
@@ -260,8 +261,7 @@ impl Lock {
 
 impl Drop for Lock {
     fn drop(&mut self) {
-        *self.stop.0.lock().expect("lock stop flag") = true;
-        self.stop.1.notify_all();
+        self.stop.raise();
         if let Some(t) = self.refresher.take() {
             let _ = t.join();
         }
@@ -278,16 +278,10 @@ fn refresh_until_stopped(
     storage: &dyn Storage,
     mut info: LockInfo,
     path: &Mutex<String>,
-    stop: &(Mutex<bool>, Condvar),
+    stop: &Signal,
     every: Duration,
 ) {
-    let mut stopped = stop.0.lock().expect("lock stop flag");
-    loop {
-        let (guard, _) = stop.1.wait_timeout_while(stopped, every, |s| !*s).expect("lock stop flag");
-        stopped = guard;
-        if *stopped {
-            return;
-        }
+    while !stop.wait_timeout(every) {
         info.refreshed = unix_now();
         match write_new(storage, &info) {
             Ok(new) => {
@@ -430,7 +424,7 @@ mod tests {
         };
         let first = write_new(&*s, &info).unwrap();
         let path = Mutex::new(first.clone());
-        let stop = (Mutex::new(false), Condvar::new());
+        let stop = Signal::default();
         std::thread::scope(|scope| {
             let t = scope.spawn(|| refresh_until_stopped(&*s, info.clone(), &path, &stop, Duration::from_millis(20)));
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -438,38 +432,12 @@ mod tests {
                 assert!(std::time::Instant::now() < deadline, "the lock was never refreshed");
                 std::thread::sleep(Duration::from_millis(5));
             }
-            *stop.0.lock().unwrap() = true;
-            stop.1.notify_all();
+            stop.raise();
             t.join().unwrap();
         });
         let locks = list(&*s).unwrap();
         assert_eq!(locks.len(), 1, "the old name is removed after a refresh");
         assert_eq!(locks[0].path, *path.lock().unwrap());
         assert!(locks[0].info.as_ref().unwrap().refreshed > 0);
-    }
-}
-
-/// A one-way signal that a lock may be let go before its command ends: a restore raises it once
-/// it will read nothing more from the repository, so the lock's removal (a round trip) runs
-/// beside the restore's last writes instead of after them.
-#[derive(Debug, Default)]
-pub struct Release {
-    raised: Mutex<bool>,
-    changed: Condvar,
-}
-
-impl Release {
-    /// Raises the signal (again: nothing more).
-    pub fn raise(&self) {
-        *self.raised.lock().expect("release lock") = true;
-        self.changed.notify_all();
-    }
-
-    /// Waits until the signal is raised.
-    pub fn wait(&self) {
-        let mut raised = self.raised.lock().expect("release lock");
-        while !*raised {
-            raised = self.changed.wait(raised).expect("release lock");
-        }
     }
 }

@@ -127,12 +127,12 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         paths.extend(backup::read_files_from(list)?);
     }
     let progress = backup::Progress::default();
-    let done = crate::progress::Done::default();
+    let done = cairn_core::signal::Signal::default();
     let out = std::thread::scope(|s| {
         if show_progress {
             s.spawn(|| crate::progress::backup(&progress, &done, g.json));
         }
-        let _stop = crate::progress::StopOnDrop(&done);
+        let _stop = cairn_core::signal::RaiseOnDrop(&done);
         if a.stdin {
             backup::backup_stdin(&repo, std::io::stdin().lock(), &a.stdin_filename, &opts, &progress)
         } else {

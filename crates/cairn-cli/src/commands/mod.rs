@@ -104,7 +104,7 @@ pub(crate) fn open_locked_releasing<T>(
     kind: LockKind,
     preload: impl FnOnce(bool) -> Preload,
     stop: Option<&std::sync::atomic::AtomicBool>,
-    release: Option<&cairn_core::lock::Release>,
+    release: Option<&cairn_core::signal::Signal>,
     then: impl FnOnce(&Repository) -> Result<T>,
 ) -> Result<(Repository, Held, T)> {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -143,7 +143,7 @@ pub(crate) fn open_locked_releasing<T>(
             })
             .map_err(|e| cairn_core::Error::io("lock", "cannot start a thread", e))?;
         // However `then` ends (a panic included), the lock thread stops waiting for `release`.
-        struct Finished<'a>(&'a AtomicBool, Option<&'a cairn_core::lock::Release>);
+        struct Finished<'a>(&'a AtomicBool, Option<&'a cairn_core::signal::Signal>);
         impl Drop for Finished<'_> {
             fn drop(&mut self) {
                 self.0.store(true, Ordering::Release);

@@ -206,7 +206,7 @@ pub struct Progress {
     pub stall: Mutex<Option<String>>,
     /// Raised once the restore reads nothing more from the repository: its walk is over and
     /// the last batch's read workers have ended (the caller may let its lock go then).
-    pub reads_over: crate::lock::Release,
+    pub reads_over: crate::signal::Signal,
 }
 
 /// What a dry run found.
