@@ -96,6 +96,13 @@ pub(crate) enum Held {
     LetGo(std::time::Duration),
 }
 
+/// What the lock thread of [`open_locked_releasing`] did with the lock it took.
+enum Taken {
+    Kept(Lock),
+    /// Let go at this moment.
+    LetGoAt(std::time::Instant),
+}
+
 /// [`open_locked_then`], letting the lock go as soon as `release` is raised (a restore raises it
 /// once it reads nothing more from the repository): its removal, a round trip, then runs beside
 /// the end of `then` instead of after it.
@@ -108,6 +115,7 @@ pub(crate) fn open_locked_releasing<T>(
     then: impl FnOnce(&Repository) -> Result<T>,
 ) -> Result<(Repository, Held, T)> {
     use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
     let storage = storage(global)?;
     let preload = preload(cache_base(global, &*storage).is_some());
     let pw = password::get(global.password_file.as_deref(), "CAIRN_PASSWORD", "repository password", false)?;
@@ -118,7 +126,7 @@ pub(crate) fn open_locked_releasing<T>(
     let (opened, held) = std::thread::scope(|s| {
         let locking = std::thread::Builder::new()
             .name("cairn-lock-take".into())
-            .spawn_scoped(s, || -> Result<(Held, Option<Vec<String>>, Option<std::time::Instant>)> {
+            .spawn_scoped(s, || -> Result<(Taken, Option<Vec<String>>)> {
                 let taken = (|| -> Result<(Lock, Option<Vec<String>>)> {
                     // Where there is no repository, nothing is written (the open says so).
                     if !storage.exists(cairn_core::layout::CONFIG)? {
@@ -132,14 +140,14 @@ pub(crate) fn open_locked_releasing<T>(
                     stop.store(true, Ordering::Relaxed);
                 }
                 let (lock, listed) = taken?;
-                let Some(release) = release else { return Ok((Held::Kept(lock), listed, None)) };
+                let Some(release) = release else { return Ok((Taken::Kept(lock), listed)) };
                 release.wait();
                 if finished.load(Ordering::Acquire) {
-                    return Ok((Held::Kept(lock), listed, None));
+                    return Ok((Taken::Kept(lock), listed));
                 }
-                let at = std::time::Instant::now();
+                let at = Instant::now();
                 drop(lock); // removed here, beside the command's last work
-                Ok((Held::LetGo(std::time::Duration::ZERO), listed, Some(at)))
+                Ok((Taken::LetGoAt(at), listed))
             })
             .map_err(|e| cairn_core::Error::io("lock", "cannot start a thread", e))?;
         // However `then` ends (a panic included), the lock thread stops waiting for `release`.
@@ -152,22 +160,17 @@ pub(crate) fn open_locked_releasing<T>(
                 }
             }
         }
-        let mut ended = None;
-        let opened = {
-            let guard = Finished(&finished, release);
-            let opened = open_preloaded(global, storage.clone(), &pw, &preload).map(|repo| {
-                let done = then(&repo);
-                (repo, done)
-            });
-            drop(guard);
-            ended.get_or_insert_with(std::time::Instant::now);
-            opened
-        };
-        let held =
-            locking.join().expect("the lock thread panicked").map(|(held, listed, at)| match (held, at, ended) {
-                (Held::LetGo(_), Some(at), Some(end)) => (Held::LetGo(end.saturating_duration_since(at)), listed),
-                (held, _, _) => (held, listed),
-            });
+        let guard = Finished(&finished, release);
+        let opened = open_preloaded(global, storage.clone(), &pw, &preload).map(|repo| {
+            let done = then(&repo);
+            (repo, done)
+        });
+        drop(guard);
+        let ended = Instant::now();
+        let held = locking.join().expect("the lock thread panicked").map(|(taken, listed)| match taken {
+            Taken::Kept(lock) => (Held::Kept(lock), listed),
+            Taken::LetGoAt(at) => (Held::LetGo(ended.saturating_duration_since(at)), listed),
+        });
         Ok::<_, cairn_core::Error>((opened, held))
     })?;
     let (repo, done) = opened?;
