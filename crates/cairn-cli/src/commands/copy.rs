@@ -101,9 +101,9 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
             threads: cores,
             uploads: dst.storage().default_concurrency().clamp(2, 8),
             index_every: cairn_core::backup::DEFAULT_INDEX_EVERY,
-            // Set by the copy: its share of --max-memory.
+            // These three are set by the copy (its share of --max-memory; the destination's
+            // index does not learn what it stores).
             memory: None,
-            // The walk meets each blob once: the destination's index need not learn them.
             index_stored: false,
             keep_indexed: false,
         },

@@ -220,23 +220,15 @@ pub fn copy(
     let rename = !same_ids;
     let share = Shares::of(src, dst, rename, opts.max_memory)?;
     let marks = Marks::new(&src.index(), rename);
+    let tree_threads = share.tree_threads(opts.tree_threads);
     // Between repositories with different IDs, earlier copies name what they hold (`known`).
     if rename {
         progress.phase("matching earlier copies");
         let pairs = earlier_copies(src, dst, &selection.todo, &selection.by_origin);
-        let threads = share.tree_threads(opts.tree_threads);
-        known::names(src, dst, &pairs, threads, share.hold, cancel.clone(), &marks);
+        known::names(src, dst, &pairs, tree_threads, share.hold, cancel.clone(), &marks);
     }
     let dest = Destination { src, repo: dst, rekey: rename, marks: &marks, blobs_written: AtomicU64::new(0) };
-    let walk = Walk {
-        src,
-        dst,
-        rename,
-        threads: share.tree_threads(opts.tree_threads),
-        hold: share.hold,
-        batch: share.batch(),
-    };
-    let read = opts.read;
+    let walk = Walk { src, dst, rename, threads: tree_threads, hold: share.hold, batch: share.batch() };
     // The walk meets each blob once, so the destination's index need not learn what is stored.
     let write = WriteOptions { memory: Some(share.write), index_stored: false, keep_indexed: false, ..opts.write };
     let (walked, new_roots) = write_packs(dst, &write, &progress.written, |jobs| {
@@ -250,7 +242,7 @@ pub fn copy(
             });
             let mut moved = Ok(());
             for batch in &rx {
-                moved = transfer::transfer(&dest, batch, share.read / 2, &read, &jobs, progress, cancel.clone());
+                moved = transfer::transfer(&dest, batch, share.read / 2, &opts.read, &jobs, progress, cancel.clone());
                 if moved.is_err() {
                     break;
                 }
@@ -263,15 +255,8 @@ pub fn copy(
             return Ok((walked, roots.iter().map(|r| (*r, *r)).collect::<IdMap<_, _>>()));
         }
         progress.phase("rewriting trees");
-        let renamed = rewrite::rewrite(
-            &dest,
-            &mut walked,
-            &roots,
-            share.tree_threads(opts.tree_threads),
-            share.hold / 2,
-            cancel.clone(),
-            &jobs,
-        )?;
+        let renamed =
+            rewrite::rewrite(&dest, &mut walked, &roots, tree_threads, share.hold / 2, cancel.clone(), &jobs)?;
         Ok((walked, renamed))
     })?;
     report.blobs_needed = walked.trees + walked.data;
