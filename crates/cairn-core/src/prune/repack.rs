@@ -30,11 +30,24 @@ pub struct RepackOptions {
     pub write: WriteOptions,
 }
 
-/// Blobs one batch of the repack reads at most: an eighth of the read budget, at about 200
-/// bytes a blob for its location and read, so a repack of a million blobs does not plan them
-/// all at once (150 MB of `many`'s prune); whole packs, at least one.
-fn batch_blobs(opts: &RepackOptions) -> usize {
-    (opts.max_memory / 8 / 200).clamp(16, 262_144) as usize
+/// `packs` cut into batches of whole packs (at least one each) whose claimed blobs number at
+/// most an eighth of the read budget at about 200 bytes a blob for its location and read, so a
+/// repack of a million blobs does not plan them all at once (150 MB of `many`'s prune).
+fn batches<'p, 'q>(packs: &'p [&'q PlannedPack], opts: &RepackOptions) -> Vec<&'p [&'q PlannedPack]> {
+    let most = (opts.max_memory / 8 / 200).clamp(16, 262_144) as usize;
+    let mut out = Vec::new();
+    let (mut first, mut blobs) = (0, 0);
+    for (i, p) in packs.iter().enumerate() {
+        if i > first && blobs + p.claimed.len() > most {
+            out.push(&packs[first..i]);
+            (first, blobs) = (i, 0);
+        }
+        blobs += p.claimed.len();
+    }
+    if first < packs.len() {
+        out.push(&packs[first..]);
+    }
+    out
 }
 
 /// Copies the claimed blobs of `packs` into new packs (and index files for them, listed in
@@ -50,16 +63,8 @@ pub fn repack(
 ) -> Result<()> {
     let failures = Mutex::new(Vec::new());
     write_packs(repo, &opts.write, written, |jobs| {
-        let mut first = 0;
-        while first < packs.len() {
-            // Whole packs per batch (a pack's blobs are read together), at least one.
-            let mut blobs = 0;
-            let mut end = first;
-            while end < packs.len() && (end == first || blobs + packs[end].claimed.len() <= batch_blobs(opts)) {
-                blobs += packs[end].claimed.len();
-                end += 1;
-            }
-            let located: Vec<BlobLocation> = packs[first..end]
+        for batch in batches(packs, opts) {
+            let located: Vec<BlobLocation> = batch
                 .iter()
                 .enumerate()
                 .flat_map(|(no, p)| {
@@ -71,7 +76,6 @@ pub fn repack(
                     })
                 })
                 .collect();
-            first = end;
             let reads = coalesce(located, opts.max_memory / 4, coalesce_gap(repo));
             let reader = Reader::new(repo, opts.max_memory, cancel.clone());
             std::thread::scope(|s| {
@@ -138,5 +142,58 @@ impl<'s> Sink<'s> for ToPacks<'s> {
 
     fn failed(&self, read: &'s PackRead, blob: &BlobEntry, why: &Error) {
         self.fail(format!("blob {} of {} cannot be read: {why}", blob.id.short(), pack_path(&read.pack)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::Codec;
+    use crate::id::{BlobId, PackId};
+    use crate::index::IndexedPack;
+    use crate::pack::BlobKind;
+    use crate::prune::plan::Fate;
+
+    fn pack(claimed: usize) -> PlannedPack {
+        let entry = BlobEntry {
+            id: BlobId([1; 32]),
+            kind: BlobKind::Data,
+            codec: Codec::None,
+            offset: 0,
+            length: 1,
+            raw_length: 1,
+        };
+        PlannedPack {
+            pack: IndexedPack { id: PackId([2; 32]), salt: [0; crate::crypto::SALT_LEN], blobs: Vec::new() },
+            size: 1,
+            fate: Fate::Repack,
+            claimed: vec![entry; claimed],
+        }
+    }
+
+    /// Whole packs, in order, each batch within the budget's blobs unless one pack alone is over.
+    #[test]
+    fn batches_are_whole_packs_within_the_blobs_the_budget_allows() {
+        // 64 KiB: 40 blobs a batch.
+        let opts = RepackOptions {
+            max_memory: 64 << 10,
+            fetchers: 1,
+            decoders: 1,
+            write: crate::packwrite::WriteOptions {
+                codec: Codec::None,
+                threads: 1,
+                uploads: 1,
+                index_every: 1,
+                memory: None,
+                index_stored: false,
+                keep_indexed: false,
+            },
+        };
+        let owned: Vec<PlannedPack> = [10, 20, 10, 5, 100, 1, 39].into_iter().map(pack).collect();
+        let packs: Vec<&PlannedPack> = owned.iter().collect();
+        let sizes: Vec<Vec<usize>> =
+            batches(&packs, &opts).iter().map(|b| b.iter().map(|p| p.claimed.len()).collect()).collect();
+        assert_eq!(sizes, [vec![10, 20, 10], vec![5], vec![100], vec![1, 39]]);
+        assert!(batches(&[], &opts).is_empty());
     }
 }
