@@ -229,7 +229,8 @@ fn peak_rss_of_a_restore_of_200k_files_stays_within_the_budget() {
         // The source is still here; this measures the fetching restore (the local-data stage's
         // own memory is not bounded by batches yet: docs/DESIGN.md, "Restore in batches").
         .args(["--max-memory", &format!("{budget_mib}M"), "--no-local-data"]);
-    let (out, peak_mib) = run_measured(restore);
+    let (out, _, peak_kib) = common::run_with_peak_rss(&mut restore);
+    let peak_mib = peak_kib / 1024;
     let summary = common::last_json(&out);
     assert_eq!(num(&summary, "files"), MANY as u64, "{summary}");
     assert_eq!(num(&summary, "failed"), 0, "{summary}");
@@ -255,7 +256,8 @@ fn peak_rss_of_a_restore_of_200k_files_stays_within_the_budget() {
         .args(["--json", "copy", "--from-repo"])
         .arg(&cairn.repo)
         .args(["--max-memory", &format!("{copy_mib}M")]);
-    let (out, peak_mib) = run_measured(copy);
+    let (out, _, peak_kib) = common::run_with_peak_rss(&mut copy);
+    let peak_mib = peak_kib / 1024;
     let summary = common::last_json(&out);
     assert_eq!(num(&summary, "snapshots_copied"), 1, "{summary}");
     assert!(
@@ -271,25 +273,4 @@ fn peak_rss_of_a_restore_of_200k_files_stays_within_the_budget() {
             assert_eq!(fs::read(copied.join(&rel)).expect("read"), fs::read(src.join(&rel)).expect("read"), "{rel}");
         }
     }
-}
-
-/// Runs `cmd` (stdout piped, stderr shown) to its end; its stdout and peak RSS in MiB. A
-/// failure is a panic with its output.
-fn run_measured(mut cmd: std::process::Command) -> (String, u64) {
-    // Reaped below with wait4, which also gives the peak RSS.
-    #[allow(clippy::zombie_processes)]
-    let child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn cairn");
-    let pid = child.id() as libc::pid_t;
-    let out = {
-        use std::io::Read;
-        let mut stdout = String::new();
-        child.stdout.expect("stdout").read_to_string(&mut stdout).expect("read stdout");
-        stdout
-    };
-    let mut status = 0;
-    // SAFETY: a zeroed rusage is a valid out-parameter; wait4 reaps the child we spawned.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::wait4(pid, &mut status, 0, &mut usage) }, pid, "wait4");
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "{cmd:?} failed: {status:#x} {out}");
-    (out, usage.ru_maxrss as u64 / 1024)
 }
