@@ -192,10 +192,17 @@ fn prune_frees_what_forgotten_snapshots_held_and_the_rest_restores() {
     assert!(dry["plan"]["delete_packs"].as_u64().unwrap() + dry["plan"]["repack_packs"].as_u64().unwrap() > 0, "{dry}");
     assert_eq!(dry["plan"]["size"], before, "{dry}");
 
-    // A small budget: the repack reads a pack or two per batch (a batch's blobs are an eighth
-    // of the read budget at 200 bytes each, whole packs).
-    let s = prune(&fx.cairn, &["--max-memory", "64K"]);
-    assert!(s["plan"]["repack_packs"].as_u64().unwrap() >= 2, "too little repacked to read in batches: {s}");
+    // Too small a budget is refused in one line that says what to give, before anything
+    // changes; then the prune runs within the least budget it named.
+    let refused = fx.cairn.run(["prune", "--max-memory", "64K"]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{err}");
+    assert_eq!(err.trim().lines().filter(|l| l.starts_with("cairn:")).count(), 1, "{err}");
+    assert!(err.contains("--max-memory 1 MiB is too small for this prune"), "{err}");
+    assert_eq!(files_in(&fx.cairn.repo.join("data")), before_files, "a refused prune deletes nothing");
+    let least: u64 = err.split("give at least ").nth(1).and_then(|t| t.split(' ').next()).unwrap().parse().unwrap();
+    let s = prune(&fx.cairn, &["--max-memory", &format!("{least}M")]);
+    assert!(s["plan"]["repack_packs"].as_u64().unwrap() >= 2, "too little repacked: {s}");
     let after = fx.data_bytes();
     assert_eq!(s["size_before"], before, "{s}");
     assert_eq!(s["size_after"], after, "{s}");

@@ -273,4 +273,21 @@ fn peak_rss_of_a_restore_of_200k_files_stays_within_the_budget() {
             assert_eq!(fs::read(copied.join(&rel)).expect("read"), fs::read(src.join(&rel)).expect("read"), "{rel}");
         }
     }
+
+    // A prune that repacks every pack (their headers are unused space) within its budget too:
+    // it held the index files twice and a set of every needed blob's ID beside its reads and
+    // unbounded new packs.
+    let prune_mib = 48;
+    let mut prune = dst.command();
+    prune.args(["--json", "prune", "--max-unused", "0", "--max-memory", &format!("{prune_mib}M")]);
+    let (out, _, peak_kib) = common::run_with_peak_rss(&mut prune);
+    let peak_mib = peak_kib / 1024;
+    let summary = common::last_json(&out);
+    assert!(num(&summary["plan"], "repack_packs") > 1, "{summary}");
+    assert!(
+        peak_mib <= prune_mib + 64,
+        "prune: peak RSS {peak_mib} MiB over --max-memory {prune_mib}M + 64 MiB: {summary}"
+    );
+    let checked = dst.run(["check", "--read-data"]);
+    assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stderr));
 }

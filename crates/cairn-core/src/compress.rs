@@ -1,12 +1,14 @@
 //! Per-blob compression codecs (FORMAT.md §5). The codec of every blob is recorded next to it,
 //! so one repository can mix codecs and every codec ever written stays readable.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::pack::BlobEntry;
 
 /// How a blob's plaintext is compressed before encryption.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -159,6 +161,25 @@ impl FromStr for Codec {
             }
         }
     }
+}
+
+/// Blobs and bytes of one codec.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CodecUse {
+    /// Blobs.
+    pub blobs: u64,
+    /// Stored bytes.
+    pub stored: u64,
+    /// Plaintext bytes.
+    pub raw: u64,
+}
+
+/// Adds blob `b` to the per-codec totals (keyed by the codec's name).
+pub fn count_codec(by_codec: &mut BTreeMap<String, CodecUse>, b: &BlobEntry) {
+    let c = by_codec.entry(b.codec.to_string()).or_default();
+    c.blobs += 1;
+    c.stored += u64::from(b.length);
+    c.raw += u64::from(b.raw_length);
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@
 //! pack header. In memory the index is one sorted vector of 52-byte entries (ten million blobs
 //! take about 500 MiB and load with one sort), plus a hash map for blobs added since loading.
 
+use std::borrow::Borrow;
+
 use crate::crypto::SALT_LEN;
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap, IdSet, PackId, ID_LEN};
@@ -108,21 +110,23 @@ pub struct Index {
 
 impl Index {
     /// Builds an index from decoded index files.
-    pub fn from_packs(all: impl IntoIterator<Item = IndexedPack>) -> Self {
+    pub fn from_packs<P: Borrow<IndexedPack>>(all: impl IntoIterator<Item = P>) -> Self {
         Self::with_doomed(all, &IdSet::default())
     }
 
-    /// Builds an index from decoded index files, the packs in `doomed` about to be deleted.
-    pub fn with_doomed(all: impl IntoIterator<Item = IndexedPack>, doomed: &IdSet<PackId>) -> Self {
+    /// Builds an index from decoded index files (owned, or borrowed by a caller that keeps
+    /// them: no copy of them is made), the packs in `doomed` about to be deleted.
+    pub fn with_doomed<P: Borrow<IndexedPack>>(all: impl IntoIterator<Item = P>, doomed: &IdSet<PackId>) -> Self {
         let mut idx = Index::default();
-        let all: Vec<IndexedPack> = all.into_iter().collect();
+        let all: Vec<P> = all.into_iter().collect();
         // Sized once: growing by doubling held up to three times the slots at the peak.
-        idx.sorted.reserve_exact(all.iter().map(|p| p.blobs.len()).sum());
+        idx.sorted.reserve_exact(all.iter().map(|p| p.borrow().blobs.len()).sum());
         for p in all {
+            let p = p.borrow();
             let pack = idx.packs.len() as u32;
             idx.packs.push((p.id, p.salt));
             idx.doomed.push(doomed.contains(&p.id));
-            idx.sorted.extend(p.blobs.into_iter().map(|entry| Slot { entry, pack }));
+            idx.sorted.extend(p.blobs.iter().map(|&entry| Slot { entry, pack }));
         }
         // Of several copies of a blob, the first is kept: one in a pack that stays, if any.
         // IDs are hashes, so their first eight bytes nearly always decide: compared as one
@@ -382,7 +386,7 @@ mod tests {
             assert!(!idx.contains(&id(i)));
         }
         assert!(Index::default().get(&id(1)).is_none());
-        assert!(!Index::from_packs(Vec::new()).contains(&id(1)));
+        assert!(!Index::from_packs(Vec::<IndexedPack>::new()).contains(&id(1)));
     }
 
     /// Blobs added after loading, many enough to be merged into the sorted slots several times,

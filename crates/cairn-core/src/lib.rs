@@ -19,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod backup;
+pub mod blobset;
 pub mod cache;
 pub mod check;
 pub mod chunker;

@@ -272,13 +272,20 @@ impl Repository {
     }
 
     /// Replaces the in-memory index with one of `packs`.
-    pub fn set_index(&self, packs: Vec<IndexedPack>) {
+    pub fn set_index<P: std::borrow::Borrow<IndexedPack>>(&self, packs: impl IntoIterator<Item = P>) {
         self.set_index_doomed(packs, &IdSet::default());
     }
 
     /// Replaces the in-memory index with one of `packs`, those in `doomed` about to be deleted.
-    pub fn set_index_doomed(&self, packs: Vec<IndexedPack>, doomed: &IdSet<PackId>) {
-        *self.index.write().expect("index lock") = Index::with_doomed(packs, doomed);
+    pub fn set_index_doomed<P: std::borrow::Borrow<IndexedPack>>(
+        &self,
+        packs: impl IntoIterator<Item = P>,
+        doomed: &IdSet<PackId>,
+    ) {
+        let mut index = self.index.write().expect("index lock");
+        // The old index goes first: it and the new one are not held at once.
+        *index = Index::default();
+        *index = Index::with_doomed(packs, doomed);
     }
 
     fn read_index_file(&self, path: &str) -> Result<Vec<IndexedPack>> {

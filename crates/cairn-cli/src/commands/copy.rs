@@ -105,7 +105,6 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
             // index does not learn what it stores).
             memory: None,
             index_stored: false,
-            keep_indexed: false,
         },
         tree_threads: cores.max(src.storage().default_concurrency().min(8)),
         max_memory,

@@ -41,9 +41,9 @@ pub struct RunArgs {
     /// (e.g. 30m); after that the deletion is left for the next prune
     #[arg(long, value_name = "DURATION", default_value = "24h")]
     pub max_wait: String,
-    /// Bytes held in flight while repacking (reads; new packs being filled and stored come on
-    /// top)
-    #[arg(long, value_name = "SIZE", default_value = "64M")]
+    /// Memory the whole prune may use: the index and index files it plans from, then reads
+    /// and new packs while repacking (too small a budget is refused, saying what to give)
+    #[arg(long, value_name = "SIZE", default_value = "256M")]
     pub max_memory: String,
     /// Run at normal CPU priority (by default a prune lowers its own, so that backups running
     /// beside it keep their speed)
@@ -60,7 +60,7 @@ impl RunArgs {
         RunArgs {
             dry_run,
             max_wait: "24h".into(),
-            max_memory: "64M".into(),
+            max_memory: "256M".into(),
             fetch_concurrency: None,
             foreground: false,
         }
@@ -82,8 +82,8 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
 /// Runs a prune with `plan` on `repo` (taking the prune lock) and prints its report.
 pub(crate) fn run_plan(g: &Global, repo: &Repository, plan: PlanOptions, a: &RunArgs) -> Result<ExitCode> {
     cairn_core::platform::keep_heap_small();
+    // The prune reads the index files itself (it keeps them beside the index it builds).
     let held = lock(repo, LockKind::Prune)?;
-    repo.load_index()?;
     let cancel = cancel_on_sigint()?;
     if !a.foreground {
         background_priority();
@@ -96,8 +96,8 @@ pub(crate) fn run_plan(g: &Global, repo: &Repository, plan: PlanOptions, a: &Run
     let packers = if reencodes { threads } else { 1 };
     let opts = PruneOptions {
         plan,
+        max_memory: parse_size(&a.max_memory)?,
         repack: RepackOptions {
-            max_memory: parse_size(&a.max_memory)?,
             fetchers: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency().max(8)).max(1),
             decoders: threads,
             write: WriteOptions {
@@ -108,8 +108,6 @@ pub(crate) fn run_plan(g: &Global, repo: &Repository, plan: PlanOptions, a: &Run
                 memory: None,
                 // Nothing looks the repacked blobs up: finishing reads the index files again.
                 index_stored: false,
-                // The summary counts the codecs of the blobs the new packs hold.
-                keep_indexed: true,
             },
         },
         dry_run: a.dry_run,

@@ -267,7 +267,6 @@ fn run(
         index_every: opts.index_every,
         memory: opts.max_memory.map(|m| memory::pack_share(repo, m)).transpose()?,
         index_stored: true,
-        keep_indexed: false,
     };
     let written = Written::default();
     let root = write_packs(repo, &write, &written, |jobs| {

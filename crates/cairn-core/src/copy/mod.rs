@@ -230,7 +230,7 @@ pub fn copy(
     let dest = Destination { src, repo: dst, rekey: rename, marks: &marks, blobs_written: AtomicU64::new(0) };
     let walk = Walk { src, dst, rename, threads: tree_threads, hold: share.hold, batch: share.batch() };
     // The walk meets each blob once, so the destination's index need not learn what is stored.
-    let write = WriteOptions { memory: Some(share.write), index_stored: false, keep_indexed: false, ..opts.write };
+    let write = WriteOptions { memory: Some(share.write), index_stored: false, ..opts.write };
     let (walked, new_roots) = write_packs(dst, &write, &progress.written, |jobs| {
         progress.phase("copying");
         let mut walked = std::thread::scope(|s| {

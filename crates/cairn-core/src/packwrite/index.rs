@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use super::{WriteOptions, Written};
+use crate::compress::count_codec;
 use crate::error::Result;
 use crate::index::IndexedPack;
 use crate::repository::Repository;
@@ -29,12 +30,11 @@ pub(super) fn index_packs(
     let mut last = Instant::now();
     let save = |batch: &mut Vec<IndexedPack>| -> Result<()> {
         let id = repo.save_index(batch)?;
-        let packs = std::mem::take(batch);
-        written
-            .index_files
-            .lock()
-            .expect("written lock")
-            .push((id, if opts.keep_indexed { packs } else { Vec::new() }));
+        let mut by_codec = written.by_codec.lock().expect("written lock");
+        for b in batch.drain(..).flat_map(|p| p.blobs) {
+            count_codec(&mut by_codec, &b);
+        }
+        written.index_files.lock().expect("written lock").push(id);
         Ok(())
     };
     loop {

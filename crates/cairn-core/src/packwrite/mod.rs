@@ -14,13 +14,14 @@ mod index;
 mod packer;
 mod upload;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::thread::ScopedJoinHandle;
 
 use crossbeam_channel::{bounded, Sender};
 
-use crate::compress::Codec;
+use crate::compress::{Codec, CodecUse};
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IndexId};
 use crate::index::IndexedPack;
@@ -71,13 +72,11 @@ pub struct WriteOptions {
     /// once, and one waiting for room while every pack in memory is still open would wait
     /// forever).
     pub memory: Option<u64>,
-    /// Whether each stored pack joins the repository's in-memory index (a backup or a prune
-    /// deduplicates against what it stored; a copy, whose walk meets each blob once, does not
-    /// hold a million blobs' entries for nothing).
+    /// Whether each stored pack joins the repository's in-memory index (a backup deduplicates
+    /// against what it stored; a copy, whose walk meets each blob once, and a prune, which
+    /// reads the index files again to finish, do not hold a million blobs' entries for
+    /// nothing).
     pub index_stored: bool,
-    /// Whether [`Written::index_files`] keeps the packs each index file lists (a prune counts
-    /// their codecs), or only the files' IDs.
-    pub keep_indexed: bool,
 }
 
 /// The bytes a pack of `repo` may take in memory while it is filled: its buffer is made this
@@ -97,8 +96,10 @@ pub struct Written {
     pub bytes_stored: AtomicU64,
     /// Packs stored.
     pub packs: AtomicU64,
-    /// Index files written, each naming the packs it lists (when [`WriteOptions::keep_indexed`]).
-    pub index_files: Mutex<Vec<(IndexId, Vec<IndexedPack>)>>,
+    /// Index files written.
+    pub index_files: Mutex<Vec<IndexId>>,
+    /// The blobs of the packs indexed, by codec.
+    pub by_codec: Mutex<BTreeMap<String, CodecUse>>,
 }
 
 impl Written {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::deletion::Deletion;
 use crate::error::Result;
-use crate::id::{BlobId, DeletionId, IdSet, IndexId, PackId, SnapshotId};
+use crate::id::{DeletionId, IdSet, IndexId, PackId, SnapshotId};
 use crate::index::IndexedPack;
 use crate::layout::{self, pack_path};
 use crate::lock::{self, Holder};
@@ -25,15 +25,6 @@ const INDEX_FILE_BLOBS: usize = 50_000;
 const POLL_FIRST: Duration = Duration::from_millis(200);
 /// See [`POLL_FIRST`].
 const POLL_EVERY: Duration = Duration::from_secs(2);
-
-/// What the snapshots the plan counted need: blobs that have a copy outside the doomed packs
-/// by construction (they were claimed in kept packs or copied into new ones).
-pub struct Known<'a> {
-    /// The snapshots counted.
-    pub snapshots: &'a IdSet<SnapshotId>,
-    /// The blobs they need.
-    pub used: &'a IdSet<BlobId>,
-}
 
 /// What finishing a manifest did.
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -101,14 +92,15 @@ pub fn wait_for(
     }
 }
 
-/// Finishes manifest `id`: every lock held when it was written is gone. `known` is what the
-/// snapshots the prune counted need (`None` when finishing another prune's manifest: then every
-/// snapshot is checked).
+/// Finishes manifest `id`: every lock held when it was written is gone. `counted` are the
+/// snapshots the prune's plan counted (`None` when finishing another prune's manifest: then
+/// every snapshot is checked); what they need has a copy outside the doomed packs by
+/// construction (claimed in kept packs or copied into new ones).
 pub fn finish(
     repo: &Repository,
     id: DeletionId,
     d: &Deletion,
-    known: Option<Known<'_>>,
+    counted: Option<&IdSet<SnapshotId>>,
     loading: &Loading,
 ) -> Result<Finished> {
     let mut out = Finished::default();
@@ -130,23 +122,25 @@ pub fn finish(
     // Snapshots the plan did not count may need blobs only doomed packs hold (a backup that
     // was running deduplicated against them): those packs stay.
     let snapshots = repo.snapshots()?;
-    let new: Vec<_> = match &known {
-        Some(k) => snapshots.into_iter().filter(|(sid, _)| !k.snapshots.contains(sid)).collect(),
+    let new: Vec<_> = match counted {
+        Some(counted) => snapshots.into_iter().filter(|(sid, _)| !counted.contains(sid)).collect(),
         None => snapshots,
     };
     out.new_snapshots = new.len() as u64;
     if !new.is_empty() {
         // Their trees are in packs indexed since the prune loaded the index.
-        repo.set_index_doomed(files.iter().flat_map(|(_, p)| p.iter().cloned()).collect(), &doomed);
+        repo.set_index_doomed(files.iter().flat_map(|(_, p)| p), &doomed);
         let needed = super::mark::mark(repo, &new, loading)?;
         let index = repo.index();
-        for blob in needed.iter().filter(|b| known.as_ref().is_none_or(|k| !k.used.contains(*b))) {
-            if let Some(loc) = index.get(blob) {
-                if index.is_doomed(loc.pack_no) && doomed.remove(&loc.pack) {
-                    out.rescued_packs += 1;
-                }
+        // The index finds a blob's copy outside the doomed packs if it has one.
+        for pos in needed.positions() {
+            let loc = index.at(pos);
+            if index.is_doomed(loc.pack_no) && doomed.remove(&loc.pack) {
+                out.rescued_packs += 1;
             }
         }
+        drop(index);
+        repo.set_index(std::iter::empty::<IndexedPack>());
     }
 
     // Replace the index files, unless an interrupted finish already did (it removes them
@@ -155,9 +149,9 @@ pub fn finish(
     if replaced.iter().all(|f| present.contains(f)) {
         let mut seen = IdSet::default();
         let keep: Vec<IndexedPack> = files
-            .iter()
+            .into_iter()
             .filter(|(f, _)| replaced.contains(f))
-            .flat_map(|(_, p)| p.iter().cloned())
+            .flat_map(|(_, p)| p)
             .filter(|p| !doomed.contains(&p.id) && seen.insert(p.id))
             .collect();
         out.index_written = write_index_files(repo, keep)?;

@@ -1,9 +1,11 @@
 //! Mark stage: every blob the snapshots need — their trees and the chunks the trees name —
 //! found by loading the trees level by level with many reads in flight (the one tree walker,
-//! [`crate::trees::for_each_tree`]).
+//! [`crate::trees::for_each_tree`]), and kept as one bit per blob of the index
+//! ([`BlobSet`]).
 
+use crate::blobset::BlobSet;
 use crate::error::{Error, Result};
-use crate::id::{BlobId, IdSet, SnapshotId};
+use crate::id::SnapshotId;
 use crate::repository::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::Chunk;
@@ -12,10 +14,10 @@ use crate::trees::{for_each_tree, Loading};
 /// Tree loads in flight while marking.
 const MARK_THREADS: usize = 8;
 
-/// The blobs `snapshots` need. A tree that cannot be read is an error: a prune that cannot see
-/// what a snapshot needs must not delete anything.
-pub fn mark(repo: &Repository, snapshots: &[(SnapshotId, Snapshot)], loading: &Loading) -> Result<IdSet<BlobId>> {
-    let mut used = IdSet::default();
+/// The blobs `snapshots` need, by the repository's index as it is now. A tree that cannot be
+/// read is an error: a prune that cannot see what a snapshot needs must not delete anything.
+pub fn mark(repo: &Repository, snapshots: &[(SnapshotId, Snapshot)], loading: &Loading) -> Result<BlobSet> {
+    let mut needed = BlobSet::new(&repo.index());
     let threads = MARK_THREADS.max(repo.storage().default_concurrency());
     for_each_tree(repo, snapshots.iter().map(|(_, s)| s.tree), threads, loading, |id, tree| {
         let tree = tree.map_err(|e| {
@@ -25,14 +27,16 @@ pub fn mark(repo: &Repository, snapshots: &[(SnapshotId, Snapshot)], loading: &L
                 id.short()
             ))
         })?;
-        used.insert(id);
+        let index = repo.index();
+        needed.insert(&index, id);
         for node in tree.nodes() {
-            used.extend(node.content.iter().filter_map(|c| match c {
-                Chunk::Data { id, .. } => Some(*id),
-                Chunk::Zero { .. } => None,
-            }));
+            for c in &node.content {
+                if let Chunk::Data { id, .. } = c {
+                    needed.insert(&index, *id);
+                }
+            }
         }
         Ok(())
     })?;
-    Ok(used)
+    Ok(needed)
 }

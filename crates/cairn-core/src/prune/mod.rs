@@ -14,6 +14,7 @@
 
 mod finish;
 mod mark;
+mod memory;
 mod plan;
 mod repack;
 
@@ -23,8 +24,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub use crate::compress::{count_codec, CodecUse};
 pub use finish::Finished;
-pub use plan::{count_codec, CodecUse, Fate, Limit, Plan, PlanOptions, PlanStats, PlannedPack, Recompress};
+pub use memory::Shares;
+pub use plan::{Fate, Limit, Plan, PlanOptions, PlanStats, PlannedPack, Recompress};
 pub use repack::RepackOptions;
 
 use crate::deletion::{self, Deletion};
@@ -45,6 +48,8 @@ pub struct PruneOptions {
     pub plan: PlanOptions,
     /// How repacking reads and writes.
     pub repack: RepackOptions,
+    /// Bytes the whole prune may hold (see [`Shares`]).
+    pub max_memory: u64,
     /// Plan and report only.
     pub dry_run: bool,
     /// Longest to wait for operations that started before the prune decided; after that the
@@ -81,7 +86,7 @@ pub struct PruneReport {
     pub phases: Vec<(String, f64)>,
 }
 
-/// Prunes `repo`, whose index is loaded, under the prune lock `lock`. `say` hears what the
+/// Prunes `repo` under the prune lock `lock` (it reads the index files itself). `say` hears what the
 /// prune is doing (for a status line).
 pub fn prune(
     repo: &Repository,
@@ -123,7 +128,8 @@ pub fn prune(
     let files = index_files(repo)?;
     // Listed after the snapshots, the index files cover every blob they need (a backup writes
     // its index files before its snapshot); the marking reads trees through this index.
-    repo.set_index(files.iter().flat_map(|(_, p)| p.iter().cloned()).collect());
+    repo.set_index(files.iter().flat_map(|(_, p)| p));
+    let shares = Shares::of(repo, &files, opts.max_memory)?;
     let stored = repo.list_packs()?;
     report.size_before = stored.values().sum();
     clock.end("list");
@@ -131,7 +137,8 @@ pub fn prune(
     say(&format!("marking what {} snapshots need", snapshots.len()));
     let used = mark::mark(repo, &snapshots, &loading)?;
     clock.end("mark");
-    let plan = plan::plan(files, &stored, &used, &opts.plan, u64::from(repo.config().pack_size))?;
+    let plan = plan::plan(files, &stored, &used, &repo.index(), &opts.plan, u64::from(repo.config().pack_size))?;
+    drop(used);
     report.plan = plan.stats.clone();
     report.size_after = report.size_before;
     if opts.dry_run || (plan.stats.delete_packs == 0 && plan.stats.repack_packs == 0) {
@@ -143,20 +150,33 @@ pub fn prune(
     let repacks: Vec<&PlannedPack> = plan.with_fate(Fate::Repack).collect();
     if !repacks.is_empty() {
         say(&format!("repacking {} packs", repacks.len()));
-        repack::repack(repo, &repacks, &opts.plan, &opts.repack, &written, cancel.clone())?;
+        repack::repack(repo, &repacks, &opts.plan, &opts.repack, &shares, &written, cancel.clone())?;
         clock.end("repack");
     }
     report.written_packs = written.packs.load(std::sync::atomic::Ordering::Relaxed);
     report.written_bytes = written.bytes();
+    if !repacks.is_empty() {
+        // The needed blobs after the prune: those claimed in kept packs, and the copies in the
+        // new packs.
+        let mut after = written.by_codec.lock().expect("written lock").clone();
+        for b in plan.with_fate(Fate::Keep).flat_map(PlannedPack::claimed) {
+            count_codec(&mut after, b);
+        }
+        report.by_codec_after = Some(after);
+    }
 
     let mut index_files = plan.index_files.clone();
-    index_files.extend(written.index_files.lock().expect("written lock").iter().map(|(id, _)| *id));
+    index_files.extend(written.index_files.lock().expect("written lock").iter().copied());
     let d = Deletion {
         version: deletion::VERSION,
         created: crate::platform::now_secs(),
         packs: plan.packs.iter().filter(|p| p.fate != Fate::Keep).map(|p| p.pack.id).collect(),
         index_files,
     };
+    // Finishing reads the index files again: the plan's copy of them and the index built from
+    // it are not held beside that.
+    drop(plan);
+    repo.set_index(std::iter::empty::<IndexedPack>());
     let id = repo.save_deletion(&d)?;
     // Listed after the manifest is stored: a lock taken later belongs to an operation that
     // reads the manifest (each takes its lock before reading the index).
@@ -170,19 +190,8 @@ pub fn prune(
     clock.end("wait");
     say("deleting");
     let counted: IdSet<SnapshotId> = snapshots.iter().map(|(id, _)| *id).collect();
-    let known = finish::Known { snapshots: &counted, used: &used };
-    report.finished = Some(finish::finish(repo, id, &d, Some(known), &loading)?);
+    report.finished = Some(finish::finish(repo, id, &d, Some(&counted), &loading)?);
     report.size_after = repo.list_packs()?.values().sum();
-    if !repacks.is_empty() {
-        // The needed blobs now: those claimed in kept packs, and the copies in the new packs.
-        let mut after = std::collections::BTreeMap::new();
-        let new = written.index_files.lock().expect("written lock");
-        let copies = new.iter().flat_map(|(_, packs)| packs).flat_map(|p| &p.blobs);
-        for b in plan.with_fate(Fate::Keep).flat_map(|p| &p.claimed).chain(copies) {
-            plan::count_codec(&mut after, b);
-        }
-        report.by_codec_after = Some(after);
-    }
     clock.end("delete");
     report.phases = clock.done;
     Ok(report)
@@ -190,7 +199,7 @@ pub fn prune(
 
 /// The blobs `snapshots` need (their trees and the chunks they name); the index must be loaded.
 pub fn needed_blobs(repo: &Repository, snapshots: &[(SnapshotId, Snapshot)]) -> Result<IdSet<BlobId>> {
-    mark::mark(repo, snapshots, &Loading::default())
+    Ok(mark::mark(repo, snapshots, &Loading::default())?.ids(&repo.index()))
 }
 
 /// Every index file with its ID (stray names left out). One that cannot be read stops the

@@ -6,12 +6,14 @@
 
 use std::collections::BTreeMap;
 
+use fixedbitset::FixedBitSet;
 use serde::Serialize;
 
-use crate::compress::Codec;
+use crate::blobset::BlobSet;
+use crate::compress::{count_codec, Codec, CodecUse};
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap, IdSet, IndexId, PackId};
-use crate::index::IndexedPack;
+use crate::index::{Index, IndexedPack};
 use crate::pack::BlobEntry;
 
 /// More small packs than this are merged even without `--repack-small`.
@@ -145,29 +147,29 @@ pub struct PlannedPack {
     pub size: u64,
     /// Its fate.
     pub fate: Fate,
-    /// The blobs claimed in it (copied if it is repacked).
-    pub claimed: Vec<BlobEntry>,
+    /// The blobs claimed in it (copied if it is repacked), as their numbers in `pack.blobs`:
+    /// 4 bytes a blob, where copies of the entries took 56.
+    pub(super) claimed: Vec<u32>,
 }
 
 impl PlannedPack {
+    /// The blobs claimed in this pack: those it keeps, or copies if it is repacked.
+    pub fn claimed(&self) -> impl Iterator<Item = &BlobEntry> + '_ {
+        self.claimed.iter().map(|&n| &self.pack.blobs[n as usize])
+    }
+
+    /// How many blobs are claimed in this pack.
+    pub fn claimed_count(&self) -> usize {
+        self.claimed.len()
+    }
+
     fn used_bytes(&self) -> u64 {
-        self.claimed.iter().map(|b| u64::from(b.length)).sum()
+        self.claimed().map(|b| u64::from(b.length)).sum()
     }
 
     fn unused_bytes(&self) -> u64 {
         self.size.saturating_sub(self.used_bytes())
     }
-}
-
-/// Blobs and bytes of one codec.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct CodecUse {
-    /// Blobs.
-    pub blobs: u64,
-    /// Stored bytes.
-    pub stored: u64,
-    /// Plaintext bytes.
-    pub raw: u64,
 }
 
 /// The numbers of a plan.
@@ -226,11 +228,13 @@ impl Plan {
 }
 
 /// Plans a prune of the packs `files` index (and `stored` holds, with their sizes), given the
-/// blobs the snapshots need. Refuses if a needed blob is in no pack in storage.
+/// blobs the snapshots need, marked by `index` (the index of `files`). Refuses if a needed
+/// blob is in no pack in storage.
 pub fn plan(
     files: Vec<(IndexId, Vec<IndexedPack>)>,
     stored: &IdMap<PackId, u64>,
-    used: &IdSet<BlobId>,
+    used: &BlobSet,
+    index: &Index,
     opts: &PlanOptions,
     pack_size: u64,
 ) -> Result<Plan> {
@@ -244,10 +248,11 @@ pub fn plan(
             None => missing.push(pack),
         }
     }
-    claim(&mut packs, used);
+    let needed = |b: &BlobEntry| index.position(&b.id).filter(|&pos| used.at(pos));
+    claim(&mut packs, index.len(), needed);
     let claimed: usize = packs.iter().map(|p| p.claimed.len()).sum();
     if claimed < used.len() {
-        let lost = missing.iter().flat_map(|p| &p.blobs).filter(|b| used.contains(&b.id)).count();
+        let lost = missing.iter().flat_map(|p| &p.blobs).filter(|b| needed(b).is_some()).count();
         return Err(Error::Refused(format!(
             "{} blobs the snapshots need are in no pack in storage ({lost} of them in {} packs the index names \
              but storage lacks); prune deletes nothing now: run `cairn check`, then `cairn repair index` or \
@@ -273,21 +278,24 @@ pub fn plan(
 }
 
 /// Claims each needed blob in one pack: packs with the most needed bytes first, so that a
-/// blob stored twice is counted where it shares a pack with other needed blobs.
-fn claim(packs: &mut [PlannedPack], used: &IdSet<BlobId>) {
-    let needed = |p: &PlannedPack| -> u64 {
-        p.pack.blobs.iter().filter(|b| used.contains(&b.id)).map(|b| u64::from(b.length)).sum()
+/// blob stored twice is counted where it shares a pack with other needed blobs. `needed`
+/// gives a needed blob's position in the index of `blobs` blobs (`None`: not needed).
+fn claim(packs: &mut [PlannedPack], blobs: usize, needed: impl Fn(&BlobEntry) -> Option<usize>) {
+    let needed_bytes = |p: &PlannedPack| -> u64 {
+        p.pack.blobs.iter().filter(|b| needed(b).is_some()).map(|b| u64::from(b.length)).sum()
     };
     let mut order: Vec<(u64, usize)> = packs
         .iter()
         .enumerate()
-        .map(|(i, p)| ((needed(p) as u128 * 1_000_000 / u128::from(p.size.max(1))) as u64, i))
+        .map(|(i, p)| ((needed_bytes(p) as u128 * 1_000_000 / u128::from(p.size.max(1))) as u64, i))
         .collect();
     order.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(packs[a.1].pack.id.cmp(&packs[b.1].pack.id)));
-    let mut taken: IdSet<BlobId> = IdSet::default();
+    let mut taken = FixedBitSet::with_capacity(blobs);
     for (_, i) in order {
         let p = &mut packs[i];
-        p.claimed = p.pack.blobs.iter().filter(|b| used.contains(&b.id) && taken.insert(b.id)).copied().collect();
+        p.claimed = (0..p.pack.blobs.len() as u32)
+            .filter(|&n| needed(&p.pack.blobs[n as usize]).is_some_and(|pos| !taken.put(pos)))
+            .collect();
     }
 }
 
@@ -303,7 +311,7 @@ fn decide(packs: &mut [PlannedPack], opts: &PlanOptions, pack_size: u64) {
     for p in packs.iter_mut() {
         if p.claimed.is_empty() {
             p.fate = if opts.recompress.is_some() { Fate::Keep } else { Fate::Delete };
-        } else if p.claimed.iter().any(|b| opts.reencodes(b)) {
+        } else if p.claimed().any(|b| opts.reencodes(b)) {
             repack(p, &mut budget);
         }
     }
@@ -338,14 +346,6 @@ fn decide(packs: &mut [PlannedPack], opts: &PlanOptions, pack_size: u64) {
     }
 }
 
-/// Adds blob `b` to the per-codec totals.
-pub fn count_codec(by_codec: &mut BTreeMap<String, CodecUse>, b: &BlobEntry) {
-    let c = by_codec.entry(b.codec.to_string()).or_default();
-    c.blobs += 1;
-    c.stored += u64::from(b.length);
-    c.raw += u64::from(b.raw_length);
-}
-
 fn stats(packs: &[PlannedPack], unindexed: &[PlannedPack], used_blobs: u64, opts: &PlanOptions) -> PlanStats {
     let mut s = PlanStats { used_blobs, ..PlanStats::default() };
     for p in packs.iter().chain(unindexed) {
@@ -353,7 +353,7 @@ fn stats(packs: &[PlannedPack], unindexed: &[PlannedPack], used_blobs: u64, opts
         s.size += p.size;
         s.used_bytes += p.used_bytes();
         s.unused_bytes += p.unused_bytes();
-        for b in &p.claimed {
+        for b in p.claimed() {
             count_codec(&mut s.by_codec, b);
         }
         match p.fate {
@@ -371,7 +371,7 @@ fn stats(packs: &[PlannedPack], unindexed: &[PlannedPack], used_blobs: u64, opts
                 s.repack_bytes += p.size;
                 s.copy_bytes += p.used_bytes();
                 s.size_after += p.used_bytes();
-                s.reencode_blobs += p.claimed.iter().filter(|b| opts.reencodes(b)).count() as u64;
+                s.reencode_blobs += p.claimed().filter(|b| opts.reencodes(b)).count() as u64;
             }
         }
     }
@@ -397,8 +397,12 @@ mod tests {
         let mut stored: IdMap<PackId, u64> =
             packs.iter().map(|p| (p.id, p.blobs.iter().map(|b| u64::from(b.length)).sum::<u64>() + 100)).collect();
         stored.extend(extra.iter().map(|&(n, size)| (PackId([n; 32]), size)));
-        let used: IdSet<BlobId> = used.iter().map(|&n| BlobId([n; 32])).collect();
-        plan(vec![(IndexId([0; 32]), packs)], &stored, &used, opts, 10_000)
+        let index = Index::from_packs(&packs);
+        let mut needed = BlobSet::new(&index);
+        for &n in used {
+            needed.insert(&index, BlobId([n; 32]));
+        }
+        plan(vec![(IndexId([0; 32]), packs)], &stored, &needed, &index, opts, 10_000)
     }
 
     fn fate(plan: &Plan, n: u8) -> Fate {

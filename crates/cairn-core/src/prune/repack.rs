@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::Sender;
 
+use super::memory::Shares;
 use super::plan::{PlanOptions, PlannedPack};
 use crate::error::{Error, Result};
 use crate::index::BlobLocation;
@@ -17,11 +18,9 @@ use crate::packwrite::{write_packs, Job, Payload, WriteOptions, Written};
 use crate::read::{coalesce, coalesce_gap, Decoded, PackRead, Reader, Sink};
 use crate::repository::Repository;
 
-/// How a repack reads and writes.
+/// How a repack reads and writes (in memory, within [`Shares`]).
 #[derive(Clone, Copy, Debug)]
 pub struct RepackOptions {
-    /// Bytes in flight on the read side.
-    pub max_memory: u64,
     /// Reads in flight.
     pub fetchers: usize,
     /// Threads that verify what was read.
@@ -31,18 +30,17 @@ pub struct RepackOptions {
 }
 
 /// `packs` cut into batches of whole packs (at least one each) whose claimed blobs number at
-/// most an eighth of the read budget at about 200 bytes a blob for its location and read, so a
-/// repack of a million blobs does not plan them all at once (150 MB of `many`'s prune).
-fn batches<'p, 'q>(packs: &'p [&'q PlannedPack], opts: &RepackOptions) -> Vec<&'p [&'q PlannedPack]> {
-    let most = (opts.max_memory / 8 / 200).clamp(16, 262_144) as usize;
+/// most `most`, so a repack of a million blobs does not plan them all at once (150 MB of
+/// `many`'s prune).
+fn batches<'p, 'q>(packs: &'p [&'q PlannedPack], most: usize) -> Vec<&'p [&'q PlannedPack]> {
     let mut out = Vec::new();
     let (mut first, mut blobs) = (0, 0);
     for (i, p) in packs.iter().enumerate() {
-        if i > first && blobs + p.claimed.len() > most {
+        if i > first && blobs + p.claimed_count() > most {
             out.push(&packs[first..i]);
             (first, blobs) = (i, 0);
         }
-        blobs += p.claimed.len();
+        blobs += p.claimed_count();
     }
     if first < packs.len() {
         out.push(&packs[first..]);
@@ -58,17 +56,19 @@ pub fn repack(
     packs: &[&PlannedPack],
     plan: &PlanOptions,
     opts: &RepackOptions,
+    shares: &Shares,
     written: &Written,
     cancel: Arc<AtomicBool>,
 ) -> Result<()> {
     let failures = Mutex::new(Vec::new());
-    write_packs(repo, &opts.write, written, |jobs| {
-        for batch in batches(packs, opts) {
+    let write = WriteOptions { memory: Some(shares.write), ..opts.write };
+    write_packs(repo, &write, written, |jobs| {
+        for batch in batches(packs, shares.batch_blobs) {
             let located: Vec<BlobLocation> = batch
                 .iter()
                 .enumerate()
                 .flat_map(|(no, p)| {
-                    p.claimed.iter().map(move |&entry| BlobLocation {
+                    p.claimed().map(move |&entry| BlobLocation {
                         pack: p.pack.id,
                         pack_no: no as u32,
                         salt: p.pack.salt,
@@ -76,8 +76,9 @@ pub fn repack(
                     })
                 })
                 .collect();
-            let reads = coalesce(located, opts.max_memory / 4, coalesce_gap(repo));
-            let reader = Reader::new(repo, opts.max_memory, cancel.clone());
+            let budget = shares.read / 2;
+            let reads = coalesce(located, budget / 4, coalesce_gap(repo));
+            let reader = Reader::new(repo, budget, cancel.clone());
             std::thread::scope(|s| {
                 let sink = ToPacks { jobs: jobs.clone(), plan, failures: &failures };
                 for w in reader.start(s, &reads, opts.fetchers, opts.decoders, sink) {
@@ -164,36 +165,21 @@ mod tests {
             raw_length: 1,
         };
         PlannedPack {
-            pack: IndexedPack { id: PackId([2; 32]), salt: [0; crate::crypto::SALT_LEN], blobs: Vec::new() },
+            pack: IndexedPack { id: PackId([2; 32]), salt: [0; crate::crypto::SALT_LEN], blobs: vec![entry; claimed] },
             size: 1,
             fate: Fate::Repack,
-            claimed: vec![entry; claimed],
+            claimed: (0..claimed as u32).collect(),
         }
     }
 
     /// Whole packs, in order, each batch within the budget's blobs unless one pack alone is over.
     #[test]
     fn batches_are_whole_packs_within_the_blobs_the_budget_allows() {
-        // 64 KiB: 40 blobs a batch.
-        let opts = RepackOptions {
-            max_memory: 64 << 10,
-            fetchers: 1,
-            decoders: 1,
-            write: crate::packwrite::WriteOptions {
-                codec: Codec::None,
-                threads: 1,
-                uploads: 1,
-                index_every: 1,
-                memory: None,
-                index_stored: false,
-                keep_indexed: false,
-            },
-        };
         let owned: Vec<PlannedPack> = [10, 20, 10, 5, 100, 1, 39].into_iter().map(pack).collect();
         let packs: Vec<&PlannedPack> = owned.iter().collect();
         let sizes: Vec<Vec<usize>> =
-            batches(&packs, &opts).iter().map(|b| b.iter().map(|p| p.claimed.len()).collect()).collect();
+            batches(&packs, 40).iter().map(|b| b.iter().map(|p| p.claimed_count()).collect()).collect();
         assert_eq!(sizes, [vec![10, 20, 10], vec![5], vec![100], vec![1, 39]]);
-        assert!(batches(&[], &opts).is_empty());
+        assert!(batches(&[], 40).is_empty());
     }
 }
