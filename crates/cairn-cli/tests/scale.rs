@@ -245,6 +245,38 @@ fn peak_rss_of_a_restore_of_200k_files_stays_within_the_budget() {
         }
     }
 
+    // The commands that walk snapshots: each refuses a budget that cannot hold the index, the
+    // largest directory and a tree-loading thread, in one line naming the least that fits;
+    // within that least budget each stays under it plus 64 MiB and says what it should.
+    let mut least = None;
+    for cmd in [&["stats"][..], &["ls", "latest"], &["find", "x"], &["diff", "latest", "latest"]] {
+        let out = cairn.run([cmd, &["--max-memory", "1M"]].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{cmd:?}: {err}");
+        assert!(err.contains("is too small for this walk"), "{cmd:?}: {err}");
+        let n: u64 = err.split("give at least ").nth(1).and_then(|t| t.split(' ').next()).unwrap().parse().unwrap();
+        assert!(least.is_none_or(|l| l == n), "{cmd:?}: {err}");
+        least = Some(n);
+    }
+    let walk_mib = least.unwrap();
+    let walk = |args: &[&str]| {
+        let mut c = cairn.command();
+        c.args(args).args(["--max-memory", &format!("{walk_mib}M")]);
+        let (out, _, peak_kib) = common::run_with_peak_rss(&mut c);
+        assert!(
+            peak_kib / 1024 <= walk_mib + 64,
+            "{args:?}: peak RSS {} MiB over {walk_mib}M + 64 MiB",
+            peak_kib / 1024
+        );
+        out
+    };
+    let stats = common::last_json(&walk(&["--json", "stats"]));
+    assert_eq!(stats["restore_size"]["files"], MANY as u64, "{stats}");
+    let listed = walk(&["ls", "latest"]);
+    assert_eq!(listed.lines().filter(|l| l.contains("/file-with-a-longer-name-")).count(), MANY, "ls lists every file");
+    let found = walk(&["--json", "find", "file-with-a-longer-name-00007"]);
+    assert_eq!(found.lines().filter(|l| l.contains("\"path\"")).count(), 200, "{found}");
+
     // A copy into a repository with other IDs (every blob read, named again and every tree
     // rewritten) within its budget too: it held every tree and a hash map entry or three per
     // blob, beside the budget's reads and packs.

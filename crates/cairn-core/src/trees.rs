@@ -263,6 +263,56 @@ impl ReadAhead {
     }
 }
 
+/// Bytes one tree-loading thread holds at most: a read of up to [`TREE_READ_MAX`] stored bytes
+/// and its trees decoded (about three times as many) until each is handed on.
+const TREE_THREAD_BYTES: u64 = 4 * TREE_READ_MAX;
+
+/// How a walk of snapshots (`ls`, `find`, `diff`, `stats`) fits its `--max-memory`: the index,
+/// what the command keeps per blob (`extra`) and the largest directory's tree (held encoded,
+/// and by a walk on its path while its entries are visited) come first; of the rest, half is
+/// for the threads loading trees and half for tree packs read ahead
+/// ([`ReadAhead::limit`], at most [`READ_AHEAD_MAX`]).
+#[derive(Clone, Copy, Debug)]
+pub struct WalkShares {
+    /// Threads loading trees (at most the number asked for).
+    pub threads: usize,
+    /// Bytes of tree packs read ahead.
+    pub read_ahead: u64,
+}
+
+impl WalkShares {
+    /// The shares of `max_memory` for a walk of `repo` (its index loaded) on at most `threads`
+    /// threads, or why it cannot run within it.
+    pub fn of(repo: &Repository, max_memory: u64, threads: usize, extra: u64) -> Result<WalkShares> {
+        let index = repo.index();
+        let fixed = index.memory_bytes() + extra + 2 * index.largest_tree();
+        let least = fixed + 2 * TREE_THREAD_BYTES;
+        if max_memory < least {
+            let mib = |b: u64| b.div_ceil(1 << 20);
+            return Err(Error::Usage(format!(
+                "--max-memory {} MiB is too small for this walk: the index and the largest directory take {} MiB, \
+                 and loading trees needs {} MiB more; give at least {} MiB",
+                mib(max_memory),
+                mib(fixed),
+                mib(least - fixed),
+                mib(least),
+            )));
+        }
+        let half = (max_memory - fixed) / 2;
+        Ok(WalkShares {
+            threads: threads.min((half / TREE_THREAD_BYTES) as usize).max(1),
+            read_ahead: half.min(READ_AHEAD_MAX),
+        })
+    }
+
+    /// A [`Loading`] whose read-ahead holds at most this walk's share.
+    pub fn loading(&self) -> Loading {
+        let loading = Loading::default();
+        loading.read_ahead.limit(self.read_ahead);
+        loading
+    }
+}
+
 /// Finds the node at `path` (absolute, inside the snapshot; any bytes, not only UTF-8) without
 /// following symlinks. Returns `None` for `/` (the root tree itself).
 pub fn resolve(repo: &Repository, root: &BlobId, path: &Path, snapshot: &str) -> Result<Option<Node>> {

@@ -15,11 +15,11 @@ use cairn_core::diff::{self, Counts, DiffOptions, DiffStats, Entry, Root, Side};
 use cairn_core::lock::LockKind;
 use cairn_core::repository::Repository;
 use cairn_core::tree::NodeKind;
-use cairn_core::trees::{below_root, resolve, Loading};
+use cairn_core::trees::{below_root, resolve};
 use clap::Args as ClapArgs;
 use serde_json::json;
 
-use super::{open_locked, split_spec, Global};
+use super::{open_locked, split_spec, Global, WalkMemory};
 use crate::output::{self, bytes, count};
 
 #[derive(ClapArgs, Debug)]
@@ -34,6 +34,8 @@ pub struct Args {
     /// attributes, ACLs) with `U`
     #[arg(long)]
     metadata: bool,
+    #[command(flatten)]
+    memory: WalkMemory,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
@@ -46,8 +48,9 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         (Root::Tree(_), Root::Tree(_)) => PathBuf::from("/"),
         _ => after_path.or(before_path).unwrap_or_else(|| PathBuf::from("/")),
     };
-    let opts = DiffOptions { metadata: a.metadata, threads: repo.storage().default_concurrency() };
-    let (entries, stats) = diff::diff(&repo, before, after, &base, opts, &Loading::default())?;
+    let shares = a.memory.shares(&repo, 0)?;
+    let opts = DiffOptions { metadata: a.metadata, threads: shares.threads };
+    let (entries, stats) = diff::diff(&repo, before, after, &base, opts, &shares.loading())?;
     if g.json {
         for e in &entries {
             outln!("{}", change_json(e));

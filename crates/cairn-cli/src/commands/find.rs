@@ -12,7 +12,7 @@ use cairn_core::tree::{NodeKind, Timestamp};
 use clap::Args as ClapArgs;
 use serde_json::json;
 
-use super::{open_locked, plural, Global, SnapshotArgs};
+use super::{open_locked, plural, Global, SnapshotArgs, WalkMemory};
 use crate::output;
 
 #[derive(ClapArgs, Debug)]
@@ -33,6 +33,8 @@ pub struct Args {
     newest: Option<Timestamp>,
     #[command(flatten)]
     snapshots: SnapshotArgs,
+    #[command(flatten)]
+    memory: WalkMemory,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
@@ -46,7 +48,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         outln!("{:<10} {:<19} {:>11}  path", "snapshot", "modified", "size");
     }
     let (mut matches, mut in_snapshots, mut last) = (0u64, 0usize, None);
-    let threads = repo.storage().default_concurrency();
+    let threads = a.memory.shares(&repo, 0)?.threads;
     find::find(&repo, &snaps, &matcher, threads, |id, snap, path, node| {
         matches += 1;
         if last != Some(*id) {

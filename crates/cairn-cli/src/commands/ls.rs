@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use cairn_core::tree::{Node, NodeKind};
 use clap::Args as ClapArgs;
 
-use super::{open, split_spec, Global};
+use super::{open, split_spec, Global, WalkMemory};
 use crate::output;
 
 #[derive(ClapArgs, Debug)]
@@ -21,6 +21,8 @@ pub struct Args {
     /// With --long, sizes in bytes instead of binary units
     #[arg(long, requires = "long")]
     pub bytes: bool,
+    #[command(flatten)]
+    pub memory: WalkMemory,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
@@ -37,7 +39,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
     };
-    let threads = repo.storage().default_concurrency();
+    let threads = a.memory.shares(&repo, 0)?.threads;
     cairn_core::trees::walk(&repo, start, base, threads, |path, node| {
         print_node(g, &a, path, node);
         Ok(())

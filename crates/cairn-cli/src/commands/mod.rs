@@ -326,6 +326,24 @@ pub(crate) fn plural(n: usize, what: &str) -> String {
     }
 }
 
+/// `--max-memory` of the commands that walk snapshots' trees (`ls`, `find`, `diff`, `stats`).
+#[derive(clap::Args, Debug)]
+pub struct WalkMemory {
+    /// Memory the walk may use: the index and the largest directory, then the trees being
+    /// loaded and read ahead (too small a budget is refused, naming the least that fits)
+    #[arg(long, value_name = "SIZE", default_value = "256M")]
+    pub max_memory: String,
+}
+
+impl WalkMemory {
+    /// The walk's shares of the budget in `repo` (its index loaded), the command keeping
+    /// `extra` bytes besides.
+    pub fn shares(&self, repo: &Repository, extra: u64) -> Result<cairn_core::trees::WalkShares> {
+        let max = parse_size(&self.max_memory)?;
+        Ok(cairn_core::trees::WalkShares::of(repo, max, repo.storage().default_concurrency(), extra)?)
+    }
+}
+
 /// The snapshot filters of commands that work on several snapshots.
 #[derive(clap::Args, Debug, Default)]
 pub struct SnapshotArgs {

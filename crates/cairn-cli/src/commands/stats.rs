@@ -8,11 +8,10 @@ use std::process::ExitCode;
 use anyhow::Result;
 use cairn_core::lock::LockKind;
 use cairn_core::stats::{self, Stats};
-use cairn_core::trees::Loading;
 use clap::{Args as ClapArgs, ValueEnum};
 use serde_json::json;
 
-use super::{open_locked, FilterArgs, Global};
+use super::{open_locked, FilterArgs, Global, WalkMemory};
 use crate::output::{bytes, count};
 
 #[derive(ClapArgs, Debug)]
@@ -26,6 +25,8 @@ pub struct Args {
     mode: Mode,
     #[command(flatten)]
     filters: FilterArgs,
+    #[command(flatten)]
+    memory: WalkMemory,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -38,8 +39,9 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let (repo, _lock) = open_locked(g, LockKind::Shared)?;
     repo.load_index()?;
     let snaps = a.filters.filter(&a.ids).select(&repo)?;
-    let threads = repo.storage().default_concurrency();
-    let s = stats::stats(&repo, &snaps, threads, &Loading::default())?;
+    // Beside the walk: a bit for each blob of the index.
+    let shares = a.memory.shares(&repo, repo.index().len().div_ceil(8) as u64)?;
+    let s = stats::stats(&repo, &snaps, shares.threads, &shares.loading())?;
     if g.json {
         outln!("{}", to_json(&s, a.mode));
         return Ok(ExitCode::SUCCESS);
