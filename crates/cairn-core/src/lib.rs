@@ -37,6 +37,7 @@ pub mod index;
 pub mod keyfile;
 pub mod layout;
 pub mod lock;
+pub mod memory;
 pub mod pack;
 pub mod packwrite;
 pub(crate) mod parallel;

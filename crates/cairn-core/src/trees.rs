@@ -32,6 +32,7 @@ use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap, IdSet, PackId};
 use crate::index::BlobLocation;
 use crate::layout::pack_path;
+use crate::memory::MaxMemory;
 use crate::pack::BlobEntry;
 use crate::read::{coalesce, coalesce_gap, Decoded, PackRead, Reader, Sink};
 use crate::repository::Repository;
@@ -283,22 +284,13 @@ pub struct WalkShares {
 impl WalkShares {
     /// The shares of `max_memory` for a walk of `repo` (its index loaded) on at most `threads`
     /// threads, or why it cannot run within it.
-    pub fn of(repo: &Repository, max_memory: u64, threads: usize, extra: u64) -> Result<WalkShares> {
+    pub fn of(repo: &Repository, max_memory: MaxMemory, threads: usize, extra: u64) -> Result<WalkShares> {
         let index = repo.index();
         let fixed = index.memory_bytes() + extra + 2 * index.largest_tree();
         let least = fixed + 2 * TREE_THREAD_BYTES;
-        if max_memory < least {
-            let mib = |b: u64| b.div_ceil(1 << 20);
-            return Err(Error::Usage(format!(
-                "--max-memory {} MiB is too small for this walk: the index and the largest directory take {} MiB, \
-                 and loading trees needs {} MiB more; give at least {} MiB",
-                mib(max_memory),
-                mib(fixed),
-                mib(least - fixed),
-                mib(least),
-            )));
-        }
-        let half = (max_memory - fixed) / 2;
+        let budget =
+            max_memory.budget("walk", "the index and the largest directory", fixed, "threads loading trees", least)?;
+        let half = (budget - fixed) / 2;
         Ok(WalkShares {
             threads: threads.min((half / TREE_THREAD_BYTES) as usize).max(1),
             read_ahead: half.min(READ_AHEAD_MAX),

@@ -12,7 +12,7 @@ use cairn_core::repository::Repository;
 use clap::Args as ClapArgs;
 
 use super::snapshots::{line, row};
-use super::{cancel_on_sigint, lock, open, open_with, parse_size, plural, storage_at, FilterArgs, Global};
+use super::{cancel_on_sigint, lock, open, open_with, plural, storage_at, FilterArgs, Global};
 use crate::output::{bytes, count};
 use crate::{password, progress};
 
@@ -27,9 +27,11 @@ pub struct Args {
     #[command(flatten)]
     pub from: FromRepoArgs,
     /// The whole copy's memory: both repositories' indexes, what it marks per source blob, trees
-    /// kept for the rewrite, reads in flight, and the new packs being filled and stored
-    #[arg(long, value_name = "SIZE", default_value = "256M")]
-    pub max_memory: String,
+    /// kept for the rewrite, reads in flight, and the new packs being filled and stored; too
+    /// small a budget is refused, naming the least that fits [default: 256M, or the least these
+    /// repositories need]
+    #[arg(long, value_name = "SIZE")]
+    pub max_memory: Option<String>,
     /// Reads of the source in flight [default: the source backend's concurrency, at least 4]
     #[arg(long, value_name = "N")]
     pub fetch_concurrency: Option<usize>,
@@ -73,7 +75,7 @@ impl FromRepoArgs {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
-    let max_memory = parse_size(&a.max_memory)?;
+    let max_memory = super::max_memory(a.max_memory.as_deref())?;
     let src = a.from.open(g, "copy")?;
     let dst = open(g)?;
     // Shared on the source; on the destination the backup's kind, so a prune there waits for

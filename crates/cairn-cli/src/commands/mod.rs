@@ -6,6 +6,7 @@ use anyhow::{bail, Result};
 use cairn_core::cache::Cache;
 use cairn_core::compress::Codec;
 use cairn_core::lock::{Lock, LockKind};
+use cairn_core::memory::MaxMemory;
 use cairn_core::preload::Preload;
 use cairn_core::repository::Repository;
 use cairn_core::storage::{Faults, FaultyStorage, Location, OpendalStorage, RemoteOptions, Storage};
@@ -326,20 +327,26 @@ pub(crate) fn plural(n: usize, what: &str) -> String {
     }
 }
 
+/// A `--max-memory` whose default grows with the repository (`prune`, `copy`, the walks).
+pub(crate) fn max_memory(given: Option<&str>) -> Result<MaxMemory> {
+    Ok(MaxMemory::from_option(given.map(parse_size).transpose()?))
+}
+
 /// `--max-memory` of the commands that walk snapshots' trees (`ls`, `find`, `diff`, `stats`).
 #[derive(clap::Args, Debug)]
 pub struct WalkMemory {
     /// Memory the walk may use: the index and the largest directory, then the trees being
-    /// loaded and read ahead (too small a budget is refused, naming the least that fits)
-    #[arg(long, value_name = "SIZE", default_value = "256M")]
-    pub max_memory: String,
+    /// loaded and read ahead; too small a budget is refused, naming the least that fits
+    /// [default: 256M, or the least this repository needs]
+    #[arg(long, value_name = "SIZE")]
+    pub max_memory: Option<String>,
 }
 
 impl WalkMemory {
     /// The walk's shares of the budget in `repo` (its index loaded), the command keeping
     /// `extra` bytes besides.
     pub fn shares(&self, repo: &Repository, extra: u64) -> Result<cairn_core::trees::WalkShares> {
-        let max = parse_size(&self.max_memory)?;
+        let max = max_memory(self.max_memory.as_deref())?;
         Ok(cairn_core::trees::WalkShares::of(repo, max, repo.storage().default_concurrency(), extra)?)
     }
 }

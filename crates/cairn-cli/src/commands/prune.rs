@@ -10,7 +10,7 @@ use cairn_core::prune::{self, CodecUse, Limit, PlanOptions, PruneOptions, PruneR
 use cairn_core::repository::Repository;
 use clap::Args as ClapArgs;
 
-use super::{cancel_on_sigint, lock, open, parse_size, Global};
+use super::{cancel_on_sigint, lock, max_memory, open, parse_size, Global};
 use crate::output::bytes;
 
 #[derive(ClapArgs, Debug)]
@@ -42,9 +42,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "24h")]
     pub max_wait: String,
     /// Memory the whole prune may use: the index and index files it plans from, then reads
-    /// and new packs while repacking (too small a budget is refused, saying what to give)
-    #[arg(long, value_name = "SIZE", default_value = "256M")]
-    pub max_memory: String,
+    /// and new packs while repacking; too small a budget is refused, naming the least that fits
+    /// [default: 256M, or the least this repository needs]
+    #[arg(long, value_name = "SIZE")]
+    pub max_memory: Option<String>,
     /// Run at normal CPU priority (by default a prune lowers its own, so that backups running
     /// beside it keep their speed)
     #[arg(long)]
@@ -57,13 +58,7 @@ pub struct RunArgs {
 impl RunArgs {
     /// The defaults (those of `cairn prune`), for `forget --prune`.
     pub fn defaults(dry_run: bool) -> Self {
-        RunArgs {
-            dry_run,
-            max_wait: "24h".into(),
-            max_memory: "256M".into(),
-            fetch_concurrency: None,
-            foreground: false,
-        }
+        RunArgs { dry_run, max_wait: "24h".into(), max_memory: None, fetch_concurrency: None, foreground: false }
     }
 }
 
@@ -96,7 +91,7 @@ pub(crate) fn run_plan(g: &Global, repo: &Repository, plan: PlanOptions, a: &Run
     let packers = if reencodes { threads } else { 1 };
     let opts = PruneOptions {
         plan,
-        max_memory: parse_size(&a.max_memory)?,
+        max_memory: max_memory(a.max_memory.as_deref())?,
         repack: RepackOptions {
             fetchers: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency().max(8)).max(1),
             decoders: threads,

@@ -7,6 +7,7 @@
 //! parent tree, the blobs added to the index — and for the files being read.
 
 use crate::error::{Error, Result};
+use crate::memory::mib;
 use crate::packwrite::{pack_buffer, PACKS_MIN};
 use crate::repository::Repository;
 
@@ -29,8 +30,4 @@ pub(super) fn pack_share(repo: &Repository, max_memory: u64) -> Result<u64> {
         )));
     }
     Ok(share)
-}
-
-fn mib(bytes: u64) -> u64 {
-    bytes.div_ceil(1 << 20)
 }

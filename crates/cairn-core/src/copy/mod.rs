@@ -40,6 +40,7 @@ use crossbeam_channel::bounded;
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap, SnapshotId};
 use crate::index::BlobLocation;
+use crate::memory::{MaxMemory, READ_MIN};
 use crate::packwrite::{pack_buffer, write_packs, WriteOptions, Written, PACKS_MIN};
 use crate::repository::Repository;
 use crate::select::SnapshotFilter;
@@ -61,7 +62,7 @@ pub struct CopyOptions {
     pub tree_threads: usize,
     /// The whole copy's memory: both indexes, what it marks per source blob, trees kept for
     /// the rewrite, reads in flight and packs being filled and stored ([`Shares`]).
-    pub max_memory: u64,
+    pub max_memory: MaxMemory,
 }
 
 /// How a copy shares out its `--max-memory` (docs/DESIGN.md, "Copy"). First what grows with
@@ -83,24 +84,21 @@ pub struct Shares {
 
 impl Shares {
     /// The shares of `max_memory` for copying from `src` to `dst`, or why it cannot run within it.
-    pub fn of(src: &Repository, dst: &Repository, rename: bool, max_memory: u64) -> Result<Shares> {
+    pub fn of(src: &Repository, dst: &Repository, rename: bool, max_memory: MaxMemory) -> Result<Shares> {
         let fixed =
             src.index().memory_bytes() + dst.index().memory_bytes() + Marks::memory_bytes(src.index().len(), rename);
-        let left = max_memory.saturating_sub(fixed);
+        // Two packs in the writer's three eighths, and 4 MiB in the reads' three eighths.
+        let least = fixed + (PACKS_MIN * pack_buffer(dst)).max(READ_MIN) * 8 / 3 + 1;
+        let budget = max_memory.budget(
+            "copy",
+            "the two indexes and the copy's marks",
+            fixed,
+            "the reads and packs in flight",
+            least,
+        )?;
+        let left = budget - fixed;
         let (write, hold, batches) = (left * 3 / 8, left / 8, left / 8);
         let read = left - write - hold - batches;
-        let least_write = PACKS_MIN * pack_buffer(dst);
-        if write < least_write || read < READ_MIN {
-            let least = fixed + least_write.max(READ_MIN) * 8 / 3 + 1;
-            return Err(Error::Usage(format!(
-                "--max-memory {} MiB is too small for this copy: the two indexes and the copy's marks take {} MiB, \
-                 and the reads and packs in flight need {} MiB more; give at least {} MiB",
-                mib(max_memory),
-                mib(fixed),
-                mib(least - fixed),
-                mib(least),
-            )));
-        }
         Ok(Shares { read, write, hold })
     }
 
@@ -116,13 +114,6 @@ impl Shares {
     fn tree_threads(&self, most: usize) -> usize {
         most.min((self.hold / (8 << 20)) as usize).max(1)
     }
-}
-
-/// The smallest read share: reads of 1 MiB, a few in flight (a larger blob is read alone).
-const READ_MIN: u64 = 4 << 20;
-
-fn mib(bytes: u64) -> u64 {
-    bytes.div_ceil(1 << 20)
 }
 
 /// What a copy is doing, for a progress display.

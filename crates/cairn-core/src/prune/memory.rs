@@ -9,15 +9,13 @@
 use std::mem::size_of;
 
 use super::plan::PlannedPack;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::id::IndexId;
 use crate::index::IndexedPack;
+use crate::memory::{MaxMemory, READ_MIN};
 use crate::pack::BlobEntry;
 use crate::packwrite::{pack_buffer, PACKS_MIN};
 use crate::repository::Repository;
-
-/// The smallest read share: reads of 1 MiB, a few in flight (a larger blob is read alone).
-const READ_MIN: u64 = 4 << 20;
 
 /// Bytes a blob of a batch takes with its location and its read.
 const BATCH_BLOB_BYTES: u64 = 200;
@@ -37,23 +35,20 @@ pub struct Shares {
 impl Shares {
     /// The shares of `max_memory` for a prune of `repo`, whose index is built from `files`,
     /// or why it cannot run within it.
-    pub fn of(repo: &Repository, files: &[(IndexId, Vec<IndexedPack>)], max_memory: u64) -> Result<Shares> {
+    pub fn of(repo: &Repository, files: &[(IndexId, Vec<IndexedPack>)], max_memory: MaxMemory) -> Result<Shares> {
         let fixed = repo.index().memory_bytes() + held_bytes(files);
-        let left = max_memory.saturating_sub(fixed);
+        // Two packs in the writer's three eighths, and reads of 4 MiB in the reads' half.
+        let least = fixed + (PACKS_MIN * pack_buffer(repo)).max(READ_MIN) * 8 / 3 + 1;
+        let budget = max_memory.budget(
+            "prune",
+            "the index and the index files it plans from",
+            fixed,
+            "the reads and packs in flight",
+            least,
+        )?;
+        let left = budget - fixed;
         let (write, batches) = (left * 3 / 8, left / 8);
         let read = left - write - batches;
-        let least_write = PACKS_MIN * pack_buffer(repo);
-        if write < least_write || read < READ_MIN {
-            let least = fixed + least_write.max(READ_MIN) * 8 / 3 + 1;
-            return Err(Error::Usage(format!(
-                "--max-memory {} MiB is too small for this prune: the index and the index files it plans from \
-                 take {} MiB, and the reads and packs in flight need {} MiB more; give at least {} MiB",
-                mib(max_memory),
-                mib(fixed),
-                mib(least - fixed),
-                mib(least),
-            )));
-        }
         let batch_blobs = (batches / BATCH_BLOB_BYTES).clamp(16, 262_144) as usize;
         Ok(Shares { read, write, batch_blobs })
     }
@@ -68,8 +63,4 @@ fn held_bytes(files: &[(IndexId, Vec<IndexedPack>)]) -> u64 {
         .flat_map(|(_, packs)| packs)
         .map(|p| (size_of::<PlannedPack>() + p.blobs.capacity() * per_blob + p.blobs.len().div_ceil(4)) as u64)
         .sum()
-}
-
-fn mib(bytes: u64) -> u64 {
-    bytes.div_ceil(1 << 20)
 }

@@ -48,8 +48,8 @@ pub struct PruneOptions {
     pub plan: PlanOptions,
     /// How repacking reads and writes.
     pub repack: RepackOptions,
-    /// Bytes the whole prune may hold (see [`Shares`]).
-    pub max_memory: u64,
+    /// Memory the whole prune may hold (see [`Shares`]).
+    pub max_memory: crate::memory::MaxMemory,
     /// Plan and report only.
     pub dry_run: bool,
     /// Longest to wait for operations that started before the prune decided; after that the
