@@ -46,6 +46,22 @@ impl MaxMemory {
     }
 }
 
+/// What a command that reads blobs and writes packs (`prune`, `copy`) has left of `max_memory`
+/// beside `fixed` bytes (named by `fixed_what`), when it gives three eighths of that to a pack
+/// writer whose packs take `pack_buffer` bytes each (two at least) and three eighths or more to
+/// reads (4 MiB at least).
+pub fn left_for_reads_and_packs(
+    max_memory: MaxMemory,
+    command: &str,
+    fixed_what: &str,
+    fixed: u64,
+    pack_buffer: u64,
+) -> Result<u64> {
+    let least = fixed + (crate::packwrite::PACKS_MIN * pack_buffer).max(READ_MIN) * 8 / 3 + 1;
+    let budget = max_memory.budget(command, fixed_what, fixed, "the reads and packs in flight", least)?;
+    Ok(budget - fixed)
+}
+
 /// Whole MiB, rounded up.
 pub fn mib(bytes: u64) -> u64 {
     bytes.div_ceil(1 << 20)

@@ -40,8 +40,8 @@ use crossbeam_channel::bounded;
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap, SnapshotId};
 use crate::index::BlobLocation;
-use crate::memory::{MaxMemory, READ_MIN};
-use crate::packwrite::{pack_buffer, write_packs, WriteOptions, Written, PACKS_MIN};
+use crate::memory::{left_for_reads_and_packs, MaxMemory};
+use crate::packwrite::{pack_buffer, write_packs, WriteOptions, Written};
 use crate::repository::Repository;
 use crate::select::SnapshotFilter;
 use crate::snapshot::Snapshot;
@@ -87,16 +87,13 @@ impl Shares {
     pub fn of(src: &Repository, dst: &Repository, rename: bool, max_memory: MaxMemory) -> Result<Shares> {
         let fixed =
             src.index().memory_bytes() + dst.index().memory_bytes() + Marks::memory_bytes(src.index().len(), rename);
-        // Two packs in the writer's three eighths, and 4 MiB in the reads' three eighths.
-        let least = fixed + (PACKS_MIN * pack_buffer(dst)).max(READ_MIN) * 8 / 3 + 1;
-        let budget = max_memory.budget(
+        let left = left_for_reads_and_packs(
+            max_memory,
             "copy",
             "the two indexes and the copy's marks",
             fixed,
-            "the reads and packs in flight",
-            least,
+            pack_buffer(dst),
         )?;
-        let left = budget - fixed;
         let (write, hold, batches) = (left * 3 / 8, left / 8, left / 8);
         let read = left - write - hold - batches;
         Ok(Shares { read, write, hold })

@@ -12,9 +12,9 @@ use super::plan::PlannedPack;
 use crate::error::Result;
 use crate::id::IndexId;
 use crate::index::IndexedPack;
-use crate::memory::{MaxMemory, READ_MIN};
+use crate::memory::{left_for_reads_and_packs, MaxMemory};
 use crate::pack::BlobEntry;
-use crate::packwrite::{pack_buffer, PACKS_MIN};
+use crate::packwrite::pack_buffer;
 use crate::repository::Repository;
 
 /// Bytes a blob of a batch takes with its location and its read.
@@ -37,16 +37,8 @@ impl Shares {
     /// or why it cannot run within it.
     pub fn of(repo: &Repository, files: &[(IndexId, Vec<IndexedPack>)], max_memory: MaxMemory) -> Result<Shares> {
         let fixed = repo.index().memory_bytes() + held_bytes(files);
-        // Two packs in the writer's three eighths, and reads of 4 MiB in the reads' half.
-        let least = fixed + (PACKS_MIN * pack_buffer(repo)).max(READ_MIN) * 8 / 3 + 1;
-        let budget = max_memory.budget(
-            "prune",
-            "the index and the index files it plans from",
-            fixed,
-            "the reads and packs in flight",
-            least,
-        )?;
-        let left = budget - fixed;
+        let what = "the index and the index files it plans from";
+        let left = left_for_reads_and_packs(max_memory, "prune", what, fixed, pack_buffer(repo))?;
         let (write, batches) = (left * 3 / 8, left / 8);
         let read = left - write - batches;
         let batch_blobs = (batches / BATCH_BLOB_BYTES).clamp(16, 262_144) as usize;
