@@ -276,6 +276,11 @@ impl Repository {
         self.set_index_doomed(packs, &IdSet::default());
     }
 
+    /// Frees the in-memory index (a prune does before its finish reads the index files again).
+    pub fn clear_index(&self) {
+        *self.index.write().expect("index lock") = Index::default();
+    }
+
     /// Replaces the in-memory index with one of `packs`, those in `doomed` about to be deleted.
     pub fn set_index_doomed<P: std::borrow::Borrow<IndexedPack>>(
         &self,

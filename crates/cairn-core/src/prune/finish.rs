@@ -140,7 +140,7 @@ pub fn finish(
             }
         }
         drop(index);
-        repo.set_index(std::iter::empty::<IndexedPack>());
+        repo.clear_index();
     }
 
     // Replace the index files, unless an interrupted finish already did (it removes them

@@ -176,7 +176,7 @@ pub fn prune(
     // Finishing reads the index files again: the plan's copy of them and the index built from
     // it are not held beside that.
     drop(plan);
-    repo.set_index(std::iter::empty::<IndexedPack>());
+    repo.clear_index();
     let id = repo.save_deletion(&d)?;
     // Listed after the manifest is stored: a lock taken later belongs to an operation that
     // reads the manifest (each takes its lock before reading the index).
