@@ -114,7 +114,7 @@ fn slow_backup(cairn: &Cairn, src: &Path, extra: &[&str]) -> (Option<Value>, Str
 }
 
 /// `backup --max-memory` bounds the packs being filled, waiting and being stored (the part of a
-/// backup's memory its configuration sets: 10 packs of 18 MiB with two threads and two uploads)
+/// backup's memory its configuration sets: 20 packs of 18 MiB with four threads and four uploads)
 /// to half of what the index leaves; a budget that cannot hold two packs is refused up front.
 #[test]
 fn backup_max_memory_bounds_the_packs_in_memory() {
@@ -137,8 +137,13 @@ fn backup_max_memory_bounds_the_packs_in_memory() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(cairn.snapshots().is_empty());
 
+    // Four packers and four uploads: without a bound they hold up to 20 packs of 18 MiB, far
+    // above the bound (with two of each, 10 packs, the control's peak came within a few MiB of
+    // the bounded run's once, when the bounded one peaked high).
+    let many = ["--threads", "4", "--upload-concurrency", "4"];
     let max_mib = 128;
-    let (summary, stderr, bounded) = slow_backup(&cairn, &src, &["--max-memory", &format!("{max_mib}M")]);
+    let (summary, stderr, bounded) =
+        slow_backup(&cairn, &src, &[&many[..], &["--max-memory", &format!("{max_mib}M")]].concat());
     let summary = summary.unwrap_or_else(|| panic!("no summary: {stderr}"));
     assert_eq!(num(&summary, "files_new"), 6, "{summary}");
     eprintln!("backup --max-memory {max_mib}M over a slow link: peak RSS {bounded} MiB");
@@ -149,7 +154,7 @@ fn backup_max_memory_bounds_the_packs_in_memory() {
     // bound is what held it.
     let control = Cairn::new(&base.path().join("control"), PASSWORD);
     control.init(&[]);
-    let (summary, stderr, unbounded) = slow_backup(&control, &src, &[]);
+    let (summary, stderr, unbounded) = slow_backup(&control, &src, &many);
     assert!(summary.is_some(), "{stderr}");
     eprintln!("the same without --max-memory: peak RSS {unbounded} MiB");
     assert!(unbounded > bounded, "without the bound {unbounded} MiB, with it {bounded} MiB");

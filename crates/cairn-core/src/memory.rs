@@ -33,8 +33,8 @@ impl MaxMemory {
     pub fn budget(self, command: &str, fixed_what: &str, fixed: u64, what: &str, least: u64) -> Result<u64> {
         match self {
             MaxMemory::Given(b) if b < least => Err(Error::Usage(format!(
-                "--max-memory {} MiB is too small for this {command}: {fixed_what} take {} MiB, and {what} \
-                 need {} MiB more; give at least {} MiB",
+                "--max-memory {} MiB is too small for this {command}: {fixed_what}: {} MiB; {what}: {} MiB \
+                 more; give at least {} MiB",
                 mib(b),
                 mib(fixed),
                 mib(least - fixed),
@@ -79,8 +79,8 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             err.to_string(),
-            "--max-memory 64 MiB is too small for this prune: the index and its files take 200 MiB, and reads \
-             need 100 MiB more; give at least 300 MiB"
+            "--max-memory 64 MiB is too small for this prune: the index and its files: 200 MiB; reads: 100 MiB \
+             more; give at least 300 MiB"
         );
         assert_eq!(MaxMemory::Given(least).budget("prune", "x", 0, "y", least).unwrap(), least);
         assert_eq!(MaxMemory::Default.budget("prune", "x", 0, "y", least).unwrap(), least);

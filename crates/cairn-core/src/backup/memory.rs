@@ -6,8 +6,8 @@
 //! The other half is for what grows with the data — the largest directory's entries, its
 //! parent tree, the blobs added to the index — and for the files being read.
 
-use crate::error::{Error, Result};
-use crate::memory::mib;
+use crate::error::Result;
+use crate::memory::{mib, MaxMemory};
 use crate::packwrite::{pack_buffer, PACKS_MIN};
 use crate::repository::Repository;
 
@@ -15,19 +15,11 @@ use crate::repository::Repository;
 /// cannot run within it.
 pub(super) fn pack_share(repo: &Repository, max_memory: u64) -> Result<u64> {
     let index = repo.index().memory_bytes();
-    let share = max_memory.saturating_sub(index) / 2;
     let least = PACKS_MIN * pack_buffer(repo);
-    if share < least {
-        return Err(Error::Usage(format!(
-            "--max-memory {} MiB is too small for this repository: its index takes {} MiB and half of \
-             the rest goes to packs, which need {} MiB at least ({} packs of {} MiB); give at least {} MiB",
-            mib(max_memory),
-            mib(index),
-            mib(least),
-            PACKS_MIN,
-            mib(pack_buffer(repo)),
-            mib(index + 2 * least).max(1),
-        )));
-    }
-    Ok(share)
+    let what = format!(
+        "the packs ({PACKS_MIN} of {} MiB at least) and, as much again, what is being read",
+        mib(pack_buffer(repo))
+    );
+    let budget = MaxMemory::Given(max_memory).budget("backup", "the index", index, &what, index + 2 * least)?;
+    Ok((budget - index) / 2)
 }
