@@ -212,16 +212,7 @@ fn metadata_cache_is_used_verified_and_repaired() {
         assert!(n > 0, "nothing cached under {kind}/");
     }
     // Damage every index and snapshot file in the repository itself.
-    let mut damaged = Vec::new();
-    for kind in ["index", "snapshots"] {
-        for e in fs::read_dir(repo_dir.join(kind)).unwrap() {
-            let p = e.unwrap().path();
-            let mut bytes = fs::read(&p).unwrap();
-            bytes[40] ^= 0xff;
-            fs::write(&p, &bytes).unwrap();
-            damaged.push((p, bytes));
-        }
-    }
+    let damaged = damage_index_and_snapshots(&repo_dir);
     assert_eq!(fx.cairn.ok(["ls", "latest"]), listing, "ls must come from the cache");
     let out = fx.cairn.run(["--no-cache", "ls", "latest"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -250,6 +241,52 @@ fn metadata_cache_is_used_verified_and_repaired() {
     for (p, bad) in cached_trees {
         assert_ne!(fs::read(&p).unwrap(), bad, "{p:?} was not replaced");
     }
+}
+
+/// Flips a byte of every index and snapshot file in the repository at `repo_dir`; returns each
+/// file with its damaged bytes.
+fn damage_index_and_snapshots(repo_dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut damaged = Vec::new();
+    for kind in ["index", "snapshots"] {
+        for e in fs::read_dir(repo_dir.join(kind)).unwrap() {
+            let p = e.unwrap().path();
+            let mut bytes = fs::read(&p).unwrap();
+            bytes[40] ^= 0xff;
+            fs::write(&p, &bytes).unwrap();
+            damaged.push((p, bytes));
+        }
+    }
+    damaged
+}
+
+/// What a backup and a prune write goes into the metadata cache as it is written (index files,
+/// snapshots, the trees of every pack stored): on the machine that wrote them, `ls` reads none
+/// of them over the link. It lists the whole tree with every index and snapshot file in the
+/// repository damaged and every pack gone, where `--no-cache` fails on the damage.
+#[test]
+fn metadata_a_backup_and_a_prune_write_is_cached_as_it_is_written() {
+    let location = servers::sftp_repo("write-through");
+    let fx = Fixture::new(&location);
+    fx.cairn.backup(&[&fx.src], &[]);
+    fs::write(fx.src.join("a/b/c/later"), b"later").unwrap();
+    fx.cairn.backup(&[&fx.src], &[]);
+    // The first snapshot's trees of `a`, `a/b`, `a/b/c` are garbage now: repacking every partly
+    // used pack writes the second snapshot's trees again, sealed anew, which the cache must
+    // take too (the copies the backups left there no longer authenticate at their new place).
+    fx.cairn.ok(["forget", "--keep-last", "1"]);
+    let pruned = common::last_json(&fx.cairn.ok(["--json", "prune", "--max-unused", "0"]));
+    assert!(pruned["plan"]["repack_packs"].as_u64().unwrap() >= 1, "nothing repacked: {pruned}");
+    let listing = fx.cairn.ok(["--no-cache", "ls", "latest"]);
+    assert!(listing.contains("later"), "{listing}");
+
+    let repo_dir = PathBuf::from(location.rsplit_once(':').unwrap().1);
+    damage_index_and_snapshots(&repo_dir);
+    fs::remove_dir_all(repo_dir.join("data")).unwrap();
+    fs::create_dir(repo_dir.join("data")).unwrap();
+    assert_eq!(fx.cairn.ok(["ls", "latest"]), listing, "ls must come from what was cached as written");
+    let out = fx.cairn.run(["--no-cache", "ls", "latest"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("is damaged"), "without the cache the damage shows: {stderr}");
 }
 
 /// A backup killed mid-run leaves its lock; the next backup reports it as stale (its process

@@ -277,6 +277,28 @@ fn peak_rss_of_a_restore_of_200k_files_stays_within_the_budget() {
     let found = walk(&["--json", "find", "file-with-a-longer-name-00007"]);
     assert_eq!(found.lines().filter(|l| l.contains("\"path\"")).count(), 200, "{found}");
 
+    // A check refuses a budget that cannot hold the index, the packs it lists and what its walk
+    // keeps, in one line naming the least; within that least, reading every pack, it stays under
+    // it plus 64 MiB and finds nothing wrong.
+    let out = cairn.run(["check", "--max-memory", "1M"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("is too small for this check"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let check_mib: u64 = err.split("give at least ").nth(1).and_then(|t| t.split(' ').next()).unwrap().parse().unwrap();
+    let mut check = cairn.command();
+    check.args(["--json", "check", "--read-data", "--max-memory", &format!("{check_mib}M")]);
+    let (out, _, peak_kib) = common::run_with_peak_rss(&mut check);
+    let summary = common::last_json(&out);
+    assert_eq!(summary["errors"], 0, "{summary}");
+    // Every file of 1-199 bytes is a blob, the identical ones one (and the empty ones none).
+    assert!(num(&summary, "blobs") as usize > MANY / 2, "{summary}");
+    assert_eq!(num(&summary, "blobs_read"), num(&summary, "blobs"), "every blob read: {summary}");
+    assert!(
+        peak_kib / 1024 <= check_mib + 64,
+        "check: peak RSS {} MiB over --max-memory {check_mib}M + 64 MiB: {summary}",
+        peak_kib / 1024
+    );
+
     // A copy into a repository with other IDs (every blob read, named again and every tree
     // rewritten) within its budget too: it held every tree and a hash map entry or three per
     // blob, beside the budget's reads and packs.

@@ -63,6 +63,29 @@ impl Cache {
         }
     }
 
+    /// Removes the entry `name`, if there is one.
+    pub fn remove(&self, name: &str) {
+        if let Some(path) = self.path_of(name) {
+            let _ = fs::remove_file(path);
+        }
+    }
+
+    /// Removes the entries of `kind` (e.g. `index`) whose repository path `kind/<name>` is not
+    /// in `listed`, the repository's whole listing of that directory: a file a prune or forget
+    /// removed is not kept on this machine forever. Another process's entry still being
+    /// written (a hidden temporary name) is left alone; a file written after the listing loses
+    /// its entry and is read over the link once more, nothing worse.
+    pub fn retain_listed(&self, kind: &str, listed: &std::collections::HashSet<&str>) {
+        let Ok(entries) = fs::read_dir(self.dir.join(kind)) else { return };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if !name.starts_with('.') && !listed.contains(format!("{kind}/{name}").as_str()) {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+
     /// Only `kind/hexname` names are cached, so a name can never reach outside the cache.
     fn path_of(&self, name: &str) -> Option<PathBuf> {
         let (kind, file) = name.split_once('/')?;
@@ -124,6 +147,26 @@ mod tests {
         c.put("index/../../x", b"x");
         assert!(!base.path().join("evil").exists() && !base.path().join("x").exists());
         assert!(Cache::open(base.path(), "../x").is_err());
+    }
+
+    #[test]
+    fn entries_the_repository_no_longer_lists_are_removed() {
+        let base = tempfile::tempdir().unwrap();
+        let c = Cache::open(base.path(), "r").unwrap();
+        for name in ["index/aa", "index/bb", "snapshots/aa", "trees/aa"] {
+            c.put(name, b"x");
+        }
+        fs::write(c.dir().join("index/.tmpXYZ"), b"being written").unwrap();
+        c.retain_listed("index", &["index/bb", "index/cc"].into_iter().collect());
+        assert!(!c.dir().join("index/aa").exists());
+        for kept in ["index/bb", "index/.tmpXYZ", "snapshots/aa", "trees/aa"] {
+            assert!(c.dir().join(kept).exists(), "{kept}");
+        }
+        c.remove("trees/aa");
+        c.remove("../trees/aa");
+        assert!(!c.dir().join("trees/aa").exists());
+        // A kind never cached is nothing to clean.
+        c.retain_listed("keys", &Default::default());
     }
 
     #[test]

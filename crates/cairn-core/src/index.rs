@@ -117,16 +117,31 @@ impl Index {
     /// Builds an index from decoded index files (owned, or borrowed by a caller that keeps
     /// them: no copy of them is made), the packs in `doomed` about to be deleted.
     pub fn with_doomed<P: Borrow<IndexedPack>>(all: impl IntoIterator<Item = P>, doomed: &IdSet<PackId>) -> Self {
-        let mut idx = Index::default();
         let all: Vec<P> = all.into_iter().collect();
+        Self::from_parts(
+            all.iter().map(|p| {
+                let p = p.borrow();
+                (p.id, p.salt, &p.blobs[..])
+            }),
+            doomed,
+        )
+    }
+
+    /// Builds an index from each pack's ID, salt and blobs, wherever the caller keeps them (a
+    /// check keeps its packs' blobs sorted by offset in a list of its own: no second copy).
+    pub fn from_parts<'a>(
+        all: impl IntoIterator<Item = (PackId, [u8; SALT_LEN], &'a [BlobEntry])>,
+        doomed: &IdSet<PackId>,
+    ) -> Self {
+        let mut idx = Index::default();
+        let all: Vec<(PackId, [u8; SALT_LEN], &[BlobEntry])> = all.into_iter().collect();
         // Sized once: growing by doubling held up to three times the slots at the peak.
-        idx.sorted.reserve_exact(all.iter().map(|p| p.borrow().blobs.len()).sum());
-        for p in all {
-            let p = p.borrow();
+        idx.sorted.reserve_exact(all.iter().map(|p| p.2.len()).sum());
+        for (id, salt, blobs) in all {
             let pack = idx.packs.len() as u32;
-            idx.packs.push((p.id, p.salt));
-            idx.doomed.push(doomed.contains(&p.id));
-            idx.sorted.extend(p.blobs.iter().map(|&entry| Slot { entry, pack }));
+            idx.packs.push((id, salt));
+            idx.doomed.push(doomed.contains(&id));
+            idx.sorted.extend(blobs.iter().map(|&entry| Slot { entry, pack }));
         }
         // Of several copies of a blob, the first is kept: one in a pack that stays, if any.
         // IDs are hashes, so their first eight bytes nearly always decide: compared as one

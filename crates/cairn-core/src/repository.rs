@@ -232,6 +232,7 @@ impl Repository {
     /// own error).
     pub fn deletions(&self) -> Result<Vec<(DeletionId, Result<Deletion>)>> {
         let listed = self.preloaded.list(&*self.storage, Dir::Deletions)?;
+        self.uncache_unlisted("deletions", listed.iter().map(|o| o.path.as_str()));
         let ids: Vec<DeletionId> = listed.iter().filter_map(|o| layout::parse_deletion_path(&o.path)).collect();
         self.deletions_seen.lock().expect("deletions lock").get_or_insert_with(|| ids.clone());
         let threads = crate::parallel::cores().max(self.storage.default_concurrency());
@@ -256,6 +257,7 @@ impl Repository {
     /// keeps requests in flight, at least one per core): a damaged one is its own error.
     pub fn index_files(&self) -> Result<Vec<(String, Result<Vec<IndexedPack>>)>> {
         let files = self.preloaded.list(&*self.storage, Dir::Index)?;
+        self.uncache_unlisted("index", files.iter().map(|o| o.path.as_str()));
         let threads = crate::parallel::cores().max(self.storage.default_concurrency());
         let read = map_parallel(&files, threads, |obj| self.read_index_file(&obj.path));
         Ok(files.into_iter().map(|obj| obj.path).zip(read).collect())
@@ -298,9 +300,41 @@ impl Repository {
         index::decode(path, &body)
     }
 
+    /// Replaces the in-memory index with one of each pack's ID, salt and blobs (see
+    /// [`Index::from_parts`]), those in `doomed` about to be deleted.
+    pub fn set_index_parts<'a>(
+        &self,
+        packs: impl IntoIterator<Item = (PackId, [u8; crate::crypto::SALT_LEN], &'a [BlobEntry])>,
+        doomed: &IdSet<PackId>,
+    ) {
+        let mut index = self.index.write().expect("index lock");
+        *index = Index::default();
+        *index = Index::from_parts(packs, doomed);
+    }
+
     /// Keeps index files, snapshots and trees in `cache` from now on (see [`crate::cache`]).
     pub fn set_cache(&mut self, cache: Cache) {
         self.cache = Some(cache);
+    }
+
+    /// Drops from the metadata cache, if there is one, the files of `kind` that the
+    /// repository's whole listing of that directory (`listed`) no longer names.
+    fn uncache_unlisted<'a>(&self, kind: &str, listed: impl Iterator<Item = &'a str>) {
+        if let Some(c) = &self.cache {
+            c.retain_listed(kind, &listed.collect());
+        }
+    }
+
+    /// Drops a tree from the metadata cache, if there is one (its last copy is being deleted).
+    pub fn uncache_tree(&self, id: &BlobId) {
+        if let Some(c) = &self.cache {
+            c.remove(&format!("trees/{}", id.to_hex()));
+        }
+    }
+
+    /// Whether a metadata cache keeps this repository's index files, snapshots and trees.
+    pub fn has_cache(&self) -> bool {
+        self.cache.is_some()
     }
 
     /// Reads a content-addressed sealed file, checking its name and authenticity; read ahead
@@ -375,7 +409,16 @@ impl Repository {
     ) -> Result<T> {
         let bytes = sealed::seal(&self.key, kind, body);
         let id = id(*blake3::hash(&bytes).as_bytes());
-        self.storage.write(&path_of(&id), bytes)?;
+        let path = path_of(&id);
+        match &self.cache {
+            // Written through: the next command on this machine reads it from the cache, not
+            // over the link (its copy is checked against its name like any cached file).
+            Some(cache) => {
+                self.storage.write(&path, bytes.clone())?;
+                cache.put(&path, &bytes);
+            }
+            None => self.storage.write(&path, bytes)?,
+        }
         Ok(id)
     }
 
@@ -511,6 +554,7 @@ impl Repository {
     /// read was removed meanwhile and is left out.
     pub fn read_snapshots(&self) -> Result<(Vec<(SnapshotId, Snapshot)>, DamagedFiles)> {
         let listed = self.preloaded.list(&*self.storage, Dir::Snapshots)?;
+        self.uncache_unlisted("snapshots", listed.iter().map(|o| o.path.as_str()));
         let threads = crate::parallel::cores().max(self.storage.default_concurrency());
         let read = map_parallel(&listed, threads, |obj| match layout::parse_snapshot_path(&obj.path) {
             Some(id) => self.read_snapshot(&id).map(|s| (id, s)),

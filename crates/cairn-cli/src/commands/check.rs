@@ -34,9 +34,11 @@ pub struct Args {
     /// Requests in flight [default: 8 for a local repository, 32 for S3, 8 for SFTP]
     #[arg(long, value_name = "N")]
     fetch_concurrency: Option<usize>,
-    /// Cap on pack data in flight, e.g. 64M (packs are read in pieces of an eighth of it, at
-    /// least 1 MiB; blobs are verified one at a time and dropped) [default: 16M, over a slow link
-    /// twice what 320 MiB/s fills in its round trip, up to 64M]
+    /// Memory the whole check may use, e.g. 256M: the index, the packs it lists and what the
+    /// walk keeps of each tree are counted first, the rest is pack data in flight (read in pieces
+    /// of an eighth of it, at least 1 MiB); a budget too small is refused, naming the least
+    /// [default: no bound on those, and 16M of pack data in flight, over a slow link twice what
+    /// 320 MiB/s fills in its round trip, up to 64M]
     #[arg(long, value_name = "SIZE")]
     max_memory: Option<String>,
     /// Print the requests waited for one after another (with CAIRN_INJECT_FAULTS, which traces

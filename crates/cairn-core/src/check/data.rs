@@ -60,22 +60,31 @@ impl std::str::FromStr for Subset {
     }
 }
 
-/// Picks the packs to read, reads them and records what was read.
+/// How long and with how much in flight a data check reads.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// No pack is begun after this (`--max-duration`).
+    pub deadline: Option<Instant>,
+    /// Pack data in flight (`check/memory.rs`).
+    pub bytes_in_flight: u64,
+}
+
+/// Picks the packs to read, reads them within `limits` and records what was read.
 pub fn read(
     repo: &Repository,
     chosen: &[&IndexedPackInfo],
     opts: &CheckOptions,
     mut record: Option<&mut Record>,
-    deadline: Option<Instant>,
+    limits: Limits,
     report: &mut CheckReport,
     progress: &Progress,
 ) -> Result<()> {
+    let Limits { deadline, bytes_in_flight: budget } = limits;
     let picked = match (&opts.read_data, opts.resume, record.as_deref_mut()) {
         // A full check resumes its cycle: the packs not read since it began.
         (ReadData::All, true, Some(rec)) => rec.pending(chosen, |p| p.id),
         (what, resume, rec) => pick(chosen, what, rec.filter(|_| resume).map(|r| &*r)),
     };
-    let budget = super::data_budget(repo, opts.max_memory);
     let (reads, hashes) = plan(&picked, budget);
     progress.phase("data", picked.len() as u64);
     progress.bytes_to_read.store(picked.iter().map(|p| p.size).sum(), Ordering::Relaxed);

@@ -43,27 +43,34 @@ pub fn index(
             )),
         }
     }
-    let mut good: Vec<IndexedPack> = Vec::new();
+    // Each pack's blobs are moved into its entry, not copied, and the in-memory index is built
+    // from those entries: the index files' blobs are held once beside the index, not twice.
     let mut packs: IdMap<PackId, IndexedPackInfo> = IdMap::default();
+    // Doomed packs and later listings of a pack: in the index, but not checked.
+    let mut others: Vec<IndexedPack> = Vec::new();
     for (path, file) in repo.index_files()? {
         progress.step();
         match file {
             Ok(list) => {
-                for p in list.iter().filter(|p| !doomed.contains(&p.id)) {
-                    packs.entry(p.id).or_insert_with(|| IndexedPackInfo::new(p, &path));
+                for p in list {
+                    if doomed.contains(&p.id) || packs.contains_key(&p.id) {
+                        others.push(p);
+                    } else {
+                        packs.insert(p.id, IndexedPackInfo::new(p, &path));
+                    }
                 }
-                good.extend(list);
             }
             Err(e) => findings.push(Finding::new(FindingKind::DamagedIndex, Some(path), e.to_string())),
         }
     }
-    repo.set_index_doomed(good, &doomed);
+    let parts = packs.values().map(|i| (i.id, i.salt, &i.blobs[..]));
+    repo.set_index_parts(parts.chain(others.iter().map(|p| (p.id, p.salt, &p.blobs[..]))), &doomed);
     Ok((packs, doomed))
 }
 
 impl IndexedPackInfo {
-    fn new(p: &IndexedPack, index_file: &str) -> Self {
-        let mut blobs = p.blobs.clone();
+    fn new(p: IndexedPack, index_file: &str) -> Self {
+        let mut blobs = p.blobs;
         blobs.sort_unstable_by_key(|b| b.offset);
         let end = blobs.iter().map(|b| u64::from(b.offset) + u64::from(b.length)).max().unwrap_or(0);
         IndexedPackInfo {

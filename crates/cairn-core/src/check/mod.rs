@@ -22,6 +22,7 @@
 mod affected;
 mod data;
 mod files;
+mod memory;
 mod packhash;
 mod record;
 mod structure;
@@ -161,7 +162,9 @@ pub struct CheckOptions {
     pub concurrency: usize,
     /// Threads that decode.
     pub decode_threads: usize,
-    /// Cap on pack data in flight.
+    /// Bound on the whole check (`check/memory.rs`): the index, the packs and what the walk
+    /// keeps are counted first, the rest is pack data in flight; without one, those and 16 MiB
+    /// of reads (more over a slow link).
     pub max_memory: Option<u64>,
     /// Set to stop early.
     pub cancel: Arc<AtomicBool>,
@@ -316,6 +319,9 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
     let (snapshots, found) = snapshots?;
     report.findings.extend(found);
     let listed = listed?;
+    // Counted once the index and the packs are in, before anything large is read: a budget too
+    // small for them is refused before the trees are loaded.
+    let reads = memory::read_share(repo, &packs, !opts.filter.is_empty(), opts.max_memory)?;
     report.snapshots = snapshots.len() as u64;
     let listed_and_indexed: IdSet<PackId> = packs.keys().filter(|id| listed.contains_key(id)).copied().collect();
     // Without a filter every pack is in scope, and the headers are read beside the trees (a
@@ -323,6 +329,7 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
     // snapshots need are checked, counted and read, which the trees tell.
     let mut every_pack: Vec<&structure::IndexedPackInfo> = packs.values().collect();
     every_pack.sort_unstable_by_key(|p| p.id);
+    let trees = structure::listed_trees(&packs, &listed_and_indexed);
     let (needed, headers) = std::thread::scope(|s| {
         let headers = opts.filter.is_empty().then(|| {
             s.spawn(|| {
@@ -331,7 +338,7 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
                 (present, found.findings)
             })
         });
-        let needed = structure::trees(repo, &packs, &listed_and_indexed, &snapshots, opts, &mut report, progress);
+        let needed = structure::trees(repo, trees, &snapshots, opts, reads, &mut report, progress);
         (needed, headers.map(|h| h.join().expect("the header check panicked")))
     });
     let needed = needed?;
@@ -360,7 +367,8 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
     };
     if opts.read_data != ReadData::None {
         let deadline = opts.max_duration.map(|d| started + d);
-        data::read(repo, &chosen, opts, record.as_mut(), deadline, &mut report, progress)?;
+        let limits = data::Limits { deadline, bytes_in_flight: reads };
+        data::read(repo, &chosen, opts, record.as_mut(), limits, &mut report, progress)?;
         if let (Some(rec), Some(path)) = (&record, &opts.record) {
             rec.save(path)?;
         }

@@ -172,32 +172,39 @@ impl Kept {
     }
 }
 
-/// Loads every tree the index lists at once (through the read path), keeping of each what the
+/// The trees `packs` list, of the packs that are `present` (trees in packs that are gone are
+/// the missing pack's finding already).
+pub fn listed_trees<'a>(
+    packs: &'a IdMap<PackId, IndexedPackInfo>,
+    present: &'a IdSet<PackId>,
+) -> impl Iterator<Item = BlobId> + Send + 'a {
+    packs
+        .values()
+        .filter(|p| present.contains(&p.id))
+        .flat_map(|p| p.blobs.iter().filter(|b| b.kind == BlobKind::Tree).map(|b| b.id))
+}
+
+/// Loads every `listed` tree at once (through the read path, `budget` bytes of tree packs in
+/// flight), keeping of each what the
 /// walk needs ([`Kept`]), then walks the trees of `snapshots` and reports every blob they need
 /// that no index lists; returns the blobs (trees and data) they need when the check is limited
 /// to some snapshots.
 pub fn trees(
     repo: &Repository,
-    packs: &IdMap<PackId, IndexedPackInfo>,
-    present: &IdSet<PackId>,
+    listed: impl Iterator<Item = BlobId> + Send,
     snapshots: &[(SnapshotId, Snapshot)],
     opts: &CheckOptions,
+    budget: u64,
     report: &mut CheckReport,
     progress: &Progress,
 ) -> Result<Option<IdSet<BlobId>>> {
     progress.phase("trees", 0);
     let collect = !opts.filter.is_empty();
-    // Trees in packs that are gone are the missing pack's finding already.
-    let listed = packs
-        .values()
-        .filter(|p| present.contains(&p.id))
-        .flat_map(|p| p.blobs.iter().filter(|b| b.kind == BlobKind::Tree).map(|b| b.id));
     let loaded: Mutex<IdMap<BlobId, Result<Kept>>> = Mutex::new(IdMap::default());
     let keep = |id: BlobId, tree: Result<crate::tree::Tree>| {
         let kept = tree.map(|t| Kept::of(&t, &repo.index(), collect));
         loaded.lock().expect("lock").insert(id, kept);
     };
-    let budget = super::data_budget(repo, opts.max_memory);
     load_listed(repo, listed, opts.concurrency, budget, opts.cancel.clone(), &keep);
     let loaded = loaded.into_inner().expect("lock");
     let mut needed: IdSet<BlobId> = IdSet::default();

@@ -9,6 +9,7 @@ use super::{stopped, Sealed, Written};
 use crate::error::Result;
 use crate::index::IndexedPack;
 use crate::layout::pack_path;
+use crate::pack::{BlobEntry, BlobKind};
 use crate::repository::Repository;
 
 /// Runs one uploader until the packers are done.
@@ -21,6 +22,7 @@ pub(super) fn run(
 ) -> Result<()> {
     for Sealed { pack, room } in packs {
         let len = pack.bytes.len() as u64;
+        remember_trees(repo, &pack.bytes, &pack.entries);
         repo.storage().write(&pack_path(&pack.id), pack.bytes)?;
         // Stored: the pack's room in the writer's budget is free again.
         drop(room);
@@ -33,4 +35,21 @@ pub(super) fn run(
         stored.send(indexed).map_err(|_| stopped("index"))?;
     }
     Ok(())
+}
+
+/// Keeps the trees of a pack about to be stored in the metadata cache, if the repository has
+/// one, as a read would: a restore or `ls` on the machine that wrote them then reads none of
+/// them over the link. Before the upload, so the pack's bytes need no copy; a tree whose pack
+/// is then not stored is never read from the cache, which takes only trees the index lists
+/// (and authenticates each against its entry).
+fn remember_trees(repo: &Repository, pack: &[u8], entries: &[BlobEntry]) {
+    if !repo.has_cache() {
+        return;
+    }
+    for e in entries.iter().filter(|e| e.kind == BlobKind::Tree) {
+        let (start, len) = (e.offset as usize, e.length as usize);
+        if let Some(sealed) = pack.get(start..start + len) {
+            repo.remember_tree(&e.id, sealed);
+        }
+    }
 }

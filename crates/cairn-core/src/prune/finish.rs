@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use crate::deletion::Deletion;
 use crate::error::Result;
-use crate::id::{DeletionId, IdSet, IndexId, PackId, SnapshotId};
+use crate::id::{BlobId, DeletionId, IdSet, IndexId, PackId, SnapshotId};
 use crate::index::IndexedPack;
 use crate::layout::{self, pack_path};
 use crate::lock::{self, Holder};
+use crate::pack::BlobKind;
 use crate::parallel::map_parallel;
 use crate::repository::Repository;
 use crate::trees::Loading;
@@ -143,6 +144,8 @@ pub fn finish(
         repo.clear_index();
     }
 
+    uncache_doomed_trees(repo, &files, &doomed);
+
     // Replace the index files, unless an interrupted finish already did (it removes them
     // only after writing their replacements).
     let present: IdSet<IndexId> = files.iter().map(|(f, _)| *f).collect();
@@ -169,6 +172,34 @@ pub fn finish(
     out.deleted_packs = doomed.len() as u64;
     repo.storage().delete(&layout::deletion_path(&id))?;
     Ok(out)
+}
+
+/// Drops from this machine's metadata cache the trees whose every copy is in a pack about to
+/// be deleted (a tree repacked elsewhere keeps its entry, which the repack wrote anew), so the
+/// cache does not keep what the repository no longer has.
+fn uncache_doomed_trees(repo: &Repository, files: &[(IndexId, Vec<IndexedPack>)], doomed: &IdSet<PackId>) {
+    if !repo.has_cache() {
+        return;
+    }
+    let trees = |doomed_ones: bool| {
+        files
+            .iter()
+            .flat_map(|(_, packs)| packs)
+            .filter(move |p| doomed.contains(&p.id) == doomed_ones)
+            .flat_map(|p| &p.blobs)
+            .filter(|b| b.kind == BlobKind::Tree)
+            .map(|b| b.id)
+    };
+    let mut gone: IdSet<BlobId> = trees(true).collect();
+    if gone.is_empty() {
+        return;
+    }
+    for id in trees(false) {
+        gone.remove(&id);
+    }
+    for id in &gone {
+        repo.uncache_tree(id);
+    }
 }
 
 /// Writes `packs` into index files of about [`INDEX_FILE_BLOBS`] blobs each, several at once;
