@@ -328,6 +328,13 @@ fn count_of<'b>(what: &str, bytes: &'b [u8]) -> Result<(u64, &'b [u8])> {
 /// safe, unique name in order; content that matches the kind and adds up to the size) and
 /// hands it to `each` with where its encoding begins in `bytes`. `what` names the blob for
 /// errors.
+/// Validates a tree blob's plaintext as [`Tree::from_bytes`] does, handing `each` its nodes one
+/// at a time instead of keeping them: what reads a tree only to note a little of it (a check's
+/// walk) holds one node, not a directory of them. `what` names the blob for errors.
+pub fn for_each_node(what: &str, bytes: &[u8], mut each: impl FnMut(Node)) -> Result<()> {
+    for_each_valid(what, bytes, |_, n| each(n))
+}
+
 fn for_each_valid(what: &str, bytes: &[u8], mut each: impl FnMut(usize, Node)) -> Result<()> {
     let (count, mut rest) = count_of(what, bytes)?;
     let mut prev: Option<Vec<u8>> = None;

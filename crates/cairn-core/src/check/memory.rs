@@ -2,7 +2,8 @@
 //!
 //! What a check holds from start to end grows with the repository: the index (56 bytes a
 //! blob), the list of packs it checks with their blobs (56 bytes a blob, moved out of the
-//! index files, not copied), what its walk keeps of each tree, the sorted blob IDs of the
+//! index files, not copied), the largest tree's plaintext twice (a decoder holds it while the
+//! walk notes it), what its walk keeps of each tree, the sorted blob IDs of the
 //! duplicate count, and, for a check of some snapshots, the set of blobs they need. Those are
 //! counted first; the rest is for pack data in flight (the tree packs' reads, and the packs
 //! `--read-data` reads).
@@ -39,7 +40,11 @@ pub fn read_share(
     filtered: bool,
     max_memory: Option<u64>,
 ) -> Result<u64> {
-    let fixed = fixed_bytes(repo.index().memory_bytes(), packs, filtered);
+    let index = repo.index();
+    // The largest tree's plaintext, as its decoder holds it while the walk notes it (once per
+    // decode thread at most; two are counted, as the walks of `ls` and `restore` do).
+    let fixed = fixed_bytes(index.memory_bytes() + 2 * index.largest_tree(), packs, filtered);
+    drop(index);
     share(fixed, max_memory, || super::data_budget(repo, None))
 }
 
@@ -56,8 +61,8 @@ fn share(fixed: u64, max_memory: Option<u64>, default_reads: impl FnOnce() -> u6
     })
 }
 
-/// What a check holds whatever its reads (see the module's comment), beside an index of
-/// `index` bytes.
+/// What a check holds whatever its reads (see the module's comment), beside `index` bytes for
+/// the index and the largest trees being parsed.
 fn fixed_bytes(index: u64, packs: &IdMap<PackId, IndexedPackInfo>, filtered: bool) -> u64 {
     let (mut blobs, mut entries, mut trees) = (0u64, 0u64, 0u64);
     for p in packs.values() {

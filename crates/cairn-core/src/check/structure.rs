@@ -13,7 +13,7 @@ use crate::pack::{header_tail_len, read_header_tail, BlobEntry, BlobKind};
 use crate::parallel::in_parallel;
 use crate::repository::Repository;
 use crate::snapshot::Snapshot;
-use crate::tree::{Chunk, NodeKind};
+use crate::tree::{for_each_node, Chunk, NodeKind};
 use crate::trees::load_listed;
 
 /// A pack as its (first) index file lists it.
@@ -150,12 +150,14 @@ struct Kept {
 }
 
 impl Kept {
-    fn of(tree: &crate::tree::Tree, index: &crate::index::Index, collect: bool) -> Self {
+    /// Parses tree `id`'s plaintext a node at a time (as [`crate::tree::Tree::from_bytes`]
+    /// validates it), keeping only what the walk needs.
+    fn of(id: BlobId, plain: &[u8], index: &crate::index::Index, collect: bool) -> Result<Self> {
         let mut kept = Kept { subtrees: Vec::new(), missing: Vec::new(), chunks: Vec::new() };
-        for node in &tree.nodes {
+        for_each_node(&format!("tree {}", id.short()), plain, |node| {
             kept.subtrees.extend(node.subtree);
             if node.kind != NodeKind::File {
-                continue;
+                return;
             }
             for c in &node.content {
                 if let Chunk::Data { id, .. } = c {
@@ -167,8 +169,11 @@ impl Kept {
                     }
                 }
             }
-        }
-        kept
+        })?;
+        kept.subtrees.shrink_to_fit();
+        kept.missing.shrink_to_fit();
+        kept.chunks.shrink_to_fit();
+        Ok(kept)
     }
 }
 
@@ -201,8 +206,8 @@ pub fn trees(
     progress.phase("trees", 0);
     let collect = !opts.filter.is_empty();
     let loaded: Mutex<IdMap<BlobId, Result<Kept>>> = Mutex::new(IdMap::default());
-    let keep = |id: BlobId, tree: Result<crate::tree::Tree>| {
-        let kept = tree.map(|t| Kept::of(&t, &repo.index(), collect));
+    let keep = |id: BlobId, plain: Result<&[u8]>| {
+        let kept = plain.and_then(|p| Kept::of(id, p, &repo.index(), collect));
         loaded.lock().expect("lock").insert(id, kept);
     };
     load_listed(repo, listed, opts.concurrency, budget, opts.cancel.clone(), &keep);
