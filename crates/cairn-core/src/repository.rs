@@ -289,10 +289,15 @@ impl Repository {
         packs: impl IntoIterator<Item = P>,
         doomed: &IdSet<PackId>,
     ) {
+        self.replace_index(|| Index::with_doomed(packs, doomed));
+    }
+
+    /// Replaces the in-memory index with the one `build` makes, the old one dropped first: the
+    /// two are not held at once.
+    fn replace_index(&self, build: impl FnOnce() -> Index) {
         let mut index = self.index.write().expect("index lock");
-        // The old index goes first: it and the new one are not held at once.
         *index = Index::default();
-        *index = Index::with_doomed(packs, doomed);
+        *index = build();
     }
 
     fn read_index_file(&self, path: &str) -> Result<Vec<IndexedPack>> {
@@ -307,9 +312,7 @@ impl Repository {
         packs: impl IntoIterator<Item = (PackId, [u8; crate::crypto::SALT_LEN], &'a [BlobEntry])>,
         doomed: &IdSet<PackId>,
     ) {
-        let mut index = self.index.write().expect("index lock");
-        *index = Index::default();
-        *index = Index::from_parts(packs, doomed);
+        self.replace_index(|| Index::from_parts(packs, doomed));
     }
 
     /// Keeps index files, snapshots and trees in `cache` from now on (see [`crate::cache`]).
@@ -328,7 +331,7 @@ impl Repository {
     /// Drops a tree from the metadata cache, if there is one (its last copy is being deleted).
     pub fn uncache_tree(&self, id: &BlobId) {
         if let Some(c) = &self.cache {
-            c.remove(&format!("trees/{}", id.to_hex()));
+            c.remove(&tree_cache_name(id));
         }
     }
 
@@ -512,7 +515,7 @@ impl Repository {
     pub(crate) fn cached_tree_as<T: TreeForm>(&self, id: &BlobId) -> Option<T> {
         let cache = self.cache.as_ref()?;
         let loc = self.index().get(id)?;
-        let name = format!("trees/{}", id.to_hex());
+        let name = tree_cache_name(id);
         let key = self.key.object_key(&loc.salt);
         let mut plain = None;
         cache.get(&name, |sealed| {
@@ -525,7 +528,7 @@ impl Repository {
     /// Stores a tree blob's verified sealed bytes in the cache, if there is one.
     pub fn remember_tree(&self, id: &BlobId, sealed: &[u8]) {
         if let Some(c) = &self.cache {
-            c.put(&format!("trees/{}", id.to_hex()), sealed);
+            c.put(&tree_cache_name(id), sealed);
         }
     }
 
@@ -805,6 +808,11 @@ const KEY_READS: usize = 8;
 
 /// Reads a content-addressed object whose bytes must hash to its name, reading it again if a
 /// transfer came back short or damaged.
+/// The metadata cache's name for tree blob `id` (kept, read and dropped under it).
+fn tree_cache_name(id: &BlobId) -> String {
+    format!("trees/{}", id.to_hex())
+}
+
 pub(crate) fn read_checked(storage: &dyn Storage, path: &str) -> Result<Vec<u8>> {
     retry_damaged(|| {
         let bytes = storage.read(path)?;
