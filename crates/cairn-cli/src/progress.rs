@@ -197,14 +197,24 @@ fn print_gaps(gaps: &[cairn_core::read::GapChoice]) {
 /// for one after another before the first data fetch (`--profile`).
 pub fn print_round_trips(storage: &dyn cairn_core::storage::Storage, json: bool) {
     let Some(trace) = storage.trace() else { return };
-    let chain = trace.critical_path();
+    let path = trace.timed_critical_path();
+    let ms = |d: std::time::Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
     if json {
+        let chain: Vec<&str> = path.chain.iter().map(|s| s.what.as_str()).collect();
+        let chain_ms: Vec<[f64; 2]> = path.chain.iter().map(|s| [ms(s.start), ms(s.end)]).collect();
         outln!(
             "{}",
-            serde_json::json!({"message_type": "round_trips", "serial_before_data": chain.len(), "chain": chain})
+            serde_json::json!({"message_type": "round_trips", "serial_before_data": chain.len(), "chain": chain,
+                "chain_ms": chain_ms, "first_data_ms": path.first_data.map(ms)})
         );
     } else {
-        outln!("serial round trips before the first data fetch: {} ({})", chain.len(), chain.join(" → "));
+        let steps: Vec<String> =
+            path.chain.iter().map(|s| format!("{} {:.0}–{:.0} ms", s.what, ms(s.start), ms(s.end))).collect();
+        let first = match path.first_data {
+            Some(t) => format!("; the first data fetch started at {:.0} ms", ms(t)),
+            None => String::new(),
+        };
+        outln!("serial round trips before the first data fetch: {} ({}){first}", steps.len(), steps.join(" → "));
     }
 }
 

@@ -47,6 +47,22 @@ fn serial_chain(stdout: &str) -> Vec<String> {
     let chain: Vec<String> =
         trips["chain"].as_array().unwrap().iter().map(|c| c.as_str().unwrap().to_string()).collect();
     assert_eq!(trips["serial_before_data"].as_u64().unwrap() as usize, chain.len());
+    // Each request of the chain timed, one after another, every one of them paying the 20 ms
+    // injected; the first data fetch (when there is one) started after the last.
+    let times: Vec<(f64, f64)> = trips["chain_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t[0].as_f64().unwrap(), t[1].as_f64().unwrap()))
+        .collect();
+    assert_eq!(times.len(), chain.len());
+    for (i, &(start, end)) in times.iter().enumerate() {
+        assert!(end - start >= 19.9, "{} took {} ms at 20 ms per request", chain[i], end - start);
+        assert!(i == 0 || times[i - 1].1 <= start, "not one after another: {times:?}");
+    }
+    if let Some(first) = trips["first_data_ms"].as_f64() {
+        assert!(first >= times.last().unwrap().1, "data fetched at {first} ms, before the chain ended: {times:?}");
+    }
     assert!(chain.len() >= 2, "the trace counts requests: {chain:?}");
     chain
 }

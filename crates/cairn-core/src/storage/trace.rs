@@ -7,7 +7,7 @@
 //! requests sent side by side count once.
 
 use std::sync::{Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// One request: what it was, when it started and ended.
 #[derive(Clone, Debug)]
@@ -45,11 +45,26 @@ impl RequestTrace {
     /// ended before the first data fetch started (before now, if none has). Returns the chain,
     /// oldest first, as each request's operation and path.
     pub fn critical_path(&self) -> Vec<String> {
+        self.timed_critical_path().chain.into_iter().map(|s| s.what).collect()
+    }
+
+    /// [`RequestTrace::critical_path`] with each request's start and end, and when the first
+    /// data fetch started, as times since the first request recorded started: how long a
+    /// command waited before data flowed, and what for.
+    pub fn timed_critical_path(&self) -> CriticalPath {
         let before = self.first_data.get().copied().unwrap_or_else(Instant::now);
-        let mut done: Vec<Request> =
-            self.requests.lock().expect("trace lock").iter().filter(|r| r.end <= before).cloned().collect();
+        let requests = self.requests.lock().expect("trace lock");
+        let Some(t0) = requests.iter().map(|r| r.start).min() else {
+            return CriticalPath { chain: Vec::new(), first_data: self.first_data.get().map(|_| Duration::ZERO) };
+        };
+        let mut done: Vec<&Request> = requests.iter().filter(|r| r.end <= before).collect();
         done.sort_by_key(|r| r.start);
-        longest_chain(&done).into_iter().map(|i| done[i].what.clone()).collect()
+        let since = |t: Instant| t.saturating_duration_since(t0);
+        let chain = longest_chain(&done)
+            .into_iter()
+            .map(|i| Step { what: done[i].what.clone(), start: since(done[i].start), end: since(done[i].end) })
+            .collect();
+        CriticalPath { chain, first_data: self.first_data.get().map(|&t| since(t)) }
     }
 
     /// Whether the first data fetch has started.
@@ -58,9 +73,26 @@ impl RequestTrace {
     }
 }
 
+/// One request of a [`CriticalPath`]; times since the first request recorded started.
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub what: String,
+    pub start: Duration,
+    pub end: Duration,
+}
+
+/// The requests waited for one after another before the first data fetch.
+#[derive(Clone, Debug)]
+pub struct CriticalPath {
+    /// Oldest first.
+    pub chain: Vec<Step>,
+    /// When the first data fetch started (none has yet: `None`).
+    pub first_data: Option<Duration>,
+}
+
 /// Indices of the longest chain in `requests` (sorted by start) where each starts no earlier
 /// than the one before it ended.
-fn longest_chain(requests: &[Request]) -> Vec<usize> {
+fn longest_chain(requests: &[&Request]) -> Vec<usize> {
     // length[i]: the longest chain ending with request i; prev[i]: the one before it there.
     let mut length = vec![0usize; requests.len()];
     let mut prev = vec![None; requests.len()];
@@ -87,7 +119,6 @@ fn longest_chain(requests: &[Request]) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn requests_side_by_side_count_once_and_serial_ones_add_up() {
@@ -96,7 +127,7 @@ mod tests {
         let req = |what: &str, s, e| Request { what: what.into(), start: at(s), end: at(e) };
         // keys listed beside index listing; key read after both; two trees one after another;
         // the lock's write overlaps the key read.
-        let requests = vec![
+        let requests = [
             req("list keys", 0, 50),
             req("list index", 1, 51),
             req("write lock", 2, 52),
@@ -105,7 +136,8 @@ mod tests {
             req("tree 1", 110, 160),
             req("tree 2", 161, 211),
         ];
-        let chain: Vec<&str> = longest_chain(&requests).iter().map(|&i| requests[i].what.as_str()).collect();
+        let refs: Vec<&Request> = requests.iter().collect();
+        let chain: Vec<&str> = longest_chain(&refs).iter().map(|&i| requests[i].what.as_str()).collect();
         assert_eq!(chain.len(), 4);
         assert_eq!(chain[2..], ["tree 1", "tree 2"]);
         assert!(longest_chain(&[]).is_empty());
@@ -123,5 +155,11 @@ mod tests {
         let t = Instant::now();
         trace.record(|| "read data/1".into(), t);
         assert_eq!(trace.critical_path(), ["list keys/", "read keys/1"]);
+        // Timed from the first request's start: in order, the data fetch after the chain.
+        let timed = trace.timed_critical_path();
+        assert_eq!(timed.chain[0].start, Duration::ZERO);
+        assert!(timed.chain[0].end <= timed.chain[1].start && timed.chain[1].start <= timed.chain[1].end);
+        assert!(timed.first_data.unwrap() >= timed.chain[1].end);
+        assert!(RequestTrace::default().timed_critical_path().chain.is_empty());
     }
 }
