@@ -19,6 +19,8 @@ Environment:
   CAIRN_FROM_REPOSITORY, CAIRN_FROM_PASSWORD, CAIRN_FROM_PASSWORD_FILE   the source repository of
                         `copy` and `init --copy-chunker-params` (instead of --from-repo, --from-password-file)
   CAIRN_INJECT_FAULTS   fault injection for tests, e.g. latency=50ms (see docs/DESIGN.md)
+  CAIRN_INJECT_WRITE_LATENCY   fault injection for tests: `restore` waits this long (e.g. 20ms)
+                        before each write into the target, as a network file system would
   CAIRN_TEST_LOCAL_SCANNED_HOOK   for tests: a shell command `restore` runs between finding
                         local copies of chunks and copying them (see docs/DESIGN.md)
 Without a password from the environment or a file, cairn asks for it on the terminal.

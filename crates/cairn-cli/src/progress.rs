@@ -99,6 +99,14 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
                     "bytes_per_s": s.throughput, "latency_ms": s.latency.as_secs_f64() * 1000.0})
             })
             .collect();
+        let write_tuning: Vec<_> = out
+            .write_tuning
+            .iter()
+            .map(|s| {
+                serde_json::json!({"at_s": s.at.as_secs_f64(), "limit": s.limit, "reason": s.reason,
+                    "bytes_per_s": s.rate, "cpu_share": s.cpu})
+            })
+            .collect();
         let gaps: Vec<_> = out.read_gaps.iter().map(|g| g.gap).collect();
         let phases: Vec<_> =
             out.phases.iter().map(|(n, d)| serde_json::json!({"phase": n, "seconds": d.as_secs_f64()})).collect();
@@ -113,6 +121,7 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
                 "warnings": out.warnings.len(), "stalls": out.stalls, "seconds": secs, "profile": stages,
                 "batches": out.batches,
                 "fetch_tuning": tuning,
+                "write_tuning": write_tuning,
                 "read_gaps": gaps,
                 "phases": phases,
             })
@@ -150,7 +159,27 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
             );
         }
         print_tuning(&out.fetch_tuning);
+        print_write_tuning(&out.write_tuning);
         print_gaps(&out.read_gaps);
+    }
+}
+
+/// The writers' controller's choices (`--profile`): when (since its batch's pipeline started),
+/// to what, and from what it measured.
+fn print_write_tuning(steps: &[cairn_core::restore::WriteStep]) {
+    if steps.is_empty() {
+        return;
+    }
+    outln!("files written at once, tuned while running:");
+    for s in steps {
+        outln!(
+            "  {:>7.2} s  {:>3} writers  ({}: {}/s written, {:.0}% of the cores busy)",
+            s.at.as_secs_f64(),
+            s.limit,
+            s.reason,
+            bytes(s.rate as u64),
+            s.cpu * 100.0
+        );
     }
 }
 

@@ -288,3 +288,49 @@ fn over_a_slow_link_the_fetch_concurrency_rises_unless_it_was_given() {
         slow.restore_with("latest", &base.path().join("fixed"), &["--fetch-concurrency", "4", "--no-local-data"]);
     assert_eq!(fixed["fetch_tuning"].as_array().unwrap().len(), 0, "{fixed}");
 }
+
+/// The decode/write split, tuned (issue #18, part 3): where every write into the target waits
+/// (the fault layer's `CAIRN_INJECT_WRITE_LATENCY`, as on a network file system) and the cores
+/// idle, the restore puts more writers to work than it started with; an explicit
+/// `--write-threads` is kept as given. Both restores are exact.
+#[test]
+fn writes_that_wait_get_more_writers_and_an_explicit_count_is_kept() {
+    let base = tempfile::tempdir().unwrap();
+    let src = base.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    // 96 files of 256 KiB that do not compress: 96 writes or more, 30 ms each.
+    let mut rng = common::Rng(11);
+    for i in 0..96 {
+        fs::write(src.join(format!("f{i:02}")), rng.bytes(256 << 10)).unwrap();
+    }
+    let cairn = Cairn::new(&base.path().join("repo"), PASSWORD);
+    cairn.init(&[]);
+    cairn.backup(&[&src], &[]);
+    let slow = cairn.clone().with_env("CAIRN_INJECT_WRITE_LATENCY", "30ms");
+    let target = base.path().join("auto");
+    let summary = slow.restore_with("latest", &target, &["--no-local-data"]);
+    let steps = summary["write_tuning"].as_array().unwrap();
+    let limits: Vec<u64> = steps.iter().map(|s| s["limit"].as_u64().unwrap()).collect();
+    // Started at the cores (at least 2); one sample of writers busy and cores idle doubles it.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
+    assert!(limits.first().is_some_and(|&l| l >= 2 * cores.max(2)), "the writers doubled: {steps:?}");
+    assert!(steps[0]["reason"].as_str().unwrap().contains("writes wait"), "{steps:?}");
+    assert!(limits.iter().all(|&l| l <= 4 * cores.max(4)), "within the most writers started: {steps:?}");
+    assert_same(&scan_source(&src), &scan(&restored_path(&target, &src)), true);
+    // An explicit --write-threads is kept as given.
+    let fixed = base.path().join("fixed");
+    let summary = slow.restore_with("latest", &fixed, &["--write-threads", "2", "--no-local-data"]);
+    assert_eq!(summary["write_tuning"].as_array().unwrap().len(), 0, "{summary}");
+    assert_same(&scan_source(&src), &scan(&restored_path(&fixed, &src)), true);
+    // A bad duration is refused in one line, before anything is written.
+    let bad_target = base.path().join("bad");
+    let out = cairn.with_env("CAIRN_INJECT_WRITE_LATENCY", "-5s").run([
+        "restore",
+        "latest",
+        "--target",
+        bad_target.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("CAIRN_INJECT_WRITE_LATENCY"), "{stderr}");
+    assert!(!bad_target.exists());
+}

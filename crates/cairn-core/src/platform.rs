@@ -127,6 +127,20 @@ pub fn keep_heap_small() {
     }
 }
 
+/// CPU time (user and system) this process has used so far, all threads summed.
+pub fn process_cpu_time() -> std::time::Duration {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
+    let ok = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) } == 0;
+    if !ok {
+        return std::time::Duration::ZERO;
+    }
+    // SAFETY: zeroed is a valid rusage, and getrusage succeeded.
+    let u = unsafe { usage.assume_init() };
+    let tv = |t: libc::timeval| std::time::Duration::new(t.tv_sec.max(0) as u64, (t.tv_usec.max(0) as u32) * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
 /// Whether the process runs as root (and so may restore ownership and device nodes).
 pub fn is_root() -> bool {
     uzers::get_effective_uid() == 0

@@ -56,7 +56,8 @@ pub struct Args {
     /// Threads that decrypt, decompress and verify [default: number of cores]
     #[arg(long, value_name = "N")]
     pub decode_threads: Option<usize>,
-    /// Threads that write files [default: number of cores, at least 2]
+    /// Files written at once, fixed [default: tuned while restoring, starting from the number
+    /// of cores, at least 2: more while writes wait and the cores idle]
     #[arg(long, value_name = "N")]
     pub write_threads: Option<usize>,
     /// Cap on data in flight between fetch and write, e.g. 256M or 1G
@@ -89,6 +90,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         fetch_auto: a.fetch_concurrency.is_none(),
         decode_threads: a.decode_threads.unwrap_or(defaults.decode_threads),
         write_threads: a.write_threads.unwrap_or(defaults.write_threads),
+        write_auto: a.write_threads.is_none(),
         max_memory: parse_size(&a.max_memory)?,
         overwrite: a.overwrite.parse()?,
         delete: a.delete,
@@ -106,6 +108,11 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
             (false, _) => LocalData::SnapshotPaths,
         },
         local_scanned_hook: std::env::var("CAIRN_TEST_LOCAL_SCANNED_HOOK").ok().filter(|c| !c.is_empty()),
+        write_latency: match std::env::var("CAIRN_INJECT_WRITE_LATENCY") {
+            Ok(v) if !v.is_empty() => cairn_core::storage::parse_fault_duration(&v)
+                .ok_or_else(|| anyhow::anyhow!("CAIRN_INJECT_WRITE_LATENCY: bad duration {v:?}: use e.g. 20ms"))?,
+            _ => Duration::ZERO,
+        },
     };
     // The restore runs while the shared lock is being taken (three round trips one after
     // another): if the lock cannot be had, it is stopped and the lock's error reported. What it

@@ -13,7 +13,7 @@ use super::plan::{self, Filter};
 use super::shared::{Failures, Gate, Shared};
 use super::types::Plan;
 use super::watchdog::Base;
-use super::{compare, create, delete, finish, local, pipeline, verify};
+use super::{compare, create, delete, finish, local, pipeline, verify, writers};
 use crate::error::{Error, Result};
 use crate::read::{link_gap, FetchTuner, Reader, MAX_READ};
 use crate::repository::Repository;
@@ -70,6 +70,8 @@ pub struct Run<'a> {
     pub base: Base,
     /// The fetch concurrency's controller as the batch before left it (auto-tuned only).
     pub tuner: Option<FetchTuner>,
+    /// The writers' controller as the batch before left it (auto-tuned only).
+    pub writers: Option<writers::Controller>,
     /// Stored bytes per second the batch before fetched (for the coalescing gap).
     pub fetch_rate: Option<f64>,
     /// What the batches did.
@@ -192,6 +194,7 @@ impl Run<'_> {
             acl_dirs: OnceLock::new(),
             dirs_ready: Gate::default(),
             created: AtomicU64::new(0),
+            write_latency: opts.write_latency,
         };
         progress.done_bytes.store(base_done, Ordering::Relaxed);
         progress.done_files.store(files_before + files_already_done, Ordering::Relaxed);
@@ -202,7 +205,11 @@ impl Run<'_> {
         let create = || *create_took.lock().expect("create clock") = create::run(&sh, dirs_made, acl);
         let base = Base { bytes: base_done, fetched: self.base.fetched };
         let piped = Instant::now();
-        pipeline::run(&sh, opts, progress, base, &mut part.stalls, create);
+        if opts.write_auto && self.writers.is_none() {
+            let start = opts.write_threads.max(1);
+            self.writers = Some(writers::Controller::new(start, writers::most_writers(start)));
+        }
+        part.write_tuning = pipeline::run(&sh, opts, progress, base, &mut part.stalls, self.writers.as_mut(), create);
         let piped = piped.elapsed();
         phase.lap(&mut part.phases, "pipeline");
         // The create stage ran alongside the pipeline: its own time is listed after it.

@@ -32,6 +32,7 @@ mod types;
 mod verify;
 mod watchdog;
 mod write;
+mod writers;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -47,7 +48,8 @@ pub use options::{
 pub use plan::Filter;
 #[doc(hidden)]
 pub use types::chunk_offsets;
-pub use types::Plan; // for cairn_core::fuzzing (fuzz targets and property tests)
+pub use types::Plan;
+pub use writers::Step as WriteStep; // for cairn_core::fuzzing (fuzz targets and property tests)
 
 use crate::error::{Error, Result};
 use crate::repository::Repository;
@@ -103,6 +105,7 @@ pub fn restore(
         failed_links: HashMap::new(),
         base: Default::default(),
         tuner: None,
+        writers: None,
         fetch_rate: None,
         out: RestoreOutcome::default(),
         walk_done: &walk_done,

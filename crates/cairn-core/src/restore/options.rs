@@ -125,8 +125,12 @@ pub struct RestoreOptions {
     pub fetch_auto: bool,
     /// Threads that decrypt, decompress and verify.
     pub decode_threads: usize,
-    /// Threads that write files (and compare an existing target with the snapshot).
+    /// Threads that write files (and compare an existing target with the snapshot); with
+    /// `write_auto`, the files written at once at first.
     pub write_threads: usize,
+    /// Move the files written at once while restoring from what is measured
+    /// (`restore/writers.rs`); off when the user chose `--write-threads`.
+    pub write_auto: bool,
     /// Cap on bytes in flight between fetch and write.
     pub max_memory: u64,
     /// What to do with existing files.
@@ -155,6 +159,10 @@ pub struct RestoreOptions {
     /// copies them (to change a local file in between).
     #[doc(hidden)]
     pub local_scanned_hook: Option<String>,
+    /// Fault injection (`CAIRN_INJECT_WRITE_LATENCY`): each write into the target waits this
+    /// long first, as on a network file system, without using the CPU.
+    #[doc(hidden)]
+    pub write_latency: Duration,
 }
 
 /// The restore's stages, for reports, in pipeline order (the read path's fetch and decode,
@@ -172,6 +180,7 @@ impl Default for RestoreOptions {
             fetch_auto: true,
             decode_threads: cores,
             write_threads: cores.max(2),
+            write_auto: true,
             max_memory: DEFAULT_MAX_MEMORY,
             overwrite: Overwrite::Always,
             delete: false,
@@ -185,6 +194,7 @@ impl Default for RestoreOptions {
             cancel: None,
             local_data: LocalData::SnapshotPaths,
             local_scanned_hook: None,
+            write_latency: Duration::ZERO,
         }
     }
 }
@@ -284,6 +294,8 @@ pub struct RestoreOutcome {
     pub profile: [StageTimes; 3],
     /// What the fetch concurrency's controller chose, and why (empty unless `fetch_auto`).
     pub fetch_tuning: Vec<crate::read::TuneStep>,
+    /// What the writers' controller chose, and why (empty unless `write_auto`).
+    pub write_tuning: Vec<super::writers::Step>,
     /// The coalescing gap each batch's reads were planned with, and why.
     pub read_gaps: Vec<crate::read::GapChoice>,
     /// Set for `--dry-run`.
@@ -338,6 +350,7 @@ impl RestoreOutcome {
         self.verified += part.verified;
         self.batches += part.batches;
         self.fetch_tuning.extend(part.fetch_tuning);
+        self.write_tuning.extend(part.write_tuning);
         self.read_gaps.extend(part.read_gaps);
         self.failed.extend(part.failed);
         self.warnings.extend(part.warnings);

@@ -1,7 +1,9 @@
 //! The pipeline runner: the read path's fetch and decode workers, one queue and one write
-//! worker per writer, the create stage on a thread of its own alongside, and the watchdog.
+//! worker per writer, the create stage on a thread of its own alongside, the watchdog, and
+//! (auto-tuned) the writers' controller (`writers.rs`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::bounded;
 
@@ -9,6 +11,7 @@ use super::options::{Progress, RestoreOptions};
 use super::shared::Shared;
 use super::watchdog::{self, Base};
 use super::write;
+use super::writers::{self, Controller, Sample};
 use crate::error::Error;
 use crate::pack::BlobEntry;
 use crate::read::{spawn_named, Decoded, PackRead, Sink};
@@ -19,6 +22,8 @@ use crate::read::{spawn_named, Decoded, PackRead, Sink};
 struct ToWriters<'s> {
     sh: &'s Shared<'s>,
     queues: Vec<crossbeam_channel::Sender<Vec<Decoded<'s>>>>,
+    /// How many of the queues (the first ones) are used: the writers at work.
+    active: &'s AtomicUsize,
 }
 
 impl<'s> Sink<'s> for ToWriters<'s> {
@@ -27,8 +32,12 @@ impl<'s> Sink<'s> for ToWriters<'s> {
         // on it cost more than it gained (a 4 GiB image: write busy 1.9 s with one writer,
         // 5.2 s with two). So a file's chunks always go to one writer, chosen by the batch's
         // first file; neighbouring entries (mostly one directory) share a writer as well.
+        // When the controller puts more writers to work, a file being written may get its
+        // next chunks from another writer: correct either way (positioned writes; whoever
+        // writes the last chunk finishes the file).
         let first = self.sh.fetches.dests.get(&batch[0].id).and_then(|d| d.first()).map_or(0, |d| d.entry as usize);
-        self.queues[(first / 16) % self.queues.len()].send(batch).is_ok()
+        let active = self.active.load(Ordering::Relaxed).clamp(1, self.queues.len());
+        self.queues[(first / 16) % active].send(batch).is_ok()
     }
 
     fn failed(&self, _read: &'s PackRead, blob: &BlobEntry, why: &Error) {
@@ -37,31 +46,44 @@ impl<'s> Sink<'s> for ToWriters<'s> {
 }
 
 /// Runs fetch, decode and write, with `create` (which opens `sh.dirs_ready`) on a thread of
-/// its own alongside.
+/// its own alongside. With a writers' `tuner` (no `--write-threads`), it starts
+/// [`writers::most_writers`] writers, puts the tuner's limit of them to work and lets it move
+/// that; returns what it changed.
 pub fn run(
     sh: &Shared<'_>,
     opts: &RestoreOptions,
     progress: &Progress,
     base: Base,
     stalls: &mut Vec<String>,
+    tuner: Option<&mut Controller>,
     create: impl FnOnce() + Send,
-) {
+) -> Vec<writers::Step> {
     if sh.fetches.reads.is_empty() {
         create();
-        return;
+        return Vec::new();
     }
-    let writers = opts.write_threads.max(1);
-    let finished = AtomicBool::new(false);
+    let (writers, at_work) = match &tuner {
+        Some(c) => (writers::most_writers(opts.write_threads), c.limit()),
+        None => (opts.write_threads.max(1), opts.write_threads.max(1)),
+    };
+    let at_work = at_work.min(writers);
+    let active = &AtomicUsize::new(at_work);
+    let finished = &AtomicBool::new(false);
+    let mut tuned = Vec::new();
     std::thread::scope(|s| {
-        // One queue per writer: a file's chunks always go to the same writer (see ToWriters).
+        // One queue per writer: a file's chunks go to one writer (see ToWriters).
         let (to_writers, writer_queues): (Vec<_>, Vec<_>) = (0..writers).map(|_| bounded(4)).unzip();
         let mut workers = vec![spawn_named(s, "create", create)];
-        let sink = ToWriters { sh, queues: to_writers };
+        let sink = ToWriters { sh, queues: to_writers, active };
         workers.extend(sh.reader.start(s, &sh.fetches.reads, opts.fetch_concurrency, opts.decode_threads, sink));
-        for rx in writer_queues {
-            workers.push(spawn_named(s, "write", move || write::write_worker(sh, rx)));
+        for (i, rx) in writer_queues.into_iter().enumerate() {
+            // A writer not at work yet does not count its wait as the stage's idle time.
+            let at_start = i < at_work;
+            workers.push(spawn_named(s, "write", move || write::write_worker(sh, rx, at_start)));
         }
-        let watchdog = s.spawn(|| watchdog::pipeline(sh, opts.stall_timeout, progress, base, &finished));
+        let decoders = opts.decode_threads.max(1);
+        let tune = tuner.map(|c| s.spawn(move || tune_writers(sh, c, active, finished, decoders)));
+        let watchdog = s.spawn(|| watchdog::pipeline(sh, opts.stall_timeout, progress, base, finished));
         // A worker's panic is passed on only once the watchdog has stopped: the scope would
         // otherwise wait for it forever.
         let mut panicked = None;
@@ -73,8 +95,57 @@ pub fn run(
         finished.store(true, Ordering::Relaxed);
         watchdog.thread().unpark();
         stalls.extend(watchdog.join().expect("watchdog panicked"));
+        if let Some(t) = tune {
+            t.thread().unpark();
+            tuned = t.join().expect("the writers' controller panicked");
+        }
         if let Some(p) = panicked {
             std::panic::resume_unwind(p);
         }
     });
+    tuned
+}
+
+/// The writers' controller loop: samples the decode and write stages and the process's CPU
+/// time, and moves the writers at work (`active`) until the pipeline has `finished`.
+fn tune_writers(
+    sh: &Shared<'_>,
+    c: &mut Controller,
+    active: &AtomicUsize,
+    finished: &AtomicBool,
+    decoders: usize,
+) -> Vec<writers::Step> {
+    let began = Instant::now();
+    let cores = crate::parallel::cores();
+    let totals = || {
+        let written = sh.written.load(Ordering::Relaxed);
+        let cpu = crate::platform::process_cpu_time();
+        (sh.reader.clocks()[1].times().blocked, sh.write_clock.times().busy, written, cpu)
+    };
+    let mut last = (Instant::now(), totals());
+    let mut log = Vec::new();
+    while !finished.load(Ordering::Relaxed) && !sh.cancelled() {
+        // Woken at once when the pipeline ends.
+        std::thread::park_timeout(Duration::from_millis(50));
+        let now = Instant::now();
+        if now - last.0 < writers::SAMPLE_MIN {
+            continue;
+        }
+        let t = totals();
+        let sample = Sample {
+            elapsed: now - last.0,
+            decoders,
+            decode_blocked: t.0.saturating_sub(last.1 .0),
+            write_busy: t.1.saturating_sub(last.1 .1),
+            bytes: t.2.saturating_sub(last.1 .2),
+            cpu: t.3.saturating_sub(last.1 .3),
+            cores,
+        };
+        if let Some((limit, reason)) = c.step(&sample) {
+            active.store(limit, Ordering::Relaxed);
+            log.push(Controller::logged(began.elapsed(), limit, &sample, reason));
+        }
+        last = (now, t);
+    }
+    log
 }

@@ -80,6 +80,9 @@ pub struct Shared<'a> {
     pub(super) dirs_ready: Gate,
     /// Directories and other entries the create stage has made (the watchdog's measure of it).
     pub(super) created: AtomicU64,
+    /// Fault injection: each write into the target waits this long first
+    /// ([`super::RestoreOptions::write_latency`]).
+    pub(super) write_latency: std::time::Duration,
 }
 
 /// A one-way gate: closed until opened, then open for good.

@@ -23,17 +23,24 @@ use crate::chunker::is_zero;
 use crate::profile::work;
 use crate::read::Decoded;
 
-/// Runs until `input` is drained.
-pub fn write_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Vec<Decoded<'s>>>) {
+/// Runs until `input` is drained. A writer not `at_work` from the start (one the writers'
+/// controller may put to work later) counts no idle time until its first blobs arrive.
+pub fn write_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Vec<Decoded<'s>>>, at_work: bool) {
     let clock = &sh.write_clock;
     let t = Instant::now();
     sh.dirs_ready.wait(); // the directories are made alongside the first fetches
-    clock.idle(t);
+    if at_work {
+        clock.idle(t);
+    }
     let mut dirs = ParentDirs::new(sh.target);
+    let mut at_work = at_work;
     loop {
         let t = Instant::now();
         let Ok(batch) = input.recv() else { return };
-        clock.idle(t);
+        if at_work {
+            clock.idle(t);
+        }
+        at_work = true;
         for blob in batch {
             if sh.cancelled() {
                 break;
@@ -77,6 +84,9 @@ fn write_one(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, d: &Dest, data: &[u8]) 
         None => dirs.create(&entry.rel, entry.node.mode)?,
     };
     let fresh = matches!(sh.states[i], FileState::Create { .. });
+    if !sh.write_latency.is_zero() {
+        std::thread::sleep(sh.write_latency); // fault injection: a target that makes writes wait
+    }
     write_data(&file, data, d.offset, fresh, sh.sparse)?;
     sh.written.fetch_add(data.len() as u64, Ordering::Relaxed);
     if sh.remaining[i].fetch_sub(1, Ordering::AcqRel) == 1 {

@@ -60,11 +60,13 @@ impl Faults {
     }
 }
 
-fn parse_duration(v: &str) -> Option<Duration> {
+/// A fault's duration: `20ms`, `1.5s` or seconds without a unit (`None` if it is none of
+/// these, negative or too large).
+pub fn parse_duration(v: &str) -> Option<Duration> {
     if let Some(ms) = v.strip_suffix("ms") {
         return ms.parse().ok().map(Duration::from_millis);
     }
-    v.strip_suffix('s').unwrap_or(v).parse::<f64>().ok().map(Duration::from_secs_f64)
+    v.strip_suffix('s').unwrap_or(v).parse::<f64>().ok().and_then(|s| Duration::try_from_secs_f64(s).ok())
 }
 
 /// A [`Storage`] that injects [`Faults`] into another.

@@ -9,7 +9,7 @@ mod metered;
 mod opendal_backend;
 mod trace;
 
-pub use fault::{Faults, FaultyStorage};
+pub use fault::{parse_duration as parse_fault_duration, Faults, FaultyStorage};
 pub use location::Location;
 pub use metered::{LinkMeter, MeteredStorage};
 pub use opendal_backend::{OpendalStorage, RemoteOptions};
