@@ -24,6 +24,11 @@ struct ToWriters<'s> {
     queues: Vec<crossbeam_channel::Sender<Vec<Decoded<'s>>>>,
     /// How many of the queues (the first ones) are used: the writers at work.
     active: &'s AtomicUsize,
+    /// The writers at work when the pipeline started: above it, the controller found the writes
+    /// waiting, not computing, and batches go round the writers (see `blobs`).
+    at_start: usize,
+    /// Batches handed on so far (for going round).
+    handed: &'s AtomicUsize,
 }
 
 impl<'s> Sink<'s> for ToWriters<'s> {
@@ -32,12 +37,19 @@ impl<'s> Sink<'s> for ToWriters<'s> {
         // on it cost more than it gained (a 4 GiB image: write busy 1.9 s with one writer,
         // 5.2 s with two). So a file's chunks always go to one writer, chosen by the batch's
         // first file; neighbouring entries (mostly one directory) share a writer as well.
-        // When the controller puts more writers to work, a file being written may get its
-        // next chunks from another writer: correct either way (positioned writes; whoever
-        // writes the last chunk finishes the file).
-        let first = self.sh.fetches.dests.get(&batch[0].id).and_then(|d| d.first()).map_or(0, |d| d.entry as usize);
+        // Once the controller has put more writers to work, the writes wait rather than
+        // compute (no CPU to spin on an inode lock with) and batches go round the writers, so
+        // one large file (a disk image) is written by all of them. A file may then get its
+        // chunks from several writers: correct either way (positioned writes; whoever writes
+        // the last chunk finishes the file).
         let active = self.active.load(Ordering::Relaxed).clamp(1, self.queues.len());
-        self.queues[(first / 16) % active].send(batch).is_ok()
+        let queue = if active > self.at_start {
+            self.handed.fetch_add(1, Ordering::Relaxed) % active
+        } else {
+            let first = self.sh.fetches.dests.get(&batch[0].id).and_then(|d| d.first()).map_or(0, |d| d.entry as usize);
+            (first / 16) % active
+        };
+        self.queues[queue].send(batch).is_ok()
     }
 
     fn failed(&self, _read: &'s PackRead, blob: &BlobEntry, why: &Error) {
@@ -68,13 +80,14 @@ pub fn run(
     };
     let at_work = at_work.min(writers);
     let active = &AtomicUsize::new(at_work);
+    let handed = &AtomicUsize::new(0);
     let finished = &AtomicBool::new(false);
     let mut tuned = Vec::new();
     std::thread::scope(|s| {
         // One queue per writer: a file's chunks go to one writer (see ToWriters).
         let (to_writers, writer_queues): (Vec<_>, Vec<_>) = (0..writers).map(|_| bounded(4)).unzip();
         let mut workers = vec![spawn_named(s, "create", create)];
-        let sink = ToWriters { sh, queues: to_writers, active };
+        let sink = ToWriters { sh, queues: to_writers, active, at_start: opts.write_threads.max(1), handed };
         workers.extend(sh.reader.start(s, &sh.fetches.reads, opts.fetch_concurrency, opts.decode_threads, sink));
         for (i, rx) in writer_queues.into_iter().enumerate() {
             // A writer not at work yet does not count its wait as the stage's idle time.

@@ -12,7 +12,7 @@
 //! threads, each with a queue of its own, and routes the decoded blobs to only the first
 //! `active` of them (a file's chunks to one writer, as before); the others wait on their empty
 //! queues, costing no CPU, and the data queued for any writer is bounded by the read path's
-//! budget. A [`Controller`] looks at each sample (at least [`SAMPLE_MIN`]) and doubles
+//! budget. A [`Controller`] looks at each sample (at least [`SAMPLE_MIN`]) and raises
 //! `active` while both of these hold:
 //!
 //! - the writes are what the data waits for: the decoders spent at least [`DECODE_BLOCKED`]
@@ -22,32 +22,41 @@
 //! - the process used at most [`CPU_IDLE`] of the cores' time: the writes wait, they do not
 //!   compute (with the cores full, more writers would only take CPU from the decoders).
 //!
-//! A doubling is kept unless the next sample wrote less than [`LOSS`] of the bytes per second
-//! before it (one sample is noisy: a flat one keeps it, as extra writers waiting on a target
-//! cost nothing); one that lost goes back and waits [`HOLD`] samples before trying again. It
-//! never lowers `active` below where it started. The limit is handed from one batch to the
+//! It raises by as much as the idle cores say there is room for: [`CPU_IDLE`] over the share
+//! used, two to four times (writes that wait 10 ms each leave the cores nearly idle at 2
+//! writers, and doubling every sample took a third of a 2.5 s restore to reach 16). A raise is
+//! kept unless the next sample wrote less than [`LOSS`] of the bytes per second before it while
+//! the writes were still what the data waited for (one sample is noisy: a flat one keeps it, as
+//! extra writers waiting on a target cost nothing; and a dip while the writers sat idle came
+//! from upstream — the link, the budget — not from them); one that lost goes back, waits
+//! [`HOLD`] samples, and from then on only doubles. It never
+//! lowers `active` below where it started. The limit is handed from one batch to the
 //! next, and every change is logged for `--profile` (`write_tuning` in the JSON summary).
 
 use std::time::Duration;
 
 /// Least sample length: a few writes on a slow target, and several scheduler ticks.
-pub const SAMPLE_MIN: Duration = Duration::from_millis(250);
+pub const SAMPLE_MIN: Duration = Duration::from_millis(200);
 
-/// A doubling that writes less than this share of the bytes per second before it goes back.
-const LOSS: f64 = 0.95;
+/// A raise that writes less than this share of the bytes per second before it goes back (a
+/// sample of a few hundred writes moves by 10–20% on its own).
+const LOSS: f64 = 0.8;
+
+/// Most a raise multiplies the writers at work by.
+const MOST_FACTOR: usize = 4;
 
 /// Samples to wait after going back before doubling again.
 const HOLD: u32 = 4;
 
 /// Share of the sample the writers at work busy that says the writes are the bottleneck.
-const BUSY: f64 = 0.9;
+const BUSY: f64 = 0.8;
 
 /// Share of the decoders' time blocked on the writers that says the same.
-const DECODE_BLOCKED: f64 = 0.5;
+const DECODE_BLOCKED: f64 = 0.3;
 
 /// Most of the cores' time the process may have used for a raise (above, the CPU is busy and
 /// more writers would take it from the decoders).
-const CPU_IDLE: f64 = 0.75;
+const CPU_IDLE: f64 = 0.85;
 
 /// Writer threads an auto-tuned pipeline starts when it begins with `start` active: four times
 /// that, at least 16.
@@ -112,15 +121,17 @@ pub struct Controller {
     raised_from: Option<usize>,
     /// Bytes per second at the limit before the doubling being judged.
     before: f64,
-    /// Samples still to wait before doubling again (after a doubling that lost).
+    /// Samples still to wait before raising again (after a raise that lost).
     hold: u32,
+    /// A raise lost: raises double from then on.
+    cautious: bool,
 }
 
 impl Controller {
     /// Starts with `start` writers at work, up to `most`.
     pub fn new(start: usize, most: usize) -> Self {
         let limit = start.clamp(1, most.max(1));
-        Controller { limit, most: most.max(limit), raised_from: None, before: 0.0, hold: 0 }
+        Controller { limit, most: most.max(limit), raised_from: None, before: 0.0, hold: 0, cautious: false }
     }
 
     /// Writers at work now.
@@ -131,10 +142,14 @@ impl Controller {
     /// Looks at one sample; returns the new limit and why, if it changes.
     pub fn step(&mut self, s: &Sample) -> Option<(usize, &'static str)> {
         let rate = s.rate();
+        let busy = Sample::share(s.write_busy, s.elapsed, self.limit);
+        let blocked = Sample::share(s.decode_blocked, s.elapsed, s.decoders);
+        let writes_bound = busy >= BUSY || blocked >= DECODE_BLOCKED;
         if let Some(from) = self.raised_from.take() {
-            if rate < self.before * LOSS {
+            if rate < self.before * LOSS && writes_bound {
                 self.limit = from;
                 self.hold = HOLD;
+                self.cautious = true;
                 return Some((from, "more writers wrote less: back"));
             }
         }
@@ -145,12 +160,13 @@ impl Controller {
         if self.limit >= self.most {
             return None;
         }
-        let busy = Sample::share(s.write_busy, s.elapsed, self.limit);
-        let blocked = Sample::share(s.decode_blocked, s.elapsed, s.decoders);
-        if (busy >= BUSY || blocked >= DECODE_BLOCKED) && s.cpu_share() <= CPU_IDLE {
+        if writes_bound && s.cpu_share() <= CPU_IDLE {
+            // As much room as the idle cores leave, two to four times (twice once one lost).
+            let room = (CPU_IDLE / s.cpu_share().max(1e-3)).floor() as usize;
+            let factor = room.clamp(2, if self.cautious { 2 } else { MOST_FACTOR });
             self.raised_from = Some(self.limit);
             self.before = rate;
-            self.limit = (self.limit * 2).min(self.most);
+            self.limit = (self.limit * factor).min(self.most);
             return Some((self.limit, "writes wait and the cores idle: more at once"));
         }
         None
@@ -209,8 +225,14 @@ mod tests {
         // (4 GB/s): two writers carry 100 MB/s, sixteen 800.
         let mut c = Controller::new(2, most_writers(2));
         let seen = settle(&mut c, |w| simulate(w, 0.020, 1e6, 0.5, 0.01, 2));
-        assert_eq!(seen, [2, 4, 8, 16], "{seen:?}");
+        // The cores nearly idle: four times at once.
+        assert_eq!(seen, [2, 8, 16], "{seen:?}");
         assert_eq!(c.limit(), 16);
+        // Decoding that takes most of the cores once 4 writers are at work: twice, then no more
+        // (at 8 writers the cores are full: 2 cores' 1.33 GB/s of decoding).
+        let mut c = Controller::new(2, 16);
+        let seen = settle(&mut c, |w| simulate(w, 0.005, 1e6, 1.5, 0.01, 2));
+        assert_eq!(seen, [2, 4, 8], "{seen:?}");
     }
 
     #[test]
@@ -256,31 +278,48 @@ mod tests {
             cpu: Duration::from_millis(300),
             cores: 2,
         };
-        assert_eq!(c.step(&s).map(|(l, _)| l), Some(4));
+        // The cores 15% busy: four times.
+        assert_eq!(c.step(&s).map(|(l, _)| l), Some(8));
     }
 
     #[test]
-    fn a_doubling_that_writes_less_goes_back_and_tries_again_later() {
-        // A target that writes half as fast with more than 4 writers at it.
+    fn a_raise_that_writes_less_goes_back_and_then_only_doubles() {
+        // A target that writes a quarter as fast with more than 4 writers at it.
         let mut c = Controller::new(2, 16);
         let worse = |w: usize| {
             let mut s = simulate(w.min(4), 0.020, 1e6, 0.5, 0.01, 2);
             if w > 4 {
-                s.bytes /= 2;
+                s.bytes /= 4;
             }
             s
         };
         let seen = settle(&mut c, worse);
-        assert_eq!(seen, [2, 4, 8, 4, 8, 4], "{seen:?}");
+        // 8 wrote less than 2 did: back; after the hold, 4 (kept), 8 (back), and so on.
+        assert_eq!(seen, [2, 8, 2, 4, 8, 4], "{seen:?}");
         assert_eq!(c.limit(), 4);
-        // One that writes as fast keeps the doubling (the writers cost nothing waiting).
+        // One that writes as fast keeps the raise (the writers cost nothing waiting).
         let mut c = Controller::new(2, 16);
         let flat = |w: usize| {
             let mut s = simulate(w, 0.020, 1e6, 0.5, 0.01, 2);
             s.bytes = 100_000_000;
             s
         };
-        assert_eq!(settle(&mut c, flat), [2, 4, 8, 16]);
+        assert_eq!(settle(&mut c, flat), [2, 8, 16]);
+        // A dip while the writers sat idle (the link paused) is not theirs: the raise stays.
+        let mut c = Controller::new(2, 16);
+        c.step(&simulate(2, 0.020, 1e6, 0.5, 0.01, 2));
+        assert_eq!(c.limit(), 8);
+        let idle = Sample {
+            elapsed: SEC,
+            decoders: 2,
+            decode_blocked: Duration::ZERO,
+            write_busy: Duration::from_millis(800),
+            bytes: 20_000_000,
+            cpu: Duration::from_millis(50),
+            cores: 2,
+        };
+        assert_eq!(c.step(&idle), None);
+        assert_eq!(c.limit(), 8);
     }
 
     #[test]
@@ -294,5 +333,9 @@ mod tests {
         let mut c = Controller::new(12, 16);
         let seen = settle(&mut c, |w| simulate(w, 0.020, 1e6, 0.5, 0.01, 2));
         assert_eq!(seen, [12, 16], "{seen:?}");
+        // Nothing measured on the CPU: the most a raise may take.
+        let mut s = simulate(2, 0.020, 1e6, 0.5, 0.01, 2);
+        s.cpu = Duration::ZERO;
+        assert_eq!(Controller::new(2, 16).step(&s).map(|(l, _)| l), Some(8));
     }
 }
