@@ -226,7 +226,7 @@ fn print_gaps(gaps: &[cairn_core::read::GapChoice]) {
 /// for one after another before the first data fetch (`--profile`).
 pub fn print_round_trips(storage: &dyn cairn_core::storage::Storage, json: bool) {
     let Some(trace) = storage.trace() else { return };
-    let path = trace.timed_critical_path();
+    let path = trace.critical_path();
     let ms = |d: std::time::Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
     if json {
         let chain: Vec<&str> = path.chain.iter().map(|s| s.what.as_str()).collect();

@@ -24,8 +24,9 @@ struct ToWriters<'s> {
     queues: Vec<crossbeam_channel::Sender<Vec<Decoded<'s>>>>,
     /// How many of the queues (the first ones) are used: the writers at work.
     active: &'s AtomicUsize,
-    /// The writers at work when the pipeline started: above it, the controller found the writes
-    /// waiting, not computing, and batches go round the writers (see `blobs`).
+    /// The writers the restore started with (`--write-threads`' default, where the controller
+    /// starts): above it, the controller found the writes waiting, not computing, and batches
+    /// go round the writers (see `blobs`).
     at_start: usize,
     /// Batches handed on so far (for going round).
     handed: &'s AtomicUsize,
@@ -58,9 +59,9 @@ impl<'s> Sink<'s> for ToWriters<'s> {
 }
 
 /// Runs fetch, decode and write, with `create` (which opens `sh.dirs_ready`) on a thread of
-/// its own alongside. With a writers' `tuner` (no `--write-threads`), it starts
-/// [`writers::most_writers`] writers, puts the tuner's limit of them to work and lets it move
-/// that; returns what it changed.
+/// its own alongside. With a writers' `tuner` (no `--write-threads`), it starts the most
+/// writers the tuner may put to work, puts its limit of them to work and lets it move that;
+/// returns what it changed.
 pub fn run(
     sh: &Shared<'_>,
     opts: &RestoreOptions,
@@ -75,10 +76,9 @@ pub fn run(
         return Vec::new();
     }
     let (writers, at_work) = match &tuner {
-        Some(c) => (writers::most_writers(opts.write_threads), c.limit()),
+        Some(c) => (c.most(), c.limit()),
         None => (opts.write_threads.max(1), opts.write_threads.max(1)),
     };
-    let at_work = at_work.min(writers);
     let active = &AtomicUsize::new(at_work);
     let handed = &AtomicUsize::new(0);
     let finished = &AtomicBool::new(false);
@@ -91,8 +91,8 @@ pub fn run(
         workers.extend(sh.reader.start(s, &sh.fetches.reads, opts.fetch_concurrency, opts.decode_threads, sink));
         for (i, rx) in writer_queues.into_iter().enumerate() {
             // A writer not at work yet does not count its wait as the stage's idle time.
-            let at_start = i < at_work;
-            workers.push(spawn_named(s, "write", move || write::write_worker(sh, rx, at_start)));
+            let working = i < at_work;
+            workers.push(spawn_named(s, "write", move || write::write_worker(sh, rx, working)));
         }
         let decoders = opts.decode_threads.max(1);
         let tune = tuner.map(|c| s.spawn(move || tune_writers(sh, c, active, finished, decoders)));

@@ -23,24 +23,23 @@ use crate::chunker::is_zero;
 use crate::profile::work;
 use crate::read::Decoded;
 
-/// Runs until `input` is drained. A writer not `at_work` from the start (one the writers'
+/// Runs until `input` is drained. A writer not `working` from the start (one the writers'
 /// controller may put to work later) counts no idle time until its first blobs arrive.
-pub fn write_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Vec<Decoded<'s>>>, at_work: bool) {
+pub fn write_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Vec<Decoded<'s>>>, mut working: bool) {
     let clock = &sh.write_clock;
     let t = Instant::now();
     sh.dirs_ready.wait(); // the directories are made alongside the first fetches
-    if at_work {
+    if working {
         clock.idle(t);
     }
     let mut dirs = ParentDirs::new(sh.target);
-    let mut at_work = at_work;
     loop {
         let t = Instant::now();
         let Ok(batch) = input.recv() else { return };
-        if at_work {
+        if working {
             clock.idle(t);
         }
-        at_work = true;
+        working = true;
         for blob in batch {
             if sh.cancelled() {
                 break;

@@ -139,6 +139,11 @@ impl Controller {
         self.limit
     }
 
+    /// Most writers it may put to work: the writer threads a pipeline starts for it.
+    pub fn most(&self) -> usize {
+        self.most
+    }
+
     /// Looks at one sample; returns the new limit and why, if it changes.
     pub fn step(&mut self, s: &Sample) -> Option<(usize, &'static str)> {
         let rate = s.rate();

@@ -42,16 +42,11 @@ impl RequestTrace {
     }
 
     /// The longest chain of requests, each started after the one before it ended, that all
-    /// ended before the first data fetch started (before now, if none has). Returns the chain,
-    /// oldest first, as each request's operation and path.
-    pub fn critical_path(&self) -> Vec<String> {
-        self.timed_critical_path().chain.into_iter().map(|s| s.what).collect()
-    }
-
-    /// [`RequestTrace::critical_path`] with each request's start and end, and when the first
-    /// data fetch started, as times since the first request recorded started: how long a
-    /// command waited before data flowed, and what for.
-    pub fn timed_critical_path(&self) -> CriticalPath {
+    /// ended before the first data fetch started (before now, if none has): oldest first, each
+    /// request's operation and path with its start and end, and when the first data fetch
+    /// started, as times since the first request recorded started — how long a command waited
+    /// before data flowed, and what for.
+    pub fn critical_path(&self) -> CriticalPath {
         let before = self.first_data.get().copied().unwrap_or_else(Instant::now);
         let requests = self.requests.lock().expect("trace lock");
         let Some(t0) = requests.iter().map(|r| r.start).min() else {
@@ -154,12 +149,13 @@ mod tests {
         assert!(trace.data_fetched());
         let t = Instant::now();
         trace.record(|| "read data/1".into(), t);
-        assert_eq!(trace.critical_path(), ["list keys/", "read keys/1"]);
+        let timed = trace.critical_path();
+        let whats: Vec<&str> = timed.chain.iter().map(|s| s.what.as_str()).collect();
+        assert_eq!(whats, ["list keys/", "read keys/1"]);
         // Timed from the first request's start: in order, the data fetch after the chain.
-        let timed = trace.timed_critical_path();
         assert_eq!(timed.chain[0].start, Duration::ZERO);
         assert!(timed.chain[0].end <= timed.chain[1].start && timed.chain[1].start <= timed.chain[1].end);
         assert!(timed.first_data.unwrap() >= timed.chain[1].end);
-        assert!(RequestTrace::default().timed_critical_path().chain.is_empty());
+        assert!(RequestTrace::default().critical_path().chain.is_empty());
     }
 }
