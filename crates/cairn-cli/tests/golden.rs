@@ -689,3 +689,62 @@ fn snapshot_with_original_golden_vector() {
     let v1 = Snapshot::from_bytes("v1", &bytes[..bytes.len() - 33]).expect("parses");
     assert_eq!(v1, Snapshot { original: None, ..snap });
 }
+
+/// The start hint the golden repository's hint vector should hold: written at 1,700,000,000
+/// and naming the packs its index says hold trees, each to where its last blob ends.
+fn golden_hint(repo: &cairn_core::repository::Repository) -> cairn_core::hint::Hint {
+    repo.load_index().expect("index");
+    let ends = repo.index().pack_ends();
+    let tree_packs = repo
+        .index()
+        .tree_packs()
+        .into_iter()
+        .map(|(no, pack, _)| cairn_core::hint::TreePack { pack, length: ends[no as usize] })
+        .collect();
+    cairn_core::hint::Hint { version: cairn_core::hint::VERSION, written: 1_700_000_000, tree_packs }
+}
+
+/// A copy of the golden repository with `golden/hint-v1.bin` as its start hint.
+fn golden_repository_with_hint() -> (tempfile::TempDir, Cairn) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let repo = tmp.path().join("repo");
+    copy_tree(&golden_dir().join("repo-v1"), &repo);
+    let _ = fs::copy(golden_dir().join("hint-v1.bin"), repo.join("hint"));
+    (tmp, Cairn::new(&repo, GOLDEN_PASSWORD))
+}
+
+/// FORMAT.md §14: the start hint's layout (magic, version, the key file carried, the sealed
+/// body of kind 5) and its body, for the golden repository.
+#[test]
+fn hint_golden_vector() {
+    let bytes = fs::read(golden_dir().join("hint-v1.bin")).expect("golden hint");
+    assert_eq!(&bytes[..9], b"cairnhnt\x01");
+    let parts = cairn_core::hint::split(&bytes).expect("splits");
+    let key_dir = golden_dir().join("repo-v1/keys");
+    let key_file = fs::read_dir(&key_dir).expect("keys").next().expect("a key file").expect("entry").path();
+    assert_eq!(parts.key_file, fs::read(&key_file).expect("key file"), "carries the repository's key file");
+    assert_eq!(parts.key_id().to_hex(), key_file.file_name().unwrap().to_str().unwrap());
+    assert_eq!(&parts.sealed[..6], &[b'C', b'R', b'N', b'S', SealedKind::Hint as u8, 1]);
+
+    let (_tmp, cairn) = golden_repository_with_hint();
+    let (repo, _) = cairn.open();
+    let hint = repo.hint().expect("the golden hint opens").clone();
+    assert!(!hint.tree_packs.is_empty());
+    assert_eq!(hint, golden_hint(&repo));
+    assert!(repo.hint_damage().is_none());
+    let body = sealed::open(repo.key(), SealedKind::Hint, "hint", parts.sealed).expect("opens");
+    assert_eq!(body, hint.to_bytes(), "postcard: version, written, tree packs");
+    assert!(sealed::open(repo.key(), SealedKind::Deletion, "hint", parts.sealed).is_err());
+}
+
+#[test]
+#[ignore = "writes tests/golden/hint-v1.bin: a format change, never done casually"]
+fn generate_hint_vector() {
+    let (_tmp, cairn) = golden_repository_with_hint();
+    let (repo, _) = cairn.open();
+    let key_dir = golden_dir().join("repo-v1/keys");
+    let key_file = fs::read_dir(&key_dir).expect("keys").next().expect("a key file").expect("entry").path();
+    let sealed = sealed::seal(repo.key(), SealedKind::Hint, &golden_hint(&repo).to_bytes());
+    let bytes = cairn_core::hint::join(&fs::read(key_file).expect("key file"), &sealed);
+    fs::write(golden_dir().join("hint-v1.bin"), bytes).expect("write the hint vector");
+}

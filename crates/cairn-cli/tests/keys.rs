@@ -156,3 +156,33 @@ fn the_key_that_opened_last_is_tried_first_and_a_wrong_hint_costs_only_time() {
     first.ok(["--no-cache", "snapshots"]);
     assert!(!hints.exists());
 }
+
+/// The start hint (FORMAT.md §14) carries a copy of the key file that wrote it, tried without
+/// reading `keys/`: it opens the repository only while `keys/` still lists that key file, so a
+/// removed key stops opening it at once, whatever the hint holds. A hint whose key refuses the
+/// password sends the open on to the other key files.
+#[test]
+fn a_key_file_the_start_hint_carries_opens_only_while_it_is_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Cairn::new(&dir.path().join("repo"), "first password");
+    first.init(&[]);
+    let out = first.run_env(&[("CAIRN_NEW_PASSWORD", "second password")], ["key", "add"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let second = with_password(&first, "second password");
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("file"), b"hint").unwrap();
+    // Backed up with the second key: the hint carries it.
+    second.backup(&[&src], &[]);
+    let hint = std::fs::read(dir.path().join("repo/hint")).unwrap();
+    let k2 = in_use(&second);
+    let carried = cairn_core::hint::split(&hint).unwrap().key_id().to_hex();
+    assert!(carried.starts_with(&k2), "the hint carries {carried}, not the key in use {k2}");
+
+    // The first password opens past the hint's key (which refuses it).
+    assert_eq!(first.snapshots().len(), 1);
+    first.ok(["key", "remove", &k2]);
+    assert_eq!(std::fs::read(dir.path().join("repo/hint")).unwrap(), hint, "the hint is unchanged");
+    fails(&second, &["--no-cache", "snapshots"], "wrong password");
+    assert_eq!(first.snapshots().len(), 1);
+}

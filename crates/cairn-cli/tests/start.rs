@@ -334,3 +334,110 @@ fn writes_that_wait_get_more_writers_and_an_explicit_count_is_kept() {
     assert!(!out.status.success() && stderr.contains("CAIRN_INJECT_WRITE_LATENCY"), "{stderr}");
     assert!(!bad_target.exists());
 }
+
+/// The start hint (FORMAT.md §14), written by each backup, carries the key file and names the
+/// tree packs: a cold restore derives the key from the hint's copy and reads those packs beside
+/// the index files. With the index files and the tree pack each held back for a second, the
+/// first data fetch starts after one second with the hint, after two without it (the tree
+/// pack's read then waits for the index, which says where the trees are).
+#[test]
+fn the_start_hint_reads_the_tree_packs_beside_the_index_files() {
+    let base = tempfile::tempdir().unwrap();
+    let src = base.path().join("src");
+    fs::create_dir_all(src.join("a/b")).unwrap();
+    fs::write(src.join("a/b/file"), vec![3u8; 200_000]).unwrap();
+    let cairn = Cairn::new(&base.path().join("repo"), PASSWORD);
+    cairn.init(&[]);
+    cairn.backup(&[&src], &["--threads", "1"]);
+    let before = scan_source(&src);
+    let hint = cairn.repo.join("hint");
+    assert!(hint.exists(), "a backup writes the start hint");
+    // The hint names the packs the index says hold trees, each to where its last blob ends.
+    let (repo, _) = cairn.open();
+    repo.load_index().unwrap();
+    let hinted: Vec<_> = repo.hint().expect("a sound hint").tree_packs.clone();
+    let ends = repo.index().pack_ends();
+    let indexed: Vec<_> =
+        repo.index().tree_packs().into_iter().map(|(no, pack, _)| (pack, ends[no as usize])).collect();
+    assert_eq!(hinted.iter().map(|p| (p.pack, p.length)).collect::<Vec<_>>(), indexed);
+    assert_eq!(hinted.len(), 1, "one backup on one thread writes one tree pack");
+    let tree_pack = hinted[0].pack.to_hex();
+
+    let faults = format!("latency=5ms,stall-read=index/,stall={tree_pack},stall-for=1s");
+    let slow = cairn.clone().with_env("CAIRN_INJECT_FAULTS", &faults);
+    let first_data_ms = |name: &str| {
+        let target = base.path().join(name);
+        let out = slow.ok([
+            "--json",
+            "restore",
+            "latest",
+            "--target",
+            target.to_str().unwrap(),
+            "--profile",
+            "--no-local-data",
+        ]);
+        assert_same(&before, &scan(&restored_path(&target, &src)), true);
+        let trips = out
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|v| v["message_type"] == "round_trips")
+            .unwrap();
+        trips["first_data_ms"].as_f64().unwrap()
+    };
+    let with = first_data_ms("with-hint");
+    assert!((1000.0..1900.0).contains(&with), "with the hint the first data fetch started at {with} ms");
+    fs::remove_file(&hint).unwrap();
+    let without = first_data_ms("without-hint");
+    assert!(without >= 2000.0, "without the hint the first data fetch started at {without} ms");
+}
+
+/// A hint that is stale (older tree packs, packs a prune deleted) or damaged costs the round
+/// trip it would have saved, never the restore: each restore below is exact, and `check` names
+/// a damaged hint in a notice.
+#[test]
+fn a_stale_or_damaged_start_hint_costs_time_never_the_restore() {
+    let base = tempfile::tempdir().unwrap();
+    let (cairn, src) = backed_up(base.path());
+    let hint = cairn.repo.join("hint");
+    let old = fs::read(&hint).unwrap();
+    fs::create_dir_all(src.join("new/deeper")).unwrap();
+    fs::write(src.join("new/deeper/file"), b"new after the hint").unwrap();
+    cairn.backup(&[&src], &["--threads", "1"]);
+    let before = scan_source(&src);
+    let exact = |name: &str| {
+        let target = base.path().join(name);
+        cairn.restore_with("latest", &target, &["--no-local-data"]);
+        assert_same(&before, &scan(&restored_path(&target, &src)), true);
+    };
+    // Older than the snapshot: its tree packs do not hold the new trees.
+    assert_ne!(fs::read(&hint).unwrap(), old);
+    fs::write(&hint, &old).unwrap();
+    exact("stale");
+
+    // Naming packs a prune deleted.
+    for args in [&["forget", "--keep-last", "1"][..], &["prune", "--max-unused", "0%"]] {
+        let out = cairn.run(args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    fs::write(&hint, &old).unwrap();
+    exact("pruned");
+
+    // Damaged in its sealed body: ignored; `check` names it in a notice (exit 0).
+    let mut bad = old.clone();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    fs::write(&hint, &bad).unwrap();
+    exact("damaged");
+    let out = cairn.run(["check"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let said: Vec<&str> = stdout.lines().filter(|l| l.contains("hint")).collect();
+    assert_eq!(said.len(), 1, "{stdout}");
+    assert!(said[0].contains("authentication failed") && said[0].contains("next backup rewrites it"), "{stdout}");
+
+    // Not a hint at all, and gone: as if none were ever written.
+    fs::write(&hint, b"not a hint").unwrap();
+    exact("garbage");
+    fs::remove_file(&hint).unwrap();
+    exact("none");
+}

@@ -32,6 +32,7 @@ pub mod diff;
 pub mod error;
 pub mod find;
 pub mod forget;
+pub mod hint;
 pub mod id;
 pub mod index;
 pub mod keyfile;

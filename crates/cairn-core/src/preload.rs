@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::error::Result;
+use crate::id::PackId;
 use crate::layout::{self, Dir};
 use crate::parallel::map_parallel;
 use crate::storage::{ObjectInfo, Storage};
@@ -40,6 +41,9 @@ pub struct Preload {
     /// The key file that opened the repository last time (`cache::key_hint`): read and tried
     /// at once, beside the listing of `keys/`.
     pub key: Option<crate::id::KeyId>,
+    /// Most bytes of the tree packs the start hint names to read whole once the key opens,
+    /// beside the index files (a restore that reads every tree pack at its start; 0: none).
+    pub tree_packs: u64,
 }
 
 impl Preload {
@@ -64,6 +68,13 @@ impl Preload {
             packs: true,
             ..Preload::default()
         }
+    }
+
+    /// This, with the start hint's tree packs read ahead up to `bytes` (when the files are
+    /// fetched at all: a metadata cache serves the trees otherwise).
+    pub fn with_tree_packs(self, bytes: u64) -> Self {
+        let tree_packs = if self.fetch_files { bytes } else { 0 };
+        Preload { tree_packs, ..self }
     }
 
     fn dirs(&self) -> Vec<Dir> {
@@ -104,6 +115,8 @@ impl Preload {
 pub struct Preloaded {
     listings: Mutex<HashMap<Dir, Vec<ObjectInfo>>>,
     files: Mutex<HashMap<String, Vec<u8>>>,
+    /// Whole tree packs read on the start hint's word, from their first byte.
+    packs: Mutex<HashMap<PackId, Vec<u8>>>,
 }
 
 impl Preloaded {
@@ -151,6 +164,25 @@ impl Preloaded {
     /// The bytes of `path` if they were read ahead (already checked against its name).
     pub fn take_file(&self, path: &str) -> Option<Vec<u8>> {
         self.files.lock().expect("preload lock").remove(path)
+    }
+
+    /// Keeps the first bytes of `pack`, read ahead.
+    pub(crate) fn put_pack(&self, pack: PackId, bytes: Vec<u8>) {
+        self.packs.lock().expect("preload lock").insert(pack, bytes);
+    }
+
+    /// The first `len` bytes of `pack` if at least that many were read ahead (not checked: each
+    /// blob in them is, when it is decrypted).
+    pub(crate) fn take_pack(&self, pack: &PackId, len: u64) -> Option<Vec<u8>> {
+        let mut bytes = self.packs.lock().expect("preload lock").remove(pack)?;
+        let len = usize::try_from(len).ok().filter(|&l| l <= bytes.len())?;
+        bytes.truncate(len);
+        Some(bytes)
+    }
+
+    /// Lets go of the packs read ahead that nothing took (a walk that read its trees otherwise).
+    pub(crate) fn drop_packs(&self) {
+        self.packs.lock().expect("preload lock").clear();
     }
 }
 

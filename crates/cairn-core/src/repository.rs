@@ -65,6 +65,12 @@ pub struct Repository {
     cache: Option<Cache>,
     /// The key file that opened the repository (or was made by `init`).
     key_id: Option<KeyId>,
+    /// That key file's bytes (carried by the start hint this repository writes).
+    key_file: Option<Vec<u8>>,
+    /// The start hint read while opening, if there was a sound one (FORMAT.md §14).
+    hint: Option<crate::hint::Hint>,
+    /// What was wrong with the start hint read while opening, if it was damaged.
+    hint_damage: Option<String>,
     /// Listings and files read ahead while opening, each taken once.
     preloaded: Preloaded,
     /// The deletion manifests [`Repository::deletions`] listed first: what the index was
@@ -99,11 +105,15 @@ impl Repository {
             index: RwLock::new(Index::default()),
             cache: None,
             key_id: None,
+            key_file: None,
+            hint: None,
+            hint_damage: None,
             preloaded: Preloaded::default(),
             deletions_seen: Mutex::new(None),
             link,
         };
-        repo.key_id = Some(repo.add_key(password, opts.kdf)?);
+        let (id, file) = repo.write_key(password, opts.kdf)?;
+        (repo.key_id, repo.key_file) = (Some(id), Some(file));
         let body = serde_json::to_vec(&repo.config).expect("config serializes");
         repo.storage.write(CONFIG, sealed::seal(&repo.key, SealedKind::Config, &body))?;
         Ok(repo)
@@ -111,11 +121,16 @@ impl Repository {
 
     /// Adds a key file for `password`; returns its ID.
     pub fn add_key(&self, password: &[u8], kdf: KdfParams) -> Result<KeyId> {
+        Ok(self.write_key(password, kdf)?.0)
+    }
+
+    /// Writes a key file for `password`; returns its ID and bytes.
+    fn write_key(&self, password: &[u8], kdf: KdfParams) -> Result<(KeyId, Vec<u8>)> {
         let kf = KeyFile::create(&self.key, password, kdf, crate::platform::now_rfc3339())?;
         let bytes = kf.to_bytes();
         let id = KeyId::hash_of(&bytes);
-        self.storage.write(&layout::key_path(&id), bytes)?;
-        Ok(id)
+        self.storage.write(&layout::key_path(&id), bytes.clone())?;
+        Ok((id, bytes))
     }
 
     /// Opens a repository: finds a key file that `password` unlocks, then reads the config.
@@ -137,13 +152,74 @@ impl Repository {
                 .name("cairn-preload".into())
                 .spawn_scoped(s, || Preloaded::fetch(&*storage, preload, threads));
             let opened = Self::open_keyed(storage.clone(), link, password, preload.key.as_ref());
+            // The tree packs the start hint names are read beside the index files.
+            let packs = match &opened {
+                Ok(repo) => repo.read_hinted_tree_packs(preload.tree_packs, threads),
+                Err(_) => Vec::new(),
+            };
             // Without a thread nothing is read ahead; the repository reads as usual.
-            let preloaded = ahead.map(|t| t.join().expect("the read-ahead panicked")).unwrap_or_default();
+            let preloaded: Preloaded = ahead.map(|t| t.join().expect("the read-ahead panicked")).unwrap_or_default();
+            packs.into_iter().for_each(|(pack, bytes)| preloaded.put_pack(pack, bytes));
             (opened, preloaded)
         });
         let mut repo = opened?;
         repo.preloaded = preloaded;
         Ok(repo)
+    }
+
+    /// Reads whole, side by side, the tree packs the start hint names, if they come to at most
+    /// `max` bytes; what fails is left out (the walk reads those trees through the index).
+    fn read_hinted_tree_packs(&self, max: u64, threads: usize) -> Vec<(PackId, Vec<u8>)> {
+        let Some(hint) = &self.hint else { return Vec::new() };
+        let total = hint.tree_packs.iter().fold(0u64, |t, p| t.saturating_add(p.length));
+        if max == 0 || hint.tree_packs.is_empty() || total > max {
+            return Vec::new();
+        }
+        let threads = threads.max(hint.tree_packs.len());
+        let read = map_parallel(&hint.tree_packs, threads, |p| {
+            self.storage.read_range(&pack_path(&p.pack), 0, p.length).ok().filter(|b| b.len() as u64 == p.length)
+        });
+        hint.tree_packs.iter().zip(read).filter_map(|(p, bytes)| Some((p.pack, bytes?))).collect()
+    }
+
+    /// The first `len` bytes of `pack` if the start hint had them read while opening (taken
+    /// once; not verified here: each blob is when it is decrypted).
+    pub(crate) fn take_preloaded_pack(&self, pack: &PackId, len: u64) -> Option<Vec<u8>> {
+        self.preloaded.take_pack(pack, len)
+    }
+
+    /// Lets go of the tree packs the start hint had read that no walk took.
+    pub(crate) fn drop_preloaded_packs(&self) {
+        self.preloaded.drop_packs();
+    }
+
+    /// The start hint read while opening, if it was sound.
+    pub fn hint(&self) -> Option<&crate::hint::Hint> {
+        self.hint.as_ref()
+    }
+
+    /// What was wrong with the start hint read while opening, if it was damaged (ignored).
+    pub fn hint_damage(&self) -> Option<&str> {
+        self.hint_damage.as_deref()
+    }
+
+    /// Writes the start hint (FORMAT.md §14) from the loaded index: the key file that opened the
+    /// repository, and the packs holding its trees when a restore would read them all at its
+    /// start. The one before is deleted first (SFTP's rename does not replace a file); a
+    /// reader in between finds none, which costs it a round trip, nothing else.
+    pub fn write_hint(&self) -> Result<()> {
+        let Some(key_file) = &self.key_file else { return Ok(()) };
+        let ends = self.index().pack_ends();
+        let tree_packs = crate::trees::whole_tree_packs(self, &ends, crate::trees::READ_AHEAD_MAX)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(pack, _, length)| crate::hint::TreePack { pack, length })
+            .collect();
+        let hint =
+            crate::hint::Hint { version: crate::hint::VERSION, written: crate::platform::now_secs(), tree_packs };
+        let bytes = crate::hint::join(key_file, &sealed::seal(&self.key, SealedKind::Hint, &hint.to_bytes()));
+        let _ = self.storage.delete(crate::hint::PATH);
+        self.storage.write(crate::hint::PATH, bytes)
     }
 
     fn open_keyed(
@@ -162,7 +238,7 @@ impl Repository {
             let key = unlock(&*storage, password, hint);
             Ok::<_, Error>((config.join().expect("the config reader panicked"), key))
         })?;
-        let (key, key_id) = match key? {
+        let Unlocked { key, id: key_id, file: key_file, hint } = match key? {
             Some(k) => k,
             // Without key files or config there is no repository here.
             None if matches!(config_bytes, Err(Error::NotFound(_))) => {
@@ -190,6 +266,12 @@ impl Repository {
             Some(k) => key.with_chunk_id_key(k),
             None => key,
         };
+        // A damaged hint is ignored (it only saves a round trip); `check` reports it.
+        let (hint, hint_damage) = match hint.map(|bytes| open_hint(&key, &bytes)) {
+            None => (None, None),
+            Some(Ok(h)) => (Some(h), None),
+            Some(Err(e)) => (None, Some(e.to_string())),
+        };
         Ok(Repository {
             storage,
             key,
@@ -197,6 +279,9 @@ impl Repository {
             index: RwLock::new(Index::default()),
             cache: None,
             key_id,
+            key_file: Some(key_file),
+            hint,
+            hint_damage,
             preloaded: Preloaded::default(),
             deletions_seen: Mutex::new(None),
             link,
@@ -674,7 +759,8 @@ impl Repository {
     /// first, then the old one removed, so one of the two always opens the repository. Returns
     /// the new key's ID.
     pub fn change_password(&mut self, password: &[u8], kdf: KdfParams) -> Result<KeyId> {
-        let new = self.add_key(password, kdf)?;
+        let (new, file) = self.write_key(password, kdf)?;
+        self.key_file = Some(file);
         if let Some(old) = self.key_id.replace(new) {
             self.storage.delete(&layout::key_path(&old))?;
         }
@@ -737,25 +823,40 @@ fn repository_objects(storage: &dyn Storage) -> Result<String> {
 /// Finds the key file that `password` unlocks, with its ID; `None` when there are no key files.
 /// The `hint` (the key file that opened this repository last time) is read and tried beside
 /// the listing of `keys/`: when it opens, the open waits one round trip for its key, not two.
-fn unlock(storage: &dyn Storage, password: &[u8], hint: Option<&KeyId>) -> Result<Option<(MasterKey, Option<KeyId>)>> {
+/// A key file's master key, the file's ID (none for a key from elsewhere) and bytes, and the
+/// start hint read beside the key files (FORMAT.md §14), if there is one.
+struct Unlocked {
+    key: MasterKey,
+    id: Option<KeyId>,
+    file: Vec<u8>,
+    hint: Option<Vec<u8>>,
+}
+
+/// Finds the key file `password` opens. The listing of `keys/` and the start hint are read side
+/// by side (and the key file `cached` names, the one that opened the repository last time on
+/// this machine): a key file the hint carries is tried as soon as the listing shows it is still
+/// a key of the repository, without reading it again.
+fn unlock(storage: &dyn Storage, password: &[u8], cached: Option<&KeyId>) -> Result<Option<Unlocked>> {
+    let try_bytes = |path: &str, bytes: &[u8]| KeyFile::parse(path, bytes).and_then(|kf| kf.unwrap_key(path, password));
     let try_key = |path: &str| {
-        read_checked(storage, path)
-            .and_then(|bytes| KeyFile::parse(path, &bytes))
-            .and_then(|kf| kf.unwrap_key(path, password))
+        let bytes = read_checked(storage, path)?;
+        Ok(try_bytes(path, &bytes)?.map(|k| (k, bytes)))
     };
-    let hinted = hint.map(layout::key_path);
-    let (mut tried, listed) = std::thread::scope(|s| {
-        let Some(path) = hinted.as_deref() else { return (None, None) };
+    let mut hinted = cached.map(layout::key_path);
+    let (mut tried, listed, hint) = std::thread::scope(|s| {
         let listing = s.spawn(|| storage.list(Dir::Keys.name()));
-        let tried = try_key(path);
-        if matches!(tried, Ok(Some(_))) {
+        // Missing (a repository no backup wrote to since hints exist) or unreadable: no hint.
+        let hint = s.spawn(|| storage.read(crate::hint::PATH).ok());
+        let tried = hinted.as_deref().map(try_key);
+        let hint = hint.join().expect("the hint reader panicked");
+        if matches!(tried, Some(Ok(Some(_)))) {
             // The listing is not needed (the scope still waits for it: it ran beside).
-            return (Some(tried), None);
+            return (tried, None, hint);
         }
-        (Some(tried), Some(listing.join().expect("the key listing panicked")))
+        (tried, Some(listing.join().expect("the key listing panicked")), hint)
     });
-    if let Some(Ok(Some(key))) = tried {
-        return Ok(Some((key, hint.copied())));
+    if let Some(Ok(Some((key, file)))) = tried {
+        return Ok(Some(Unlocked { key, id: cached.copied(), file, hint }));
     }
     let keys = match listed {
         Some(listed) => listed?,
@@ -764,21 +865,45 @@ fn unlock(storage: &dyn Storage, password: &[u8], hint: Option<&KeyId>) -> Resul
     if keys.is_empty() {
         return Ok(None);
     }
+    // The hint's key file, if `keys/` lists it and no cached one was tried: tried now, from the
+    // hint's copy (its name is the hash of those bytes, so they are that file's).
+    if tried.is_none() {
+        let carried = hint.as_deref().and_then(|h| crate::hint::split(h).ok()).map(|p| p.key_file.to_vec());
+        if let Some(file) = carried {
+            let path = layout::key_path(&KeyId::hash_of(&file));
+            if keys.iter().any(|o| o.path == path) {
+                tried = Some(try_bytes(&path, &file).map(|k| k.map(|k| (k, file))));
+                hinted = Some(path);
+            }
+        }
+        if let Some(Ok(Some((key, file)))) = tried {
+            let id = hinted.as_deref().and_then(layout::parse_key_path);
+            return Ok(Some(Unlocked { key, id, file, hint }));
+        }
+    }
     let mut damaged = Vec::new();
     let mut intact = 0;
     for obj in keys {
-        // The hinted key file was tried already: what it said counts once.
+        // The key file tried already: what it said counts once.
         let found = match tried.take_if(|_| hinted.as_deref() == Some(obj.path.as_str())) {
             Some(found) => found,
             None => try_key(&obj.path),
         };
         match found {
-            Ok(Some(k)) => return Ok(Some((k, layout::parse_key_path(&obj.path)))),
+            Ok(Some((key, file))) => {
+                return Ok(Some(Unlocked { key, id: layout::parse_key_path(&obj.path), file, hint }))
+            }
             Ok(None) => intact += 1,
             Err(e) => damaged.push((obj.path, e)),
         }
     }
     Err(no_key_opens(storage.location(), intact, damaged))
+}
+
+/// The body of a stored start hint, or what is wrong with it.
+fn open_hint(key: &MasterKey, bytes: &[u8]) -> Result<crate::hint::Hint> {
+    let parts = crate::hint::split(bytes)?;
+    crate::hint::Hint::from_bytes(&sealed::open(key, SealedKind::Hint, crate::hint::PATH, parts.sealed)?)
 }
 
 /// Why no key file opened: the password is wrong (`intact` key files refused it), key files

@@ -28,6 +28,8 @@ pub enum SealedKind {
     Snapshot = 3,
     /// A prune's deletion manifest.
     Deletion = 4,
+    /// The body of the start hint (FORMAT.md §14).
+    Hint = 5,
 }
 
 /// Encrypts `body` as a sealed file of `kind`, compressing it with zstd when that helps.
@@ -121,7 +123,8 @@ mod tests {
                 Just(SealedKind::Config),
                 Just(SealedKind::Index),
                 Just(SealedKind::Snapshot),
-                Just(SealedKind::Deletion)
+                Just(SealedKind::Deletion),
+                Just(SealedKind::Hint)
             ]
         }
 

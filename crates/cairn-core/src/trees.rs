@@ -63,10 +63,10 @@ pub struct Loading {
 
 /// Most bytes of tree packs one walk reads ahead and holds (the Linux tree's trees take about
 /// 5 MiB stored; a walk of many snapshots holds at most this much beyond the trees it loads).
-const READ_AHEAD_MAX: u64 = 64 * 1024 * 1024;
+pub(crate) const READ_AHEAD_MAX: u64 = 64 * 1024 * 1024;
 
 /// Most tree packs [`ReadAhead::all_tree_packs`] reads at once at the start of a walk.
-const ALL_TREE_PACKS: usize = 16;
+pub(crate) const ALL_TREE_PACKS: usize = 16;
 
 /// Tree pack bytes read ahead by one walk: the ranges read, by pack, the packs already read
 /// whole (each at most once), those whose whole read is still in flight, and where each pack's
@@ -188,20 +188,8 @@ impl ReadAhead {
     /// for one round trip, however many packs its levels lead through one after another.
     /// Registered as in flight, so the first trees wanted wait for these reads. None otherwise.
     pub(crate) fn all_tree_packs(&self, repo: &Repository) -> Vec<PackRead> {
-        let tree_packs = repo.index().tree_packs();
-        if tree_packs.len() > ALL_TREE_PACKS {
-            return Vec::new();
-        }
         let ends = self.pack_ends.get_or_init(|| repo.index().pack_ends());
-        let packs: Vec<_> = tree_packs
-            .into_iter()
-            .map(|(pack_no, pack, salt)| (pack, salt, ends.get(pack_no as usize).copied().unwrap_or(0)))
-            .collect();
-        let pack_size = u64::from(repo.config().pack_size) * 5 / 4;
-        let total: u64 = packs.iter().map(|p| p.2).sum();
-        if packs.iter().any(|p| p.2 > pack_size) || total > self.max() {
-            return Vec::new();
-        }
+        let Some(packs) = whole_tree_packs(repo, ends, self.max()) else { return Vec::new() };
         let mut state = self.held.lock().expect("read-ahead lock");
         let mut read = self.packs.lock().expect("read-ahead lock");
         packs
@@ -262,6 +250,29 @@ impl ReadAhead {
         let gone = std::mem::take(&mut self.held.lock().expect("read-ahead lock").ranges);
         gone.into_iter().for_each(|h| self.free(h));
     }
+}
+
+/// The packs holding `repo`'s trees (its index loaded; `ends` is where each pack's blobs end),
+/// with their salts and ends, when a walk reads them all whole at its start: at most
+/// [`ALL_TREE_PACKS`], each no larger than the target pack size (a little over counts: the
+/// packer closes a pack past it), `max` bytes together. `None` otherwise. The start hint names
+/// the same packs (FORMAT.md §14).
+pub(crate) fn whole_tree_packs(
+    repo: &Repository,
+    ends: &[u64],
+    max: u64,
+) -> Option<Vec<(PackId, [u8; crate::crypto::SALT_LEN], u64)>> {
+    let tree_packs = repo.index().tree_packs();
+    if tree_packs.len() > ALL_TREE_PACKS {
+        return None;
+    }
+    let packs: Vec<_> = tree_packs
+        .into_iter()
+        .map(|(pack_no, pack, salt)| (pack, salt, ends.get(pack_no as usize).copied().unwrap_or(0)))
+        .collect();
+    let pack_size = u64::from(repo.config().pack_size) * 5 / 4;
+    let total: u64 = packs.iter().map(|p| p.2).sum();
+    (!packs.iter().any(|p| p.2 > pack_size) && total <= max).then_some(packs)
 }
 
 /// Bytes one tree-loading thread holds at most: a read of up to [`TREE_READ_MAX`] stored bytes
@@ -513,8 +524,14 @@ fn decode_held<T: TreeForm>(repo: &Repository, loc: &BlobLocation, bytes: &[u8],
 fn read_trees<T: TreeForm>(repo: &Repository, read: &PackRead, ahead: &ReadAhead) -> Result<Vec<(BlobId, T)>> {
     let path = pack_path(&read.pack);
     let key = repo.key().object_key(&read.salt);
+    // A whole pack the start hint had read while the repository opened is taken from there
+    // (once: a damaged copy is read again from the storage).
+    let mut opened = if read.offset == 0 { repo.take_preloaded_pack(&read.pack, read.length) } else { None };
     let trees = crate::repository::retry_damaged(|| {
-        let bytes = Arc::new(repo.storage().read_range(&path, read.offset, read.length)?);
+        let bytes = Arc::new(match opened.take() {
+            Some(b) => b,
+            None => repo.storage().read_range(&path, read.offset, read.length)?,
+        });
         ahead.hold(read, &bytes);
         read.blobs
             .iter()

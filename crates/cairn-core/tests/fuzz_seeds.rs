@@ -19,7 +19,7 @@ use cairn_core::keyfile::KeyFile;
 use cairn_core::pack::{read_header, BlobKind, ENTRY_LEN, TRAILER_LEN};
 use cairn_core::sealed::{self, SealedKind};
 
-const TARGETS: [&str; 13] = [
+const TARGETS: [&str; 14] = [
     "keyfile",
     "lock",
     "sealed",
@@ -29,6 +29,7 @@ const TARGETS: [&str; 13] = [
     "tree",
     "snapshot",
     "deletion",
+    "hint",
     "config",
     "decompress",
     "blob_decode",
@@ -120,6 +121,21 @@ fn generate_fuzz_seeds() {
     };
     out.put("deletion", "two-packs-v1", &manifest(vec![[1; 32], [3; 32]], vec![[2; 32]]));
     out.put("deletion", "empty-v1", &manifest(vec![], vec![]));
+    // The start hint: the golden vector (sealed under the golden repository's key: it splits,
+    // its body does not open under 0x42), one sealed under 0x42 carrying the golden key file,
+    // and bodies.
+    let golden_hint = fs::read(g.join("hint-v1.bin")).unwrap();
+    out.put("hint", "golden-v1", &cat(&[&[0], &golden_hint]));
+    let golden_body =
+        sealed::open(&master, SealedKind::Hint, "hint", cairn_core::hint::split(&golden_hint).unwrap().sealed).unwrap();
+    out.put("hint", "body-golden-v1", &cat(&[&[1], &golden_body]));
+    out.put(
+        "hint",
+        "sealed-42",
+        &cat(&[&[0], &cairn_core::hint::join(&keyfile, &sealed::seal(&k42, SealedKind::Hint, &golden_body))]),
+    );
+    let empty = cairn_core::hint::Hint { version: cairn_core::hint::VERSION, written: 0, tree_packs: Vec::new() };
+    out.put("hint", "body-empty", &cat(&[&[1], &empty.to_bytes()]));
     let (pack_name, pack) = only_file(&repo.join("data"));
     let (salt, entries) = read_header(&master, "p", &pack).unwrap();
     let okey = master.object_key(&salt);

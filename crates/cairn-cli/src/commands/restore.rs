@@ -120,10 +120,13 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     // (docs/DESIGN.md, "Starting at once"). Once the restore reads nothing more from the
     // repository, the lock is let go beside its last writes (one round trip off its end).
     let progress = Progress::default();
+    let tree_packs = restore::tree_pack_share(opts.max_memory);
     let (repo, held, (id, result)) = open_locked_releasing(
         g,
         LockKind::Shared,
-        |cached| Preload::snapshot(name, !cached),
+        // The tree packs the start hint names are read beside the index, within the share the
+        // walk would give them.
+        |cached| Preload::snapshot(name, !cached).with_tree_packs(tree_packs),
         Some(&cancel),
         Some(&progress.reads_over),
         |repo| {

@@ -63,6 +63,9 @@ pub enum FindingKind {
     /// A prune's deletion manifest does not decrypt or parse (a notice: it is ignored, its packs
     /// stay, and the next prune removes it).
     DamagedDeletion,
+    /// The start hint does not parse or decrypt (a notice: it is ignored, and the next backup
+    /// rewrites it).
+    DamagedHint,
     /// Blobs stored in more than one pack (a notice: concurrent backups do this).
     DuplicateBlob,
     /// A blob some snapshot needs is in no index.
@@ -119,7 +122,10 @@ pub struct Finding {
 impl Finding {
     fn new(kind: FindingKind, file: Option<String>, message: String) -> Self {
         let severity = match kind {
-            FindingKind::UnindexedPack | FindingKind::DuplicateBlob | FindingKind::DamagedDeletion => Severity::Notice,
+            FindingKind::UnindexedPack
+            | FindingKind::DuplicateBlob
+            | FindingKind::DamagedDeletion
+            | FindingKind::DamagedHint => Severity::Notice,
             _ => Severity::Error,
         };
         Finding { kind, severity, file, blob: None, message, affected: Vec::new(), blobs: Vec::new() }
@@ -314,6 +320,13 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
         (keys.join().expect(panicked), index, snapshots.join().expect(panicked), listed.join().expect(panicked))
     });
     report.findings.extend(keys?);
+    if let Some(why) = repo.hint_damage() {
+        report.findings.push(Finding::new(
+            FindingKind::DamagedHint,
+            Some(crate::hint::PATH.into()),
+            format!("{why}; ignored, and the next backup rewrites it"),
+        ));
+    }
     let ((packs, doomed), found) = index?;
     report.findings.extend(found);
     let (snapshots, found) = snapshots?;

@@ -265,6 +265,12 @@ pub fn copy(
         copies.insert(source, copy);
         report.copied.push(Copied { source, copy, snapshot });
     }
+    if !report.copied.is_empty() {
+        // As after a backup: the destination's start hint names its tree packs as they now are.
+        if let Err(e) = dst.write_hint() {
+            tracing::warn!("the destination's start hint was not written ({e}); the copies are saved");
+        }
+    }
     report.blobs_written = dest.blobs_written.load(Ordering::Relaxed);
     report.bytes_read = progress.read_bytes.load(Ordering::Relaxed);
     report.bytes_written = progress.written.bytes();

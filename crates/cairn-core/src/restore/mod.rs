@@ -56,6 +56,12 @@ use crate::repository::Repository;
 use crate::snapshot::Snapshot;
 use batch::Run;
 
+/// Bytes of whole tree packs a restore within `max_memory` holds at its start: what the start
+/// hint may read while the repository opens ([`crate::preload::Preload::with_tree_packs`]).
+pub fn tree_pack_share(max_memory: u64) -> u64 {
+    plan::BatchLimit::for_memory(max_memory).tree_packs()
+}
+
 /// Restores `snapshot` (named `name` in messages), or its `path` (absolute inside the
 /// snapshot), into `target`.
 ///

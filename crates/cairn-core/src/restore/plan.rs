@@ -273,8 +273,10 @@ pub fn stream(
                 b.add_node(*node, Path::new(""), &abs, false)?;
             }
         }
-        // The tree packs read ahead are not needed once the walk is over.
+        // The tree packs read ahead are not needed once the walk is over (nor those the start
+        // hint had read that the walk did not take).
         loading.read_ahead.release();
+        repo.drop_preloaded_packs();
         let last = std::mem::take(&mut b.plan);
         (b.emit)(last);
         Ok(())

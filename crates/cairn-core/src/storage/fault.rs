@@ -25,6 +25,9 @@ pub struct Faults {
     pub corrupt_every: u64,
     /// Ranged reads of objects whose path contains this string hang for `stall_for`.
     pub stall_path: Option<String>,
+    /// Whole-object reads of objects whose path contains this string hang for `stall_for` (a
+    /// test makes one file arrive last, e.g. the index files, to see what runs beside them).
+    pub stall_read: Option<String>,
     /// Writes of objects whose path contains this string hang for `stall_for` first (a test
     /// holds a process at a chosen moment, e.g. a backup just before its snapshot is written).
     pub stall_write: Option<String>,
@@ -36,7 +39,7 @@ pub struct Faults {
 
 impl Faults {
     /// Parses `key=value` pairs separated by commas: `latency=50ms`, `fail-every=N`,
-    /// `truncate-every=N`, `corrupt-every=N`, `stall=PATH-SUBSTRING` (ranged reads),
+    /// `truncate-every=N`, `corrupt-every=N`, `stall=PATH-SUBSTRING` (ranged reads), `stall-read=PATH-SUBSTRING` (whole reads),
     /// `stall-write=PATH-SUBSTRING`, `stall-delete=PATH-SUBSTRING`, `stall-for=10s`.
     pub fn parse(spec: &str) -> Result<Self> {
         let mut f = Faults::default();
@@ -51,6 +54,7 @@ impl Faults {
                 "truncate-every" => f.truncate_every = num()?,
                 "corrupt-every" => f.corrupt_every = num()?,
                 "stall" => f.stall_path = Some(v.to_string()),
+                "stall-read" => f.stall_read = Some(v.to_string()),
                 "stall-write" => f.stall_write = Some(v.to_string()),
                 "stall-delete" => f.stall_delete = Some(v.to_string()),
                 _ => return Err(bad(part)),
@@ -132,7 +136,10 @@ impl<S: Storage> Storage for FaultyStorage<S> {
     }
 
     fn read(&self, path: &str) -> Result<Vec<u8>> {
-        let mut data = self.request("read", path, || self.inner.read(path))?;
+        let mut data = self.request("read", path, || {
+            self.stall(&self.faults.stall_read, path);
+            self.inner.read(path)
+        })?;
         self.mangle(path, &mut data, false)?;
         Ok(data)
     }
@@ -197,7 +204,11 @@ mod tests {
 
     #[test]
     fn parse_spec() {
-        let f = Faults::parse("latency=50ms, fail-every=3,stall=data/,stall-for=2s,stall-write=snapshots/").unwrap();
+        let f = Faults::parse(
+            "latency=50ms, fail-every=3,stall=data/,stall-for=2s,stall-write=snapshots/,stall-read=index/",
+        )
+        .unwrap();
+        assert_eq!(f.stall_read.as_deref(), Some("index/"));
         assert_eq!(f.stall_write.as_deref(), Some("snapshots/"));
         assert_eq!(f.latency, Duration::from_millis(50));
         assert_eq!(f.fail_every, 3);
