@@ -115,8 +115,6 @@ impl Preload {
 pub struct Preloaded {
     listings: Mutex<HashMap<Dir, Vec<ObjectInfo>>>,
     files: Mutex<HashMap<String, Vec<u8>>>,
-    /// Whole tree packs read on the start hint's word, from their first byte.
-    packs: Mutex<HashMap<PackId, Vec<u8>>>,
 }
 
 impl Preloaded {
@@ -165,24 +163,66 @@ impl Preloaded {
     pub fn take_file(&self, path: &str) -> Option<Vec<u8>> {
         self.files.lock().expect("preload lock").remove(path)
     }
+}
 
-    /// Keeps the first bytes of `pack`, read ahead.
-    pub(crate) fn put_pack(&self, pack: PackId, bytes: Vec<u8>) {
-        self.packs.lock().expect("preload lock").insert(pack, bytes);
+/// Whole tree packs read on the start hint's word (FORMAT.md §14), from their first byte. The
+/// reads start once the key opens and run on threads of their own, not waited for by the open:
+/// a read that stalls then stalls the walk that takes it, where the restore's watchdog reports
+/// it and SIGINT stops it, not the open. Each pack is taken once; a taker of a pack whose read
+/// is still in flight waits for it.
+#[derive(Default)]
+pub struct HintedPacks {
+    /// Pack → `None` while its read is in flight, then its bytes (or `None` if it failed).
+    slots: Mutex<HashMap<PackId, Option<Option<Vec<u8>>>>>,
+    landed: std::sync::Condvar,
+}
+
+impl HintedPacks {
+    /// Starts reading `length` bytes from the start of each pack, each on a thread of its own
+    /// (there are at most [`crate::hint::TREE_PACKS_MAX`]). A pack whose thread cannot start is
+    /// left out.
+    pub(crate) fn start(storage: std::sync::Arc<dyn Storage>, packs: &[crate::hint::TreePack]) -> std::sync::Arc<Self> {
+        let out = std::sync::Arc::new(HintedPacks::default());
+        for p in packs {
+            out.slots.lock().expect("hinted packs lock").insert(p.pack, None);
+            let (storage, out2, p) = (storage.clone(), out.clone(), *p);
+            let started = std::thread::Builder::new().name("cairn-hinted".into()).spawn(move || {
+                let read = storage.read_range(&crate::layout::pack_path(&p.pack), 0, p.length);
+                let bytes = read.ok().filter(|b| b.len() as u64 == p.length);
+                let mut slots = out2.slots.lock().expect("hinted packs lock");
+                // Gone if the walk let go of the packs meanwhile.
+                if let Some(slot) = slots.get_mut(&p.pack) {
+                    *slot = Some(bytes);
+                }
+                out2.landed.notify_all();
+            });
+            if started.is_err() {
+                out.slots.lock().expect("hinted packs lock").remove(&p.pack);
+            }
+        }
+        out
     }
 
-    /// The first `len` bytes of `pack` if at least that many were read ahead (not checked: each
-    /// blob in them is, when it is decrypted).
-    pub(crate) fn take_pack(&self, pack: &PackId, len: u64) -> Option<Vec<u8>> {
-        let mut bytes = self.packs.lock().expect("preload lock").remove(pack)?;
+    /// The first `len` bytes of `pack` if it was read on the hint's word (waiting for its read
+    /// if that is in flight) and at least that many came back. Not checked here: each blob in
+    /// them is, when it is decrypted.
+    pub(crate) fn take(&self, pack: &PackId, len: u64) -> Option<Vec<u8>> {
+        let mut slots = self.slots.lock().expect("hinted packs lock");
+        let mut bytes = loop {
+            match slots.get(pack)? {
+                None => slots = self.landed.wait(slots).expect("hinted packs lock"),
+                Some(_) => break slots.remove(pack).flatten().flatten()?,
+            }
+        };
         let len = usize::try_from(len).ok().filter(|&l| l <= bytes.len())?;
         bytes.truncate(len);
         Some(bytes)
     }
 
-    /// Lets go of the packs read ahead that nothing took (a walk that read its trees otherwise).
-    pub(crate) fn drop_packs(&self) {
-        self.packs.lock().expect("preload lock").clear();
+    /// Lets go of the packs nothing took (a walk that read its trees otherwise), landed or not.
+    pub(crate) fn clear(&self) {
+        self.slots.lock().expect("hinted packs lock").clear();
+        self.landed.notify_all();
     }
 }
 
@@ -200,6 +240,35 @@ mod tests {
         assert!(Preload::snapshot("latest", true).wants(Dir::Snapshots, &path('c')));
         assert!(!Preload::snapshot("latest", false).wants(Dir::Index, "index/x"));
         assert_eq!(Preload::none().dirs(), []);
+    }
+
+    /// A hinted pack is taken once, whole or as a prefix, after its read lands; a pack that
+    /// is missing or shorter than the hint says is not there to take.
+    #[test]
+    fn hinted_packs_are_taken_once_and_only_as_read() {
+        use crate::hint::TreePack;
+        let dir = tempfile::tempdir().unwrap();
+        let storage: std::sync::Arc<dyn Storage> =
+            std::sync::Arc::new(crate::storage::OpendalStorage::local(dir.path().to_str().unwrap()).unwrap());
+        storage.create().unwrap();
+        let (here, short, gone) = (PackId([0xab; 32]), PackId([0xcd; 32]), PackId([0xef; 32]));
+        let bytes: Vec<u8> = (0..100u8).collect();
+        storage.write(&layout::pack_path(&here), bytes.clone()).unwrap();
+        storage.write(&layout::pack_path(&short), bytes.clone()).unwrap();
+        let packs = [
+            TreePack { pack: here, length: 100 },
+            TreePack { pack: short, length: 200 },
+            TreePack { pack: gone, length: 10 },
+        ];
+        let hinted = HintedPacks::start(storage.clone(), &packs);
+        assert_eq!(hinted.take(&here, 60), Some(bytes[..60].to_vec()));
+        assert_eq!(hinted.take(&here, 60), None, "taken once");
+        assert_eq!(hinted.take(&short, 100), None, "shorter than the hint said");
+        assert_eq!(hinted.take(&gone, 10), None);
+        assert_eq!(hinted.take(&PackId([1; 32]), 10), None, "never hinted");
+        let again = HintedPacks::start(storage, &packs[..1]);
+        again.clear();
+        assert_eq!(again.take(&here, 100), None, "let go");
     }
 
     #[test]

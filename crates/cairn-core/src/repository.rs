@@ -15,7 +15,7 @@ use crate::keyfile::{KdfParams, KeyFile};
 use crate::layout::{self, pack_path, Dir, CONFIG};
 use crate::pack::{decode_blob, verify_stored, BlobEntry, BlobKind, PackWriter};
 use crate::parallel::map_parallel;
-use crate::preload::{Preload, Preloaded};
+use crate::preload::{HintedPacks, Preload, Preloaded};
 use crate::sealed::{self, SealedKind};
 use crate::snapshot::Snapshot;
 use crate::storage::{LinkMeter, MeteredStorage, Storage};
@@ -71,6 +71,8 @@ pub struct Repository {
     hint: Option<crate::hint::Hint>,
     /// What was wrong with the start hint read while opening, if it was damaged.
     hint_damage: Option<String>,
+    /// The tree packs the start hint had read, taken once by the walk.
+    hinted: Arc<HintedPacks>,
     /// Listings and files read ahead while opening, each taken once.
     preloaded: Preloaded,
     /// The deletion manifests [`Repository::deletions`] listed first: what the index was
@@ -108,6 +110,7 @@ impl Repository {
             key_file: None,
             hint: None,
             hint_damage: None,
+            hinted: Arc::default(),
             preloaded: Preloaded::default(),
             deletions_seen: Mutex::new(None),
             link,
@@ -151,15 +154,13 @@ impl Repository {
             let ahead = std::thread::Builder::new()
                 .name("cairn-preload".into())
                 .spawn_scoped(s, || Preloaded::fetch(&*storage, preload, threads));
-            let opened = Self::open_keyed(storage.clone(), link, password, preload.key.as_ref());
+            let mut opened = Self::open_keyed(storage.clone(), link, password, preload.key.as_ref());
             // The tree packs the start hint names are read beside the index files.
-            let packs = match &opened {
-                Ok(repo) => repo.read_hinted_tree_packs(preload.tree_packs, threads),
-                Err(_) => Vec::new(),
-            };
+            if let Ok(repo) = &mut opened {
+                repo.start_hinted_reads(preload.tree_packs);
+            }
             // Without a thread nothing is read ahead; the repository reads as usual.
-            let preloaded: Preloaded = ahead.map(|t| t.join().expect("the read-ahead panicked")).unwrap_or_default();
-            packs.into_iter().for_each(|(pack, bytes)| preloaded.put_pack(pack, bytes));
+            let preloaded = ahead.map(|t| t.join().expect("the read-ahead panicked")).unwrap_or_default();
             (opened, preloaded)
         });
         let mut repo = opened?;
@@ -167,30 +168,25 @@ impl Repository {
         Ok(repo)
     }
 
-    /// Reads whole, side by side, the tree packs the start hint names, if they come to at most
-    /// `max` bytes; what fails is left out (the walk reads those trees through the index).
-    fn read_hinted_tree_packs(&self, max: u64, threads: usize) -> Vec<(PackId, Vec<u8>)> {
-        let Some(hint) = &self.hint else { return Vec::new() };
+    /// Starts reading whole, side by side, the tree packs the start hint names, if they come
+    /// to at most `max` bytes ([`HintedPacks`]: not waited for here).
+    fn start_hinted_reads(&mut self, max: u64) {
+        let Some(hint) = &self.hint else { return };
         let total = hint.tree_packs.iter().fold(0u64, |t, p| t.saturating_add(p.length));
-        if max == 0 || hint.tree_packs.is_empty() || total > max {
-            return Vec::new();
+        if max > 0 && !hint.tree_packs.is_empty() && total <= max {
+            self.hinted = HintedPacks::start(self.storage.clone(), &hint.tree_packs);
         }
-        let threads = threads.max(hint.tree_packs.len());
-        let read = map_parallel(&hint.tree_packs, threads, |p| {
-            self.storage.read_range(&pack_path(&p.pack), 0, p.length).ok().filter(|b| b.len() as u64 == p.length)
-        });
-        hint.tree_packs.iter().zip(read).filter_map(|(p, bytes)| Some((p.pack, bytes?))).collect()
     }
 
-    /// The first `len` bytes of `pack` if the start hint had them read while opening (taken
-    /// once; not verified here: each blob is when it is decrypted).
+    /// The first `len` bytes of `pack` if the start hint had them read (taken once, waiting for
+    /// a read in flight; not verified here: each blob is when it is decrypted).
     pub(crate) fn take_preloaded_pack(&self, pack: &PackId, len: u64) -> Option<Vec<u8>> {
-        self.preloaded.take_pack(pack, len)
+        self.hinted.take(pack, len)
     }
 
     /// Lets go of the tree packs the start hint had read that no walk took.
     pub(crate) fn drop_preloaded_packs(&self) {
-        self.preloaded.drop_packs();
+        self.hinted.clear();
     }
 
     /// The start hint read while opening, if it was sound.
@@ -282,6 +278,7 @@ impl Repository {
             key_file: Some(key_file),
             hint,
             hint_damage,
+            hinted: Arc::default(),
             preloaded: Preloaded::default(),
             deletions_seen: Mutex::new(None),
             link,
