@@ -817,9 +817,6 @@ fn repository_objects(storage: &dyn Storage) -> Result<String> {
     Ok(found.join(", "))
 }
 
-/// Finds the key file that `password` unlocks, with its ID; `None` when there are no key files.
-/// The `hint` (the key file that opened this repository last time) is read and tried beside
-/// the listing of `keys/`: when it opens, the open waits one round trip for its key, not two.
 /// A key file's master key, the file's ID (none for a key from elsewhere) and bytes, and the
 /// start hint read beside the key files (FORMAT.md §14), if there is one.
 struct Unlocked {
@@ -829,10 +826,12 @@ struct Unlocked {
     hint: Option<Vec<u8>>,
 }
 
-/// Finds the key file `password` opens. The listing of `keys/` and the start hint are read side
-/// by side (and the key file `cached` names, the one that opened the repository last time on
-/// this machine): a key file the hint carries is tried as soon as the listing shows it is still
-/// a key of the repository, without reading it again.
+/// Finds the key file `password` opens; `None` when there are no key files. The listing of
+/// `keys/` and the start hint are read side by side, and the key file `cached` names (the one
+/// that opened this repository last time on this machine) is read and tried beside them: when
+/// it opens, the open waits one round trip for its key, not two. Otherwise a key file the hint
+/// carries is tried as soon as the listing shows it is still a key of the repository, without
+/// reading it (one round trip too).
 fn unlock(storage: &dyn Storage, password: &[u8], cached: Option<&KeyId>) -> Result<Option<Unlocked>> {
     let try_bytes = |path: &str, bytes: &[u8]| KeyFile::parse(path, bytes).and_then(|kf| kf.unwrap_key(path, password));
     let try_key = |path: &str| {
