@@ -704,6 +704,12 @@ fn golden_hint(repo: &cairn_core::repository::Repository) -> cairn_core::hint::H
     cairn_core::hint::Hint { version: cairn_core::hint::VERSION, written: 1_700_000_000, tree_packs }
 }
 
+/// The golden repository's one key file.
+fn golden_key_file() -> PathBuf {
+    let keys = golden_dir().join("repo-v1/keys");
+    fs::read_dir(&keys).expect("keys").next().expect("a key file").expect("entry").path()
+}
+
 /// A copy of the golden repository with `golden/hint-v1.bin` as its start hint.
 fn golden_repository_with_hint() -> (tempfile::TempDir, Cairn) {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -720,8 +726,7 @@ fn hint_golden_vector() {
     let bytes = fs::read(golden_dir().join("hint-v1.bin")).expect("golden hint");
     assert_eq!(&bytes[..9], b"cairnhnt\x01");
     let parts = cairn_core::hint::split(&bytes).expect("splits");
-    let key_dir = golden_dir().join("repo-v1/keys");
-    let key_file = fs::read_dir(&key_dir).expect("keys").next().expect("a key file").expect("entry").path();
+    let key_file = golden_key_file();
     assert_eq!(parts.key_file, fs::read(&key_file).expect("key file"), "carries the repository's key file");
     assert_eq!(parts.key_id().to_hex(), key_file.file_name().unwrap().to_str().unwrap());
     assert_eq!(&parts.sealed[..6], &[b'C', b'R', b'N', b'S', SealedKind::Hint as u8, 1]);
@@ -742,8 +747,7 @@ fn hint_golden_vector() {
 fn generate_hint_vector() {
     let (_tmp, cairn) = golden_repository_with_hint();
     let (repo, _) = cairn.open();
-    let key_dir = golden_dir().join("repo-v1/keys");
-    let key_file = fs::read_dir(&key_dir).expect("keys").next().expect("a key file").expect("entry").path();
+    let key_file = golden_key_file();
     let sealed = sealed::seal(repo.key(), SealedKind::Hint, &golden_hint(&repo).to_bytes());
     let bytes = cairn_core::hint::join(&fs::read(key_file).expect("key file"), &sealed);
     fs::write(golden_dir().join("hint-v1.bin"), bytes).expect("write the hint vector");

@@ -35,15 +35,20 @@ fn backed_up(base: &Path) -> (Cairn, std::path::PathBuf) {
     (cairn, src)
 }
 
+/// The `round_trips` record `--profile --json` printed.
+fn round_trips(stdout: &str) -> Value {
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["message_type"] == "round_trips")
+        .unwrap_or_else(|| panic!("no round_trips record in:\n{stdout}"))
+}
+
 /// The requests waited for one after another that `--profile --json` printed (its
 /// `round_trips` record), which must agree with the count printed beside them. Opening and
 /// locking wait for two at least, whatever the command: fewer means the trace missed requests.
 fn serial_chain(stdout: &str) -> Vec<String> {
-    let trips = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|v| v["message_type"] == "round_trips")
-        .unwrap_or_else(|| panic!("no round_trips record in:\n{stdout}"));
+    let trips = round_trips(stdout);
     let chain: Vec<String> =
         trips["chain"].as_array().unwrap().iter().map(|c| c.as_str().unwrap().to_string()).collect();
     assert_eq!(trips["serial_before_data"].as_u64().unwrap() as usize, chain.len());
@@ -377,12 +382,7 @@ fn the_start_hint_reads_the_tree_packs_beside_the_index_files() {
             "--no-local-data",
         ]);
         assert_same(&before, &scan(&restored_path(&target, &src)), true);
-        let trips = out
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .find(|v| v["message_type"] == "round_trips")
-            .unwrap();
-        trips["first_data_ms"].as_f64().unwrap()
+        round_trips(&out)["first_data_ms"].as_f64().unwrap()
     };
     let with = first_data_ms("with-hint");
     assert!((1000.0..1900.0).contains(&with), "with the hint the first data fetch started at {with} ms");

@@ -63,14 +63,11 @@ pub struct Repository {
     config: Config,
     index: RwLock<Index>,
     cache: Option<Cache>,
-    /// The key file that opened the repository (or was made by `init`).
-    key_id: Option<KeyId>,
-    /// That key file's bytes (carried by the start hint this repository writes).
-    key_file: Option<Vec<u8>>,
-    /// The start hint read while opening, if there was a sound one (FORMAT.md §14).
-    hint: Option<crate::hint::Hint>,
-    /// What was wrong with the start hint read while opening, if it was damaged.
-    hint_damage: Option<String>,
+    /// The key file that opened the repository (or was made by `init`): its ID and bytes
+    /// (carried by the start hint this repository writes).
+    key_file: Option<(KeyId, Vec<u8>)>,
+    /// The start hint read while opening (FORMAT.md §14): its body, or what was wrong with it.
+    hint: Option<std::result::Result<crate::hint::Hint, String>>,
     /// The tree packs the start hint had read, taken once by the walk.
     hinted: Arc<HintedPacks>,
     /// Listings and files read ahead while opening, each taken once.
@@ -106,17 +103,14 @@ impl Repository {
             config,
             index: RwLock::new(Index::default()),
             cache: None,
-            key_id: None,
             key_file: None,
             hint: None,
-            hint_damage: None,
             hinted: Arc::default(),
             preloaded: Preloaded::default(),
             deletions_seen: Mutex::new(None),
             link,
         };
-        let (id, file) = repo.write_key(password, opts.kdf)?;
-        (repo.key_id, repo.key_file) = (Some(id), Some(file));
+        repo.key_file = Some(repo.write_key(password, opts.kdf)?);
         let body = serde_json::to_vec(&repo.config).expect("config serializes");
         repo.storage.write(CONFIG, sealed::seal(&repo.key, SealedKind::Config, &body))?;
         Ok(repo)
@@ -171,7 +165,7 @@ impl Repository {
     /// Starts reading whole, side by side, the tree packs the start hint names, if they come
     /// to at most `max` bytes ([`HintedPacks`]: not waited for here).
     fn start_hinted_reads(&mut self, max: u64) {
-        let Some(hint) = &self.hint else { return };
+        let Some(Ok(hint)) = &self.hint else { return };
         let total = hint.tree_packs.iter().fold(0u64, |t, p| t.saturating_add(p.length));
         if max > 0 && !hint.tree_packs.is_empty() && total <= max {
             self.hinted = HintedPacks::start(self.storage.clone(), &hint.tree_packs);
@@ -191,20 +185,27 @@ impl Repository {
 
     /// The start hint read while opening, if it was sound.
     pub fn hint(&self) -> Option<&crate::hint::Hint> {
-        self.hint.as_ref()
+        self.hint.as_ref()?.as_ref().ok()
     }
 
     /// What was wrong with the start hint read while opening, if it was damaged (ignored).
     pub fn hint_damage(&self) -> Option<&str> {
-        self.hint_damage.as_deref()
+        self.hint.as_ref()?.as_ref().err().map(String::as_str)
     }
 
     /// Writes the start hint (FORMAT.md §14) from the loaded index: the key file that opened the
     /// repository, and the packs holding its trees when a restore would read them all at its
     /// start. The one before is deleted first (SFTP's rename does not replace a file); a
-    /// reader in between finds none, which costs it a round trip, nothing else.
-    pub fn write_hint(&self) -> Result<()> {
-        let Some(key_file) = &self.key_file else { return Ok(()) };
+    /// reader in between finds none, which costs it a round trip, nothing else. A hint that
+    /// cannot be written is logged, not an error: what the command saved is whole without it.
+    pub fn write_hint(&self) {
+        if let Err(e) = self.try_write_hint() {
+            tracing::warn!("the start hint was not written ({e}); what was saved is whole without it");
+        }
+    }
+
+    fn try_write_hint(&self) -> Result<()> {
+        let Some((_, key_file)) = &self.key_file else { return Ok(()) };
         let ends = self.index().pack_ends();
         let tree_packs = crate::trees::whole_tree_packs(self, &ends, crate::trees::READ_AHEAD_MAX)
             .unwrap_or_default()
@@ -234,7 +235,7 @@ impl Repository {
             let key = unlock(&*storage, password, hint);
             Ok::<_, Error>((config.join().expect("the config reader panicked"), key))
         })?;
-        let Unlocked { key, id: key_id, file: key_file, hint } = match key? {
+        let Unlocked { key, file: key_file, hint } = match key? {
             Some(k) => k,
             // Without key files or config there is no repository here.
             None if matches!(config_bytes, Err(Error::NotFound(_))) => {
@@ -263,21 +264,15 @@ impl Repository {
             None => key,
         };
         // A damaged hint is ignored (it only saves a round trip); `check` reports it.
-        let (hint, hint_damage) = match hint.map(|bytes| open_hint(&key, &bytes)) {
-            None => (None, None),
-            Some(Ok(h)) => (Some(h), None),
-            Some(Err(e)) => (None, Some(e.to_string())),
-        };
+        let hint = hint.map(|bytes| open_hint(&key, &bytes).map_err(|e| e.to_string()));
         Ok(Repository {
             storage,
             key,
             config,
             index: RwLock::new(Index::default()),
             cache: None,
-            key_id,
-            key_file: Some(key_file),
+            key_file: Some((KeyId::hash_of(&key_file), key_file)),
             hint,
-            hint_damage,
             hinted: Arc::default(),
             preloaded: Preloaded::default(),
             deletions_seen: Mutex::new(None),
@@ -742,7 +737,7 @@ impl Repository {
                 id.short()
             )));
         }
-        if self.key_id == Some(*id) {
+        if self.key_id() == Some(*id) {
             return Err(Error::Refused(format!(
                 "key {} is the one in use (its password opened the repository): open with another key's \
                  password to remove it, or use `cairn key passwd` to replace it",
@@ -757,8 +752,7 @@ impl Repository {
     /// the new key's ID.
     pub fn change_password(&mut self, password: &[u8], kdf: KdfParams) -> Result<KeyId> {
         let (new, file) = self.write_key(password, kdf)?;
-        self.key_file = Some(file);
-        if let Some(old) = self.key_id.replace(new) {
+        if let Some((old, _)) = self.key_file.replace((new, file)) {
             self.storage.delete(&layout::key_path(&old))?;
         }
         Ok(new)
@@ -766,7 +760,7 @@ impl Repository {
 
     /// The key file this repository was opened with.
     pub fn key_id(&self) -> Option<KeyId> {
-        self.key_id
+        self.key_file.as_ref().map(|(id, _)| *id)
     }
 
     /// The storage.
@@ -817,11 +811,11 @@ fn repository_objects(storage: &dyn Storage) -> Result<String> {
     Ok(found.join(", "))
 }
 
-/// A key file's master key, the file's ID (none for a key from elsewhere) and bytes, and the
-/// start hint read beside the key files (FORMAT.md §14), if there is one.
+/// A key file's master key and bytes (its ID is their hash: every key file is read checked
+/// against its name, and the hint's is used only under the name its hash gives), and the start
+/// hint read beside the key files (FORMAT.md §14), if there is one.
 struct Unlocked {
     key: MasterKey,
-    id: Option<KeyId>,
     file: Vec<u8>,
     hint: Option<Vec<u8>>,
 }
@@ -852,7 +846,7 @@ fn unlock(storage: &dyn Storage, password: &[u8], cached: Option<&KeyId>) -> Res
         (tried, Some(listing.join().expect("the key listing panicked")), hint)
     });
     if let Some(Ok(Some((key, file)))) = tried {
-        return Ok(Some(Unlocked { key, id: cached.copied(), file, hint }));
+        return Ok(Some(Unlocked { key, file, hint }));
     }
     let keys = match listed {
         Some(listed) => listed?,
@@ -873,8 +867,7 @@ fn unlock(storage: &dyn Storage, password: &[u8], cached: Option<&KeyId>) -> Res
             }
         }
         if let Some(Ok(Some((key, file)))) = tried {
-            let id = hinted.as_deref().and_then(layout::parse_key_path);
-            return Ok(Some(Unlocked { key, id, file, hint }));
+            return Ok(Some(Unlocked { key, file, hint }));
         }
     }
     let mut damaged = Vec::new();
@@ -886,9 +879,7 @@ fn unlock(storage: &dyn Storage, password: &[u8], cached: Option<&KeyId>) -> Res
             None => try_key(&obj.path),
         };
         match found {
-            Ok(Some((key, file))) => {
-                return Ok(Some(Unlocked { key, id: layout::parse_key_path(&obj.path), file, hint }))
-            }
+            Ok(Some((key, file))) => return Ok(Some(Unlocked { key, file, hint })),
             Ok(None) => intact += 1,
             Err(e) => damaged.push((obj.path, e)),
         }

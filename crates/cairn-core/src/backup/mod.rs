@@ -318,10 +318,8 @@ fn run(
     let id = if opts.dry_run { None } else { Some(repo.save_snapshot(&snapshot)?) };
     if id.is_some() {
         // The start hint names the key and the tree packs as they now are (a restore elsewhere
-        // starts one round trip sooner); a backup whose hint cannot be written is still whole.
-        if let Err(e) = repo.write_hint() {
-            tracing::warn!("the start hint was not written ({e}); the snapshot is saved");
-        }
+        // starts one round trip sooner).
+        repo.write_hint();
     }
     let dirs = DirCounts {
         new: get(&counters.dirs_new),

@@ -267,9 +267,7 @@ pub fn copy(
     }
     if !report.copied.is_empty() {
         // As after a backup: the destination's start hint names its tree packs as they now are.
-        if let Err(e) = dst.write_hint() {
-            tracing::warn!("the destination's start hint was not written ({e}); the copies are saved");
-        }
+        dst.write_hint();
     }
     report.blobs_written = dest.blobs_written.load(Ordering::Relaxed);
     report.bytes_read = progress.read_bytes.load(Ordering::Relaxed);

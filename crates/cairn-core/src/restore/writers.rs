@@ -189,6 +189,20 @@ mod tests {
 
     const SEC: Duration = Duration::from_secs(1);
 
+    /// One second measured on two cores with two decoders: milliseconds the decoders were
+    /// blocked, the writers busy and the process on the CPU, and the bytes written.
+    fn two_cores(decode_blocked_ms: u64, write_busy_ms: u64, bytes: u64, cpu_ms: u64) -> Sample {
+        Sample {
+            elapsed: SEC,
+            decoders: 2,
+            decode_blocked: Duration::from_millis(decode_blocked_ms),
+            write_busy: Duration::from_millis(write_busy_ms),
+            bytes,
+            cpu: Duration::from_millis(cpu_ms),
+            cores: 2,
+        }
+    }
+
     /// One second of a pipeline on `cores` cores whose decoding takes `decode_cpu` CPU-seconds
     /// per GB, writing to a target where each write of `chunk` bytes waits `wait` (no CPU) and
     /// costs `write_cpu` CPU-seconds per GB, with `writers` at work.
@@ -256,15 +270,7 @@ mod tests {
     fn writers_waiting_for_data_are_not_the_bottleneck() {
         // A slow link: the two writers busy a third of the time, the cores nearly idle.
         let mut c = Controller::new(2, 16);
-        let s = Sample {
-            elapsed: SEC,
-            decoders: 2,
-            decode_blocked: Duration::ZERO,
-            write_busy: Duration::from_millis(660),
-            bytes: 50_000_000,
-            cpu: Duration::from_millis(100),
-            cores: 2,
-        };
+        let s = two_cores(0, 660, 50_000_000, 100);
         assert_eq!(c.step(&s), None);
         assert_eq!(c.limit(), 2);
     }
@@ -274,15 +280,7 @@ mod tests {
         // Most files went to one of the two queues: the writers busy 60% of the time between
         // them, the decoders blocked nearly all of it, the cores idle.
         let mut c = Controller::new(2, 16);
-        let s = Sample {
-            elapsed: SEC,
-            decoders: 2,
-            decode_blocked: Duration::from_millis(1800),
-            write_busy: Duration::from_millis(1200),
-            bytes: 100_000_000,
-            cpu: Duration::from_millis(300),
-            cores: 2,
-        };
+        let s = two_cores(1800, 1200, 100_000_000, 300);
         // The cores 15% busy: four times.
         assert_eq!(c.step(&s).map(|(l, _)| l), Some(8));
     }
@@ -314,15 +312,7 @@ mod tests {
         let mut c = Controller::new(2, 16);
         c.step(&simulate(2, 0.020, 1e6, 0.5, 0.01, 2));
         assert_eq!(c.limit(), 8);
-        let idle = Sample {
-            elapsed: SEC,
-            decoders: 2,
-            decode_blocked: Duration::ZERO,
-            write_busy: Duration::from_millis(800),
-            bytes: 20_000_000,
-            cpu: Duration::from_millis(50),
-            cores: 2,
-        };
+        let idle = two_cores(0, 800, 20_000_000, 50);
         assert_eq!(c.step(&idle), None);
         assert_eq!(c.limit(), 8);
     }
