@@ -96,7 +96,8 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
             .iter()
             .map(|s| {
                 serde_json::json!({"at_s": s.at.as_secs_f64(), "limit": s.limit, "reason": s.reason,
-                    "bytes_per_s": s.throughput, "latency_ms": s.latency.as_secs_f64() * 1000.0})
+                    "bytes_per_s": s.throughput, "latency_ms": s.latency.as_secs_f64() * 1000.0,
+                    "cpu_busy": s.cpu_busy})
             })
             .collect();
         let write_tuning: Vec<_> = out
@@ -191,8 +192,9 @@ fn print_tuning(steps: &[cairn_core::read::TuneStep]) {
     }
     outln!("fetch concurrency, tuned while running:");
     for s in steps {
+        let cpu = s.cpu_busy.map_or(String::new(), |b| format!(", the machine's CPU {:.0}% busy", b * 100.0));
         outln!(
-            "  {:>7.2} s  {:>3} in flight  ({}: {}/s at {:.0} ms per request)",
+            "  {:>7.2} s  {:>3} in flight  ({}: {}/s at {:.0} ms per request{cpu})",
             s.at.as_secs_f64(),
             s.limit,
             s.reason,

@@ -141,6 +141,29 @@ pub fn process_cpu_time() -> std::time::Duration {
     tv(u.ru_utime) + tv(u.ru_stime)
 }
 
+/// The machine's CPU time so far, summed over its CPUs, in clock ticks: `(busy, total)`, from the
+/// first line of Linux's `/proc/stat` (user, nice, system, idle, iowait, irq, softirq, steal;
+/// idle and iowait are not busy). `None` where there is no such file or it reads otherwise.
+pub fn machine_cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    parse_cpu_ticks(stat.lines().next()?)
+}
+
+/// The `(busy, total)` ticks of `/proc/stat`'s aggregate `cpu` line.
+fn parse_cpu_ticks(line: &str) -> Option<(u64, u64)> {
+    let mut fields = line.split_ascii_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    // Guest time is counted in user time already: only the first eight fields.
+    let ticks: Vec<u64> = fields.take(8).map(str::parse).collect::<Result<_, _>>().ok()?;
+    if ticks.len() < 5 {
+        return None;
+    }
+    let total: u64 = ticks.iter().sum();
+    Some((total - ticks[3] - ticks[4], total))
+}
+
 /// Whether the process runs as root (and so may restore ownership and device nodes).
 pub fn is_root() -> bool {
     uzers::get_effective_uid() == 0
@@ -520,6 +543,18 @@ pub fn cstring(path: &Path) -> io::Result<CString> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_ticks_are_read_from_the_aggregate_line() {
+        let line = "cpu  100 5 50 800 40 3 2 0 7 0";
+        assert_eq!(parse_cpu_ticks(line), Some((160, 1000)));
+        assert_eq!(parse_cpu_ticks("cpu0 1 2 3 4 5 6 7 8"), None, "one CPU's line");
+        assert_eq!(parse_cpu_ticks("cpu  1 2 3"), None, "too few fields");
+        assert_eq!(parse_cpu_ticks("cpu  1 2 x 4 5"), None);
+        assert_eq!(parse_cpu_ticks(""), None);
+        #[cfg(target_os = "linux")]
+        assert!(machine_cpu_ticks().is_some_and(|(busy, total)| busy <= total && total > 0));
+    }
 
     #[test]
     fn local_times_parse_as_they_are_written() {

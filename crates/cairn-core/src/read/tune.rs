@@ -7,13 +7,18 @@
 //! - **throughput** (stored bytes fetched per second) and **latency** (mean time per request);
 //! - **downstream pressure**: the share of the fetch workers' time spent blocked handing reads
 //!   to the decode stage or waiting for the memory budget. When that is high, decoding (the CPU)
-//!   or the budget is the bottleneck, and more requests in flight would only hold more memory.
+//!   or the budget is the bottleneck, and more requests in flight would only hold more memory;
+//! - **the machine's CPU**: the share of the cores' time busy (Linux's `/proc/stat`, so a
+//!   storage server on the same machine counts; elsewhere this process's CPU time). At
+//!   [`CORES_FULL`] or more the cores have no room, and a sample that measured more came from
+//!   the workload, not from the reads in flight.
 //!
 //! It climbs like TCP's slow start: while throughput grows by at least [`GAIN`] it doubles the
 //! limit; once a step gains nothing it goes back to the best limit seen and holds there,
 //! probing a quarter higher every [`HOLD`] samples (a link can get faster). Pressure from
-//! downstream holds the limit where it is: it stops climbing and probing, but does not lower
-//! it (an earlier version lowered it by a quarter each time and settled at 3–5 reads in flight
+//! downstream holds the limit where it is, and so do cores with no room: it stops climbing and
+//! probing, but does not lower it (an earlier version lowered it by a quarter each time and
+//! settled at 3–5 reads in flight
 //! at 0–50 ms, where the CPU is busy decoding: the decoders then went idle whenever a few
 //! requests were slow, 0.72–0.82 of the best fixed setting; the memory those reads hold is
 //! bounded by the budget either way). It rises, even under pressure, to what Little's law says
@@ -67,6 +72,10 @@ const HOLD: u32 = 4;
 /// Downstream pressure (share of fetch-worker time blocked) above which the limit is lowered
 /// (down to what the measured throughput needs at the measured latency).
 const PRESSURE: f64 = 0.5;
+
+/// Share of the machine's CPU time busy at or above which the cores have no room: throughput
+/// that grew then came from the workload, not from more reads in flight, and the limit holds.
+const CORES_FULL: f64 = 0.9;
 
 /// Bounds how many fetch workers may have a request out at once.
 pub struct Gate {
@@ -132,6 +141,9 @@ pub struct Sample {
     /// The link's round trip as measured so far (the shortest small request, see
     /// `storage::LinkMeter`), if any was timed.
     pub round_trip: Option<Duration>,
+    /// The share of the machine's CPU time that was busy (this process, and a storage server
+    /// on the same machine), if measured.
+    pub cpu_busy: Option<f64>,
 }
 
 impl Sample {
@@ -141,6 +153,11 @@ impl Sample {
 
     fn latency(&self) -> Duration {
         self.request_time.checked_div(self.requests.max(1) as u32).unwrap_or_default()
+    }
+
+    /// Whether the machine's cores were busy all but [`CORES_FULL`] of the sample.
+    fn cores_full(&self) -> bool {
+        self.cpu_busy.is_some_and(|b| b >= CORES_FULL)
     }
 }
 
@@ -155,6 +172,8 @@ pub struct Step {
     pub throughput: f64,
     /// Mean request time in that sample.
     pub latency: Duration,
+    /// The share of the machine's CPU time busy in that sample, if measured.
+    pub cpu_busy: Option<f64>,
     /// Why.
     pub reason: &'static str,
 }
@@ -207,7 +226,14 @@ impl Controller {
         let mut c = Controller::new(wanted.max(START_LEAST), budget);
         if c.limit != default.clamp(1, AUTO_MAX) {
             let reason = "the round trip of the open needs it at the assumed rate";
-            c.start = Some(Step { at: Duration::ZERO, limit: c.limit, throughput: PRIOR_RATE, latency: rtt, reason });
+            c.start = Some(Step {
+                at: Duration::ZERO,
+                limit: c.limit,
+                throughput: PRIOR_RATE,
+                latency: rtt,
+                cpu_busy: None,
+                reason,
+            });
         }
         c
     }
@@ -250,6 +276,16 @@ impl Controller {
             let needed = (in_flight * 1.5).ceil() as usize;
             self.best_limit = self.limit.max(needed);
             (self.best_limit, "decode or memory budget is the bottleneck")
+        } else if throughput >= self.best * GAIN && s.cores_full() {
+            // The cores decode all they can: more reads in flight would only hold more memory
+            // and spread the decoders' work over more of it. The gain came from the workload (a
+            // restore passing from small files to large ones moves by more than GAIN), not
+            // from the limit: hold here, as after a step that gained nothing.
+            self.starting = false;
+            self.best = throughput;
+            self.best_limit = self.limit;
+            self.held = 0;
+            return self.clamp(self.limit, ceiling, "budget");
         } else if throughput >= self.best * GAIN {
             self.best = throughput;
             self.best_limit = self.limit;
@@ -283,7 +319,7 @@ impl Controller {
             (self.best_limit, "no gain from more reads in flight")
         } else {
             self.held += 1;
-            if self.held < HOLD {
+            if self.held < HOLD || s.cores_full() {
                 return self.clamp(self.limit, ceiling, "budget");
             }
             // Probe higher again; what was best is measured anew.
@@ -320,7 +356,7 @@ impl Controller {
 
     /// The log entry for a change made from sample `s` at `at`.
     pub fn logged(at: Duration, limit: usize, s: &Sample, reason: &'static str) -> Step {
-        Step { at, limit, throughput: s.throughput(), latency: s.latency(), reason }
+        Step { at, limit, throughput: s.throughput(), latency: s.latency(), cpu_busy: s.cpu_busy, reason }
     }
 }
 
@@ -346,6 +382,8 @@ mod tests {
             blocked: Duration::from_secs_f64(blocked),
             reserved_per_read: 2 * size,
             round_trip: Some(Duration::from_secs_f64(latency)),
+            // The cores decode what is fetched (a decoder with no limit takes no CPU to speak of).
+            cpu_busy: Some(if decode.is_finite() { fetched / decode } else { 0.05 }),
         }
     }
 
@@ -468,6 +506,42 @@ mod tests {
             let settled = model(*limits.last().unwrap()).throughput();
             assert!(settled >= 0.9 * best, "{latency} s: {settled} of {best}, {limits:?}");
         }
+    }
+
+    #[test]
+    fn with_the_cores_full_a_gain_holds_the_limit() {
+        // 50 ms per request, decoding on the cores the bottleneck but the fetch workers seldom
+        // blocked (the decoders keep up with what arrives), and every sample 10% faster than
+        // the one before: the workload passing from small files to large ones, not the limit.
+        // With the cores 95% busy the limit holds where it started, neither doubling nor
+        // probing; with the cores idle the same samples climb.
+        let sample = |i: i32, cpu: f64| Sample {
+            elapsed: Duration::from_secs(1),
+            requests: 40,
+            bytes: (300e6 * 1.1f64.powi(i)) as u64,
+            request_time: Duration::from_millis(40 * 60),
+            blocked: Duration::from_millis(100),
+            reserved_per_read: 16 << 20,
+            round_trip: Some(Duration::from_millis(50)),
+            cpu_busy: Some(cpu),
+        };
+        let limits = |cpu: f64| {
+            let mut c = Controller::new(8, 1 << 30);
+            (0..20)
+                .map(|i| {
+                    c.step(&sample(i, cpu));
+                    c.limit()
+                })
+                .collect::<Vec<_>>()
+        };
+        let full = limits(0.95);
+        assert!(full.iter().all(|&l| l == 8), "{full:?}");
+        let idle = limits(0.4);
+        assert!(idle.iter().max() > Some(&16), "{idle:?}");
+        // Unmeasured CPU does not hold it.
+        let mut c = Controller::new(8, 1 << 30);
+        c.step(&Sample { cpu_busy: None, ..sample(0, 0.0) });
+        assert_eq!(c.limit(), 16);
     }
 
     #[test]
