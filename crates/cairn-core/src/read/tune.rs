@@ -18,14 +18,13 @@
 //! probing a quarter higher every [`HOLD`] samples (a link can get faster). Pressure from
 //! downstream holds the limit where it is, and so do cores with no room: it stops climbing and
 //! probing, but does not lower it (an earlier version lowered it by a quarter each time and
-//! settled at 3–5 reads in flight
-//! at 0–50 ms, where the CPU is busy decoding: the decoders then went idle whenever a few
-//! requests were slow, 0.72–0.82 of the best fixed setting; the memory those reads hold is
-//! bounded by the budget either way). It rises, even under pressure, to what Little's law says
-//! the measured throughput needs at the measured latency. It never passes what the budget can
-//! hold: the budget divided by the mean bytes one read reserves (so `--max-memory` bounds it,
-//! besides the budget itself blocking fetches). Every change is logged with its reason for
-//! `--profile`.
+//! settled at 3–5 reads in flight at 0–50 ms, where the CPU is busy decoding: the decoders then
+//! went idle whenever a few requests were slow, 0.72–0.82 of the best fixed setting; the memory
+//! those reads hold is bounded by the budget either way). It rises, even under pressure, to
+//! what Little's law says the measured throughput needs at the measured latency. It never passes
+//! what the budget can hold: the budget divided by the mean bytes one read reserves (so
+//! `--max-memory` bounds it, besides the budget itself blocking fetches). Every change is logged
+//! with its reason for `--profile`.
 //!
 //! Going back after a step that gained nothing is bounded below by Little's law with the link's
 //! round trip: the reads in flight at the current limit carried `limit × read size ÷ request
@@ -155,7 +154,7 @@ impl Sample {
         self.request_time.checked_div(self.requests.max(1) as u32).unwrap_or_default()
     }
 
-    /// Whether the machine's cores were busy all but [`CORES_FULL`] of the sample.
+    /// Whether the machine's cores were busy [`CORES_FULL`] of the sample or more.
     fn cores_full(&self) -> bool {
         self.cpu_busy.is_some_and(|b| b >= CORES_FULL)
     }
