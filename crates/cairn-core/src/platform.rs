@@ -141,10 +141,42 @@ pub fn process_cpu_time() -> std::time::Duration {
     tv(u.ru_utime) + tv(u.ru_stime)
 }
 
+/// CPU time used so far: the machine's, where Linux's `/proc/stat` says, and this process's.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuTimes {
+    /// The machine's busy and total clock ticks, summed over its CPUs.
+    machine: Option<(u64, u64)>,
+    /// This process's CPU time.
+    process: std::time::Duration,
+}
+
+impl CpuTimes {
+    /// The times now.
+    pub fn now() -> Self {
+        CpuTimes { machine: machine_cpu_ticks(), process: process_cpu_time() }
+    }
+
+    /// The share of the cores' time busy since `before`, taken `elapsed` earlier: the
+    /// machine's where known (a storage server on this machine counts too), else this
+    /// process's CPU time over `cores`. `None` if no tick passed.
+    pub fn busy_since(&self, before: &CpuTimes, elapsed: std::time::Duration, cores: usize) -> Option<f64> {
+        match (self.machine, before.machine) {
+            (Some((busy, total)), Some((busy0, total0))) => {
+                let total = total.checked_sub(total0).filter(|&t| t > 0)?;
+                Some(busy.saturating_sub(busy0) as f64 / total as f64)
+            }
+            _ => {
+                let of = elapsed.as_secs_f64() * cores as f64;
+                (of > 0.0).then(|| self.process.saturating_sub(before.process).as_secs_f64() / of)
+            }
+        }
+    }
+}
+
 /// The machine's CPU time so far, summed over its CPUs, in clock ticks: `(busy, total)`, from the
 /// first line of Linux's `/proc/stat` (user, nice, system, idle, iowait, irq, softirq, steal;
 /// idle and iowait are not busy). `None` where there is no such file or it reads otherwise.
-pub fn machine_cpu_ticks() -> Option<(u64, u64)> {
+fn machine_cpu_ticks() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     parse_cpu_ticks(stat.lines().next()?)
 }
@@ -554,6 +586,14 @@ mod tests {
         assert_eq!(parse_cpu_ticks(""), None);
         #[cfg(target_os = "linux")]
         assert!(machine_cpu_ticks().is_some_and(|(busy, total)| busy <= total && total > 0));
+        // The share: from the machine's ticks, else the process's time over its cores.
+        let ms = std::time::Duration::from_millis;
+        let at = |machine, process| CpuTimes { machine, process: ms(process) };
+        let sec = ms(1000);
+        assert_eq!(at(Some((60, 200)), 0).busy_since(&at(Some((10, 100)), 0), sec, 2), Some(0.5));
+        assert_eq!(at(Some((10, 100)), 0).busy_since(&at(Some((10, 100)), 0), sec, 2), None, "no tick");
+        assert_eq!(at(None, 1500).busy_since(&at(None, 500), sec, 2), Some(0.5));
+        assert_eq!(at(Some((1, 2)), 1500).busy_since(&at(None, 500), sec, 4), Some(0.25));
     }
 
     #[test]

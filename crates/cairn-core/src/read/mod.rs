@@ -44,6 +44,7 @@ use crate::error::Error;
 use crate::id::PackId;
 use crate::index::BlobLocation;
 use crate::pack::BlobEntry;
+use crate::platform::CpuTimes;
 use crate::profile::{StageClock, StageTimes};
 use crate::repository::Repository;
 
@@ -344,7 +345,8 @@ impl<'a> Reader<'a> {
             tuning.log.lock().expect("tuning log").push(start);
         }
         let began = Instant::now();
-        let mut last = (Instant::now(), self.totals().with_cpu());
+        let cores = crate::parallel::cores();
+        let mut last = (Instant::now(), self.totals(), CpuTimes::now());
         let mut latency = Duration::ZERO;
         while self.meter.live_fetchers.load(Ordering::Relaxed) > 0 && !self.cancelled() {
             std::thread::sleep(Duration::from_millis(20));
@@ -356,16 +358,17 @@ impl<'a> Reader<'a> {
             if !(long_enough && (enough || now - last.0 >= SAMPLE_MAX)) {
                 continue;
             }
-            let totals = totals.with_cpu();
+            let cpu = CpuTimes::now();
             let mut sample = totals.since(&last.1, now - last.0);
             sample.round_trip = self.repo.link().latency();
+            sample.cpu_busy = cpu.busy_since(&last.2, now - last.0, cores);
             latency = sample.request_time.checked_div(sample.requests.max(1) as u32).unwrap_or_default();
             if let Some((limit, reason)) = controller.step(&sample) {
                 tuning.gate.set_limit(limit);
                 let step = tune::Controller::logged(began.elapsed(), limit, &sample, reason);
                 tuning.log.lock().expect("tuning log").push(step);
             }
-            last = (now, totals);
+            last = (now, totals, cpu);
         }
         *tuning.controller.lock().expect("tuner lock") = Some(controller);
     }
@@ -380,8 +383,6 @@ impl<'a> Reader<'a> {
             blocked_nanos: m.budget_wait_nanos.load(Ordering::Relaxed)
                 + self.clocks[0].times().blocked.as_nanos() as u64,
             reserved: m.reserved.load(Ordering::Relaxed),
-            machine_cpu: None,
-            process_cpu: Duration::ZERO,
         }
     }
 
@@ -439,22 +440,9 @@ struct Totals {
     request_nanos: u64,
     blocked_nanos: u64,
     reserved: u64,
-    /// The machine's busy and total CPU ticks, where known (Linux).
-    machine_cpu: Option<(u64, u64)>,
-    /// This process's CPU time (where the machine's is not known).
-    process_cpu: Duration,
 }
 
 impl Totals {
-    /// These totals with the machine's and the process's CPU time now (read only for a sample).
-    fn with_cpu(self) -> Self {
-        Totals {
-            machine_cpu: crate::platform::machine_cpu_ticks(),
-            process_cpu: crate::platform::process_cpu_time(),
-            ..self
-        }
-    }
-
     /// What happened between `before` and these totals, `elapsed` apart.
     fn since(&self, before: &Totals, elapsed: Duration) -> tune::Sample {
         let requests = self.requests - before.requests;
@@ -466,24 +454,7 @@ impl Totals {
             blocked: Duration::from_nanos(self.blocked_nanos.saturating_sub(before.blocked_nanos)),
             reserved_per_read: (self.reserved - before.reserved) / requests.max(1),
             round_trip: None,
-            cpu_busy: self.cpu_busy(before, elapsed),
-        }
-    }
-
-    /// The share of the machine's CPU time busy since `before`: from the machine's ticks where
-    /// known (a storage server on this machine counts too), else this process's CPU time over
-    /// its cores. `None` if no tick passed.
-    fn cpu_busy(&self, before: &Totals, elapsed: Duration) -> Option<f64> {
-        match (self.machine_cpu, before.machine_cpu) {
-            (Some((busy, total)), Some((busy0, total0))) => {
-                let total = total.checked_sub(total0).filter(|&t| t > 0)?;
-                Some(busy.saturating_sub(busy0) as f64 / total as f64)
-            }
-            _ => {
-                let cores = crate::parallel::cores() as f64;
-                let of = elapsed.as_secs_f64() * cores;
-                (of > 0.0).then(|| self.process_cpu.saturating_sub(before.process_cpu).as_secs_f64() / of)
-            }
+            cpu_busy: None,
         }
     }
 }

@@ -275,28 +275,22 @@ impl Controller {
             let needed = (in_flight * 1.5).ceil() as usize;
             self.best_limit = self.limit.max(needed);
             (self.best_limit, "decode or memory budget is the bottleneck")
-        } else if throughput >= self.best * GAIN && s.cores_full() {
-            // The cores decode all they can: more reads in flight would only hold more memory
-            // and spread the decoders' work over more of it. The gain came from the workload (a
-            // restore passing from small files to large ones moves by more than GAIN), not
-            // from the limit: hold here, as after a step that gained nothing.
-            self.starting = false;
-            self.best = throughput;
-            self.best_limit = self.limit;
-            self.held = 0;
-            return self.clamp(self.limit, ceiling, "budget");
-        } else if throughput >= self.best * GAIN {
+        } else if throughput >= self.best * GAIN && !s.cores_full() {
             self.best = throughput;
             self.best_limit = self.limit;
             self.held = 0;
             let up = if self.starting { self.limit * 2 } else { self.limit + self.limit.div_ceil(4) };
             (up, "throughput grew")
-        } else if self.starting && throughput * GAIN >= self.best {
-            // Slow start's last doubling gained nothing but lost nothing either: keep it and
-            // hold. A restore's throughput moves with what it writes (a directory of small
-            // files, then large ones), so one flat sample says little, and going back cost
-            // most at high latency (the Linux tree at 200 ms fell from 8 to 4 in flight and
-            // ran at 0.73 of fixed 16); more in flight cost only memory, which the budget bounds.
+        } else if throughput >= self.best * GAIN || (self.starting && throughput * GAIN >= self.best) {
+            // Hold here, in two cases. Throughput grew with the cores full: they decode all
+            // they can, so more reads in flight would only hold more memory and spread the
+            // decoders' work over more of it; the gain came from the workload (a restore
+            // passing from small files to large ones moves by more than GAIN), not from the
+            // limit. Or slow start's last doubling gained nothing but lost nothing either: keep
+            // it. A restore's throughput moves with what it writes (a directory of small files,
+            // then large ones), so one flat sample says little, and going back cost most at high
+            // latency (the Linux tree at 200 ms fell from 8 to 4 in flight and ran at 0.73 of
+            // fixed 16); more in flight cost only memory, which the budget bounds.
             self.starting = false;
             self.best = self.best.max(throughput);
             self.best_limit = self.limit;
