@@ -11,8 +11,8 @@
 #[path = "common.rs"]
 mod common;
 
-use cairn_core::compress::Codec;
-use cairn_core::pack::{decode_blob, decode_blob_into, BlobEntry, BlobKind};
+use cairn_format::compress::Codec;
+use cairn_format::pack::{decode_blob, decode_blob_into, BlobEntry, BlobKind};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

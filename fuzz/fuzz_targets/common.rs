@@ -1,7 +1,7 @@
 //! Shared by the fuzz targets (included with `#[path]`, each target being its own crate).
 #![allow(dead_code)]
 
-use cairn_core::crypto::MasterKey;
+use cairn_format::crypto::MasterKey;
 
 /// The golden vectors' master secret (crates/cairn-cli/tests/golden.rs), so seeds taken from
 /// them decrypt.

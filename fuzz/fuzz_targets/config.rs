@@ -1,8 +1,8 @@
 //! The config plaintext (after the sealed envelope), checked as Repository::open checks it.
 #![no_main]
 
-use cairn_core::compress::Codec;
-use cairn_core::config::Config;
+use cairn_format::compress::Codec;
+use cairn_format::config::Config;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -4,7 +4,7 @@
 //! (compress `data` with the codec, then decompress it).
 #![no_main]
 
-use cairn_core::compress::Codec;
+use cairn_format::compress::Codec;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: &[u8]| {

@@ -1,7 +1,7 @@
 //! Deletion manifest plaintexts (after the sealed envelope): what a prune is about to delete.
 #![no_main]
 
-use cairn_core::deletion::Deletion;
+use cairn_format::deletion::Deletion;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -9,8 +9,8 @@
 #[path = "common.rs"]
 mod common;
 
-use cairn_core::hint::{join, split, Hint, TREE_PACKS_MAX};
-use cairn_core::sealed::{open, SealedKind};
+use cairn_format::hint::{join, split, Hint, TREE_PACKS_MAX};
+use cairn_format::sealed::{open, SealedKind};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,8 +3,8 @@
 //! writer makes for that ID.
 #![no_main]
 
-use cairn_core::id::{BlobId, IndexId, KeyId, PackId, SnapshotId};
-use cairn_core::layout;
+use cairn_format::id::{BlobId, IndexId, KeyId, PackId, SnapshotId};
+use cairn_format::layout;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -35,5 +35,5 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = (BlobId::from_hex(name), IndexId::from_hex(name), KeyId::from_hex(name));
     // Content-addressed objects are checked against their names.
-    let _ = cairn_core::repository::check_name(path, data);
+    let _ = cairn_format::layout::check_name(path, data);
 });

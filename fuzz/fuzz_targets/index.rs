@@ -1,7 +1,7 @@
 //! Index file plaintexts (after the sealed envelope): pack records and their blob entries.
 #![no_main]
 
-use cairn_core::index::{decode, encode, Index};
+use cairn_format::index::{decode, encode, Index};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -2,7 +2,7 @@
 //! storage.
 #![no_main]
 
-use cairn_core::keyfile::KeyFile;
+use cairn_format::keyfile::KeyFile;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

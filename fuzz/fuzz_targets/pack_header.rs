@@ -11,7 +11,7 @@
 #[path = "common.rs"]
 mod common;
 
-use cairn_core::pack::{decode_blob, read_header};
+use cairn_format::pack::{decode_blob, read_header};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -10,7 +10,7 @@
 #[path = "common.rs"]
 mod common;
 
-use cairn_core::sealed::{open, seal, SealedKind};
+use cairn_format::sealed::{open, seal, SealedKind};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

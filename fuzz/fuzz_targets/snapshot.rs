@@ -1,7 +1,7 @@
 //! Snapshot plaintexts (after the sealed envelope).
 #![no_main]
 
-use cairn_core::snapshot::Snapshot;
+use cairn_format::snapshot::Snapshot;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

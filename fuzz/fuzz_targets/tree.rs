@@ -3,7 +3,7 @@
 //! yields the same nodes.
 #![no_main]
 
-use cairn_core::tree::{Tree, TreeBytes};
+use cairn_format::tree::{Tree, TreeBytes};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -23,10 +23,10 @@ fuzz_target!(|data: &[u8]| {
     for n in &tree.nodes {
         // What a restore does with a file's chunks (restore/plan.rs): their offsets and end.
         let mut end = 0u64;
-        for (off, c) in cairn_core::fuzzing::chunk_offsets(&n.content) {
+        for (off, c) in cairn_format::tree::chunk_offsets(&n.content) {
             end = off + c.len();
         }
-        if n.kind == cairn_core::tree::NodeKind::File {
+        if n.kind == cairn_format::tree::NodeKind::File {
             assert_eq!(end, n.size);
         }
     }

@@ -77,15 +77,15 @@ pub fn one_line(e: &anyhow::Error) -> String {
 
 /// A node's kind as JSON output names it: `file`, `dir`, `symlink`, `chardevice`,
 /// `blockdevice`, `fifo`.
-pub fn kind(k: cairn_core::tree::NodeKind) -> String {
+pub fn kind(k: cairn_format::tree::NodeKind) -> String {
     format!("{k:?}").to_lowercase()
 }
 
 /// A mode as `ls -l` writes it: the kind letter, then read, write and execute for owner, group
 /// and others, with setuid, setgid and sticky as `s`/`S` and `t`/`T` (`drwxr-xr-x`,
 /// `-rwsr-x---`).
-pub fn mode_string(k: cairn_core::tree::NodeKind, mode: u32) -> String {
-    use cairn_core::tree::NodeKind;
+pub fn mode_string(k: cairn_format::tree::NodeKind, mode: u32) -> String {
+    use cairn_format::tree::NodeKind;
     let mut s = String::with_capacity(10);
     s.push(match k {
         NodeKind::Dir => 'd',
@@ -112,7 +112,7 @@ pub fn mode_string(k: cairn_core::tree::NodeKind, mode: u32) -> String {
 
 #[cfg(test)]
 mod tests {
-    use cairn_core::tree::NodeKind;
+    use cairn_format::tree::NodeKind;
 
     #[test]
     fn mode_strings() {

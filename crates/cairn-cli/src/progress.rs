@@ -4,9 +4,9 @@ use std::io::IsTerminal;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use cairn_core::backup::{self, BackupOutcome};
-use cairn_core::restore::{DryRun, Progress, RestoreOutcome, STAGE_NAMES};
-use cairn_core::signal::{RaiseOnDrop, Signal};
+use cairn_core::commands::backup::{self, BackupOutcome};
+use cairn_core::commands::restore::{DryRun, Progress, RestoreOutcome, STAGE_NAMES};
+use cairn_core::engine::signal::{RaiseOnDrop, Signal};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::output::{bytes, count, rate};
@@ -167,7 +167,7 @@ pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, p
 
 /// The writers' controller's choices (`--profile`): when (since its batch's pipeline started),
 /// to what, and from what it measured.
-fn print_write_tuning(steps: &[cairn_core::restore::WriteStep]) {
+fn print_write_tuning(steps: &[cairn_core::commands::restore::WriteStep]) {
     if steps.is_empty() {
         return;
     }
@@ -186,7 +186,7 @@ fn print_write_tuning(steps: &[cairn_core::restore::WriteStep]) {
 
 /// The fetch concurrency's controller's choices (`--profile`): when, to what, and from what
 /// it measured.
-fn print_tuning(steps: &[cairn_core::read::TuneStep]) {
+fn print_tuning(steps: &[cairn_core::engine::read::TuneStep]) {
     if steps.is_empty() {
         return;
     }
@@ -205,7 +205,7 @@ fn print_tuning(steps: &[cairn_core::read::TuneStep]) {
 }
 
 /// The coalescing gap of each batch's reads and what it came from (`--profile`).
-fn print_gaps(gaps: &[cairn_core::read::GapChoice]) {
+fn print_gaps(gaps: &[cairn_core::engine::read::GapChoice]) {
     for (i, g) in gaps.iter().enumerate() {
         let why = match g.cost {
             Some(c) if g.gap > g.floor => format!(
@@ -226,7 +226,7 @@ fn print_gaps(gaps: &[cairn_core::read::GapChoice]) {
 
 /// With a tracing storage layer (fault injection), prints the longest chain of requests waited
 /// for one after another before the first data fetch (`--profile`).
-pub fn print_round_trips(storage: &dyn cairn_core::storage::Storage, json: bool) {
+pub fn print_round_trips(storage: &dyn cairn_core::engine::storage::Storage, json: bool) {
     let Some(trace) = storage.trace() else { return };
     let path = trace.critical_path();
     let ms = |d: std::time::Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
@@ -398,7 +398,7 @@ pub fn print_backup_summary(out: &BackupOutcome, json: bool) {
 
 /// Shows check progress until `done`: the phase and its count on a terminal, JSON lines with
 /// `--json`.
-pub fn check(p: &cairn_core::check::Progress, done: &Signal, json: bool) {
+pub fn check(p: &cairn_core::commands::check::Progress, done: &Signal, json: bool) {
     let read = || (p.bytes_read.load(Ordering::Relaxed), p.bytes_to_read.load(Ordering::Relaxed));
     let counts =
         || (*p.phase.lock().expect("progress lock"), p.done.load(Ordering::Relaxed), p.total.load(Ordering::Relaxed));
@@ -421,7 +421,7 @@ pub fn check(p: &cairn_core::check::Progress, done: &Signal, json: bool) {
 
 /// Shows copy progress until `done`: a bar of the source bytes read on a terminal, JSON lines
 /// with `--json`.
-pub fn copy(p: &cairn_core::copy::CopyProgress, done: &Signal, json: bool) {
+pub fn copy(p: &cairn_core::commands::copy::CopyProgress, done: &Signal, json: bool) {
     let now = || {
         let phase = *p.phase.lock().expect("phase lock");
         (phase, p.total_bytes.load(Ordering::Relaxed), p.read_bytes.load(Ordering::Relaxed), p.written.bytes())

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use cairn_core::pack::BlobKind;
+use cairn_format::pack::BlobKind;
 use common::{assert_same, last_json, reset_times, restored_path, scan, scan_source, Cairn, Rng, PASSWORD};
 use serde_json::Value;
 

@@ -17,14 +17,14 @@ use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use cairn_core::compress::Codec;
-use cairn_core::id::{BlobId, PackId, SnapshotId};
-use cairn_core::layout::pack_path;
-use cairn_core::pack::BlobKind;
-use cairn_core::repository::Repository;
-use cairn_core::snapshot::{Snapshot, Summary};
-use cairn_core::storage::OpendalStorage;
-use cairn_core::tree::{Chunk, Node, NodeKind, Timestamp, Tree};
+use cairn_core::engine::repository::Repository;
+use cairn_core::engine::storage::OpendalStorage;
+use cairn_format::compress::Codec;
+use cairn_format::id::{BlobId, PackId, SnapshotId};
+use cairn_format::layout::pack_path;
+use cairn_format::pack::BlobKind;
+use cairn_format::snapshot::{Snapshot, Summary};
+use cairn_format::tree::{Chunk, Node, NodeKind, Timestamp, Tree};
 use common::Cairn;
 use tempfile::TempDir;
 
@@ -727,7 +727,7 @@ fn damaged_key_file_is_skipped_when_another_key_opens() {
         let repo = open_repo(&f.repo);
         repo.add_key(
             PASSWORD.as_bytes(),
-            cairn_core::keyfile::KdfParams { memory_kib: 1024, iterations: 1, parallelism: 1 },
+            cairn_format::keyfile::KdfParams { memory_kib: 1024, iterations: 1, parallelism: 1 },
         )
         .unwrap();
     }
@@ -1475,7 +1475,7 @@ fn wrong_password_and_a_damaged_key_file_are_both_reported() {
     open_repo(&f.repo)
         .add_key(
             b"another password",
-            cairn_core::keyfile::KdfParams { memory_kib: 1024, iterations: 1, parallelism: 1 },
+            cairn_format::keyfile::KdfParams { memory_kib: 1024, iterations: 1, parallelism: 1 },
         )
         .unwrap();
     flip(&first, 100);

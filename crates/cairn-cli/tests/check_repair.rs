@@ -18,13 +18,13 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cairn_core::compress::Codec;
-use cairn_core::id::BlobId;
-use cairn_core::keyfile::KdfParams;
-use cairn_core::pack::{read_header, BlobEntry, BlobKind};
-use cairn_core::sealed::{self, SealedKind};
-use cairn_core::storage::{Location, OpendalStorage, RemoteOptions, Storage};
-use cairn_core::tree::{Chunk, NodeKind};
+use cairn_core::engine::storage::{Location, OpendalStorage, RemoteOptions, Storage};
+use cairn_format::compress::Codec;
+use cairn_format::id::BlobId;
+use cairn_format::keyfile::KdfParams;
+use cairn_format::pack::{read_header, BlobEntry, BlobKind};
+use cairn_format::sealed::{self, SealedKind};
+use cairn_format::tree::{Chunk, NodeKind};
 use common::{assert_same, last_json, restored_path, scan, scan_source, Cairn, Rng, Scan, PASSWORD};
 use serde_json::Value;
 use tempfile::TempDir;
@@ -217,7 +217,7 @@ impl Layout {
         for obj in storage.list("index").unwrap() {
             let body =
                 sealed::open(repo.key(), SealedKind::Index, &obj.path, &storage.read(&obj.path).unwrap()).unwrap();
-            let listed = cairn_core::index::decode(&obj.path, &body).unwrap();
+            let listed = cairn_format::index::decode(&obj.path, &body).unwrap();
             indexes.insert(obj.path.clone(), listed.iter().map(|p| pack_path(&p.id.to_hex())).collect());
         }
         repo.load_index().unwrap();

@@ -11,7 +11,7 @@ use std::fs;
 use std::path::PathBuf;
 use std::process::Output;
 
-use cairn_core::platform::parse_local;
+use cairn_core::engine::platform::parse_local;
 use common::{last_json, Cairn, PASSWORD};
 use serde_json::Value;
 use tempfile::TempDir;
@@ -508,9 +508,9 @@ fn backup_time_is_recorded_and_restores_as_usual() {
 
 /// A local storage that lists one snapshot more than it holds, as a listing taken just before
 /// `forget` or `tag` removed that snapshot would.
-struct ListsARemovedSnapshot(cairn_core::storage::OpendalStorage);
+struct ListsARemovedSnapshot(cairn_core::engine::storage::OpendalStorage);
 
-impl cairn_core::storage::Storage for ListsARemovedSnapshot {
+impl cairn_core::engine::storage::Storage for ListsARemovedSnapshot {
     fn location(&self) -> &str {
         self.0.location()
     }
@@ -523,10 +523,13 @@ impl cairn_core::storage::Storage for ListsARemovedSnapshot {
     fn write(&self, path: &str, data: Vec<u8>) -> cairn_core::Result<()> {
         self.0.write(path, data)
     }
-    fn list(&self, dir: &str) -> cairn_core::Result<Vec<cairn_core::storage::ObjectInfo>> {
+    fn list(&self, dir: &str) -> cairn_core::Result<Vec<cairn_core::engine::storage::ObjectInfo>> {
         let mut listed = self.0.list(dir)?;
         if dir == "snapshots" {
-            listed.push(cairn_core::storage::ObjectInfo { path: format!("snapshots/{}", "ab".repeat(32)), size: 200 });
+            listed.push(cairn_core::engine::storage::ObjectInfo {
+                path: format!("snapshots/{}", "ab".repeat(32)),
+                size: 200,
+            });
         }
         Ok(listed)
     }
@@ -556,9 +559,9 @@ fn a_snapshot_removed_while_others_list_them_is_not_damage() {
     // reads them: one that forget or tag removed in between is gone, not damaged.
     let fx = Fx::new();
     let kept = fx.backup_at("2024-07-01 10:00:00", &[]);
-    let local = cairn_core::storage::OpendalStorage::local(fx.cairn.repo.to_str().unwrap()).unwrap();
+    let local = cairn_core::engine::storage::OpendalStorage::local(fx.cairn.repo.to_str().unwrap()).unwrap();
     let storage = std::sync::Arc::new(ListsARemovedSnapshot(local));
-    let repo = cairn_core::repository::Repository::open(storage, PASSWORD.as_bytes()).unwrap();
+    let repo = cairn_core::engine::repository::Repository::open(storage, PASSWORD.as_bytes()).unwrap();
     let (snaps, damaged) = repo.read_snapshots().unwrap();
     assert!(damaged.is_empty(), "{damaged:?}");
     assert_eq!(snaps.iter().map(|(id, _)| id.to_hex()).collect::<Vec<_>>(), [kept]);

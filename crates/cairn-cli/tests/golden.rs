@@ -28,11 +28,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use cairn_core::compress::Codec;
-use cairn_core::crypto::MasterKey;
-use cairn_core::pack::{decode_blob, read_header, BlobKind, PackWriter};
-use cairn_core::sealed::{self, SealedKind};
-use cairn_core::tree::{Chunk, Node, NodeKind};
+use cairn_format::compress::Codec;
+use cairn_format::crypto::MasterKey;
+use cairn_format::pack::{decode_blob, read_header, BlobKind, PackWriter};
+use cairn_format::sealed::{self, SealedKind};
+use cairn_format::tree::{Chunk, Node, NodeKind};
 use common::{is_root, read_noatime, restored_path, scan, scan_source, Cairn, Kind, Meta, Scan};
 
 /// Where the golden tree was when it was backed up (recorded in the snapshot).
@@ -653,7 +653,7 @@ fn golden_manifest_is_complete() {
 /// one derived from the master secret.
 #[test]
 fn config_v2_golden_vector() {
-    use cairn_core::config::Config;
+    use cairn_format::config::Config;
     let bytes = fs::read(golden_dir().join("config-v2.json")).expect("golden config");
     let config: Config = serde_json::from_slice(&bytes).expect("parses");
     assert_eq!(config.version, 2);
@@ -674,8 +674,8 @@ const GOLDEN_COPIED_BLOB_ID: &str = "dd64f0a7bdbe3fb7642c64dcedd264d436c1211ea57
 /// version 1 reader decodes the same snapshot without it.
 #[test]
 fn snapshot_with_original_golden_vector() {
-    use cairn_core::id::{BlobId, SnapshotId};
-    use cairn_core::snapshot::Snapshot;
+    use cairn_format::id::{BlobId, SnapshotId};
+    use cairn_format::snapshot::Snapshot;
     let bytes = fs::read(golden_dir().join("snapshot-original-v2.bin")).expect("golden snapshot");
     let snap = Snapshot::from_bytes("snapshot-original-v2.bin", &bytes).expect("parses");
     assert_eq!(snap.original, Some(SnapshotId([0x11; 32])));
@@ -692,16 +692,16 @@ fn snapshot_with_original_golden_vector() {
 
 /// The start hint the golden repository's hint vector should hold: written at 1,700,000,000
 /// and naming the packs its index says hold trees, each to where its last blob ends.
-fn golden_hint(repo: &cairn_core::repository::Repository) -> cairn_core::hint::Hint {
+fn golden_hint(repo: &cairn_core::engine::repository::Repository) -> cairn_format::hint::Hint {
     repo.load_index().expect("index");
     let ends = repo.index().pack_ends();
     let tree_packs = repo
         .index()
         .tree_packs()
         .into_iter()
-        .map(|(no, pack, _)| cairn_core::hint::TreePack { pack, length: ends[no as usize] })
+        .map(|(no, pack, _)| cairn_format::hint::TreePack { pack, length: ends[no as usize] })
         .collect();
-    cairn_core::hint::Hint { version: cairn_core::hint::VERSION, written: 1_700_000_000, tree_packs }
+    cairn_format::hint::Hint { version: cairn_format::hint::VERSION, written: 1_700_000_000, tree_packs }
 }
 
 /// The golden repository's one key file.
@@ -725,7 +725,7 @@ fn golden_repository_with_hint() -> (tempfile::TempDir, Cairn) {
 fn hint_golden_vector() {
     let bytes = fs::read(golden_dir().join("hint-v1.bin")).expect("golden hint");
     assert_eq!(&bytes[..9], b"cairnhnt\x01");
-    let parts = cairn_core::hint::split(&bytes).expect("splits");
+    let parts = cairn_format::hint::split(&bytes).expect("splits");
     let key_file = golden_key_file();
     assert_eq!(parts.key_file, fs::read(&key_file).expect("key file"), "carries the repository's key file");
     assert_eq!(parts.key_id().to_hex(), key_file.file_name().unwrap().to_str().unwrap());
@@ -749,6 +749,6 @@ fn generate_hint_vector() {
     let (repo, _) = cairn.open();
     let key_file = golden_key_file();
     let sealed = sealed::seal(repo.key(), SealedKind::Hint, &golden_hint(&repo).to_bytes());
-    let bytes = cairn_core::hint::join(&fs::read(key_file).expect("key file"), &sealed);
+    let bytes = cairn_format::hint::join(&fs::read(key_file).expect("key file"), &sealed);
     fs::write(golden_dir().join("hint-v1.bin"), bytes).expect("write the hint vector");
 }

@@ -176,7 +176,7 @@ fn a_key_file_the_start_hint_carries_opens_only_while_it_is_listed() {
     second.backup(&[&src], &[]);
     let hint = std::fs::read(dir.path().join("repo/hint")).unwrap();
     let k2 = in_use(&second);
-    let carried = cairn_core::hint::split(&hint).unwrap().key_id().to_hex();
+    let carried = cairn_format::hint::split(&hint).unwrap().key_id().to_hex();
     assert!(carried.starts_with(&k2), "the hint carries {carried}, not the key in use {k2}");
 
     // The first password opens past the hint's key (which refuses it).

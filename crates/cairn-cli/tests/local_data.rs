@@ -13,9 +13,9 @@ use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use cairn_core::id::BlobId;
-use cairn_core::pack::BlobKind;
-use cairn_core::tree::Chunk;
+use cairn_format::id::BlobId;
+use cairn_format::pack::BlobKind;
+use cairn_format::tree::Chunk;
 use common::{assert_same, last_json, read_noatime, restored_path, scan, scan_source, Cairn, Rng, Scan, PASSWORD};
 use serde_json::Value;
 use tempfile::TempDir;

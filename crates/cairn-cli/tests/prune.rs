@@ -479,12 +479,15 @@ fn recompress_changes_the_codec_and_everything_still_restores() {
     // Codecs of the blobs stored compressed (a blob that does not compress is stored as it is).
     let codecs = |fx: &Fx| -> Vec<String> {
         let all = fx.cairn.stored_blobs();
-        let set: std::collections::BTreeSet<String> =
-            all.iter().filter(|b| b.codec != cairn_core::compress::Codec::None).map(|b| b.codec.to_string()).collect();
+        let set: std::collections::BTreeSet<String> = all
+            .iter()
+            .filter(|b| b.codec != cairn_format::compress::Codec::None)
+            .map(|b| b.codec.to_string())
+            .collect();
         set.into_iter().collect()
     };
     assert!(codecs(&fx).iter().all(|c| c.starts_with("zstd")), "{:?}", codecs(&fx));
-    let compressed = fx.cairn.stored_blobs().iter().filter(|b| b.codec != cairn_core::compress::Codec::None).count();
+    let compressed = fx.cairn.stored_blobs().iter().filter(|b| b.codec != cairn_format::compress::Codec::None).count();
     assert!(compressed >= 6, "the text files were stored compressed");
     let s = last_json(&fx.cairn.ok(["--json", "recompress", "--to", "lz4"]));
     assert_eq!(s["plan"]["reencode_blobs"].as_u64().unwrap(), compressed as u64, "{s}");
@@ -528,7 +531,7 @@ fn copy_dir(from: &Path, to: &Path) {
 fn plant_lock(repo: &Path, pid: u32) {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let info = serde_json::json!({
-        "version": 1, "exclusive": false, "hostname": cairn_core::platform::hostname(),
+        "version": 1, "exclusive": false, "hostname": cairn_core::engine::platform::hostname(),
         "username": "tester", "pid": pid, "created": now, "refreshed": now,
     });
     fs::write(repo.join("locks").join(format!("{:032x}", u128::from(pid) * 7919)), info.to_string()).unwrap();
@@ -540,7 +543,7 @@ fn plant_lock(repo: &Path, pid: u32) {
 fn a_damaged_manifest_is_noted_ignored_and_removed() {
     let mut fx = forgotten_half();
     let junk = b"not a sealed file at all".to_vec();
-    let name = cairn_core::id::DeletionId::hash_of(&junk).to_hex();
+    let name = cairn_format::id::DeletionId::hash_of(&junk).to_hex();
     fs::create_dir_all(fx.cairn.repo.join("deletions")).unwrap();
     fs::write(fx.cairn.repo.join("deletions").join(&name), &junk).unwrap();
     let (code, s) = check(&fx.cairn, &[]);

@@ -407,14 +407,16 @@ fn init_refuses_leftover_objects(location: &str) {
         std::env::set_var(k, v);
     }
     let s = servers::servers();
-    let remote = cairn_core::storage::RemoteOptions {
+    let remote = cairn_core::engine::storage::RemoteOptions {
         sftp_key: Some(s.ssh_key.to_string_lossy().into_owned()),
         sftp_known_hosts: Some("accept".into()),
     };
-    let storage =
-        cairn_core::storage::OpendalStorage::open(&cairn_core::storage::Location::parse(location).unwrap(), &remote)
-            .unwrap();
-    use cairn_core::storage::Storage;
+    let storage = cairn_core::engine::storage::OpendalStorage::open(
+        &cairn_core::engine::storage::Location::parse(location).unwrap(),
+        &remote,
+    )
+    .unwrap();
+    use cairn_core::engine::storage::Storage;
     storage.delete("config").unwrap();
     let objects = |dir: &str| storage.list(dir).unwrap().len();
     let before: Vec<usize> = ["keys", "index", "snapshots", "data"].iter().map(|d| objects(d)).collect();

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use cairn_core::pack::BlobKind;
+use cairn_format::pack::BlobKind;
 use common::{
     assert_same, last_json, read_noatime, restored_path, scan, scan_source, Cairn, Kind, Rng, Scan, PASSWORD,
 };

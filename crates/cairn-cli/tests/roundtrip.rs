@@ -17,8 +17,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use cairn_core::compress::Codec;
-use cairn_core::pack::BlobKind;
+use cairn_format::compress::Codec;
+use cairn_format::pack::BlobKind;
 use common::{
     assert_same, count_files, reset_times, restored_path, scan, scan_source, Cairn, Kind, Rng, Scan, StoredBlob,
     PASSWORD,

@@ -195,7 +195,7 @@ fn a_restore_that_cannot_have_its_lock_stops_and_says_why() {
     // An exclusive lock (a repair's) of a live process on this host: this test's own.
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let info = serde_json::json!({
-        "version": 1, "exclusive": true, "hostname": cairn_core::platform::hostname(),
+        "version": 1, "exclusive": true, "hostname": cairn_core::engine::platform::hostname(),
         "username": "tester", "pid": std::process::id(), "created": now, "refreshed": now,
     });
     let planted = cairn.repo.join("locks").join(format!("{:032x}", 0xfeed_u64));

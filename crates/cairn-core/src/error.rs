@@ -49,7 +49,7 @@ pub enum Error {
         path: String,
         /// The backend's error.
         #[source]
-        source: Box<opendal::Error>,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A stored object does not exist.
     #[error("{0} does not exist in the repository")]
@@ -146,6 +146,22 @@ impl Error {
     }
 }
 
+impl From<cairn_format::Error> for Error {
+    /// Each fault in an object's bytes becomes the variant of the same name, so a caller
+    /// matches one error type whichever floor found it.
+    fn from(e: cairn_format::Error) -> Self {
+        use cairn_format::Error as F;
+        match e {
+            F::Corrupt { file, why } => Error::Corrupt { file, why },
+            F::Invalid { file, why } => Error::Invalid { file, why },
+            F::UnsupportedVersion { found, supported } => Error::UnsupportedVersion { found, supported },
+            F::InvalidId(what) => Error::InvalidId(what),
+            F::Usage(what) => Error::Usage(what),
+            F::Internal(what) => Error::Internal(what),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,8 +169,8 @@ mod tests {
     #[test]
     fn library_messages_name_no_cli_flags() {
         let messages = [
-            "x".parse::<crate::restore::Overwrite>().unwrap_err().to_string(),
-            "x".parse::<crate::restore::SparseMode>().unwrap_err().to_string(),
+            "x".parse::<crate::commands::restore::Overwrite>().unwrap_err().to_string(),
+            "x".parse::<crate::commands::restore::SparseMode>().unwrap_err().to_string(),
             Error::NoRepository("/r".into()).to_string(),
             Error::HoldsObjects { repo: "/r".into(), found: "1 key file".into() }.to_string(),
         ];

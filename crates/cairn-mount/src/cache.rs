@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use cairn_core::id::BlobId;
+use cairn_format::id::BlobId;
 
 /// A blob's plaintext, shared by the cache and the reads that copy out of it.
 pub type Blob = Arc<Vec<u8>>;

@@ -13,10 +13,10 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
+use cairn_core::engine::repository::Repository;
 use cairn_core::error::{Error, Result};
-use cairn_core::id::BlobId;
-use cairn_core::repository::Repository;
-use cairn_core::tree::{Chunk, Node};
+use cairn_format::id::BlobId;
+use cairn_format::tree::{Chunk, Node};
 
 use crate::cache::{Blob, BlobCache};
 use crate::prefetch::{Blobs, Prefetch, Source, Stream};

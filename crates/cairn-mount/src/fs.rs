@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use cairn_core::engine::repository::Repository;
 use cairn_core::error::Error;
-use cairn_core::repository::Repository;
-use cairn_core::tree::{Node, NodeKind, Timestamp};
+use cairn_format::tree::{Node, NodeKind, Timestamp};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
     LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
@@ -117,7 +117,7 @@ fn node_attr(ino: u64, n: &Node) -> FileAttr {
     };
     // Blocks hold what is stored: zero chunks (holes) take none, as in the source.
     let stored: u64 =
-        n.content.iter().filter(|c| matches!(c, cairn_core::tree::Chunk::Data { .. })).map(|c| c.len()).sum();
+        n.content.iter().filter(|c| matches!(c, cairn_format::tree::Chunk::Data { .. })).map(|c| c.len()).sum();
     FileAttr {
         ino: INodeNo(ino),
         size: if n.kind == NodeKind::Symlink { n.target.len() as u64 } else { n.size },

@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
+use cairn_core::engine::repository::Repository;
 use cairn_core::error::Result;
-use cairn_core::repository::Repository;
-use cairn_core::tree::{Node, NodeKind, Timestamp};
+use cairn_format::tree::{Node, NodeKind, Timestamp};
 
 /// An inode number (1 is the root).
 pub type Ino = u64;

@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
 
-use cairn_core::id::SnapshotId;
-use cairn_core::snapshot::Snapshot;
-use cairn_core::tree::{Node, NodeKind, Timestamp};
+use cairn_format::id::SnapshotId;
+use cairn_format::snapshot::Snapshot;
+use cairn_format::tree::{Node, NodeKind, Timestamp};
 
 use crate::inodes::{Child, Ino, Inodes, What, ROOT};
 
@@ -57,7 +57,7 @@ pub fn build(inodes: &Inodes, snapshots: &[(SnapshotId, Snapshot)], mounted_at: 
 
 /// A host or tag that can be a file name.
 fn usable_name(name: &str) -> bool {
-    cairn_core::tree::check_name(name.as_bytes()).is_ok()
+    cairn_format::tree::check_name(name.as_bytes()).is_ok()
 }
 
 /// A directory of `snaps` (oldest first) named by their times, and `latest`.

@@ -5,7 +5,7 @@
 //! owners, times, symlinks, hard links (one inode number per group) and extended attributes
 //! the snapshot recorded; holes read as zeros.
 //!
-//! Reads go through the shared read path ([`cairn_core::read`]): one long-lived pipeline per
+//! Reads go through the shared read path ([`cairn_core::engine::read`]): one long-lived pipeline per
 //! mount reads ahead for every reader — a large file read in order, the small files along a
 //! walk of the snapshot's tree from the one opened — many coalesced reads in flight, blobs
 //! decoded once on all cores into a cache of verified plaintext kept within a byte budget
@@ -25,10 +25,10 @@ mod walk;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use cairn_core::engine::repository::Repository;
 use cairn_core::error::{Error, Result};
-use cairn_core::id::SnapshotId;
-use cairn_core::repository::Repository;
-use cairn_core::snapshot::Snapshot;
+use cairn_format::id::SnapshotId;
+use cairn_format::snapshot::Snapshot;
 use fuser::{MountOption, Session, SessionACL};
 
 pub use layout::time_name;
@@ -142,9 +142,9 @@ pub fn mount(
     check_mountpoint(mountpoint)?;
     let repo = Arc::new(repo);
     let inodes = Arc::new(inodes::Inodes::new());
-    layout::build(&inodes, snapshots, cairn_core::tree::Timestamp { secs: chrono::Utc::now().timestamp(), nanos: 0 });
-    let budget = (opts.max_memory / 2).max(cairn_core::read::MAX_READ * 4);
-    let cache = Arc::new(cache::BlobCache::new((opts.max_memory / 2).max(cairn_core::read::MAX_READ * 4)));
+    layout::build(&inodes, snapshots, cairn_format::tree::Timestamp { secs: chrono::Utc::now().timestamp(), nanos: 0 });
+    let budget = (opts.max_memory / 2).max(cairn_core::engine::read::MAX_READ * 4);
+    let cache = Arc::new(cache::BlobCache::new((opts.max_memory / 2).max(cairn_core::engine::read::MAX_READ * 4)));
     let limits = prefetch::Limits {
         budget,
         // A stream's blobs handed out ahead of its reader fit in half the cache (ranges plus

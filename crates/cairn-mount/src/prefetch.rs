@@ -1,4 +1,4 @@
-//! Read-ahead for the whole mount: one long-lived read pipeline ([`cairn_core::read`]: fetch
+//! Read-ahead for the whole mount: one long-lived read pipeline ([`cairn_core::engine::read`]: fetch
 //! workers, decode workers, verified blobs into the [`BlobCache`]) fed from a queue of
 //! [`Stream`]s, each an ordered list of blobs some reader will want and how far that reader has
 //! got.
@@ -18,11 +18,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use cairn_core::engine::read::{
+    coalesce, coalesce_gap, ordered_reads, Decoded, PackRead, Plain, Queued, Reader, Sink, Slots,
+};
+use cairn_core::engine::repository::Repository;
 use cairn_core::error::{Error, Result};
-use cairn_core::id::BlobId;
-use cairn_core::pack::BlobEntry;
-use cairn_core::read::{coalesce, coalesce_gap, ordered_reads, Decoded, PackRead, Plain, Queued, Reader, Sink, Slots};
-use cairn_core::repository::Repository;
+use cairn_format::id::BlobId;
+use cairn_format::pack::BlobEntry;
 
 use crate::cache::BlobCache;
 
@@ -480,11 +482,11 @@ mod tests {
     use std::path::Path;
     use std::time::Instant;
 
-    use cairn_core::backup::{backup, BackupOptions, Progress};
-    use cairn_core::keyfile::KdfParams;
-    use cairn_core::repository::InitOptions;
-    use cairn_core::storage::OpendalStorage;
-    use cairn_core::tree::NodeKind;
+    use cairn_core::commands::backup::{backup, BackupOptions, Progress};
+    use cairn_core::engine::repository::InitOptions;
+    use cairn_core::engine::storage::OpendalStorage;
+    use cairn_format::keyfile::KdfParams;
+    use cairn_format::tree::NodeKind;
 
     use super::*;
     use crate::walk::data_blobs;

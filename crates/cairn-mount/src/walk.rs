@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 
-use cairn_core::id::BlobId;
-use cairn_core::repository::Repository;
-use cairn_core::tree::{Chunk, Node, NodeKind};
+use cairn_core::engine::repository::Repository;
+use cairn_format::id::BlobId;
+use cairn_format::tree::{Chunk, Node, NodeKind};
 
 use crate::inodes::{Child, Ino, Inodes, What};
 use crate::prefetch::Source;

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use std::io::IsTerminal;
 
 use anyhow::{bail, Context, Result};
-use cairn_core::backup::{self, BackupOptions};
-use cairn_core::lock::LockKind;
+use cairn_core::commands::backup::{self, BackupOptions};
+use cairn_format::lock::LockKind;
 use clap::Args as ClapArgs;
 
 use super::{open_locked, parse_codec, parse_size, Global};
@@ -28,8 +28,8 @@ pub struct Args {
     #[arg(long, value_name = "NAME")]
     pub host: Option<String>,
     /// Time to record instead of now (local time, "YYYY-MM-DD HH:MM:SS")
-    #[arg(long, value_name = "TIME", value_parser = cairn_core::platform::parse_local)]
-    pub time: Option<cairn_core::tree::Timestamp>,
+    #[arg(long, value_name = "TIME", value_parser = cairn_core::engine::platform::parse_local)]
+    pub time: Option<cairn_format::tree::Timestamp>,
     /// Chunking: cdc (content-defined, the repository's parameters) or fixed:SIZE (bytes, with
     /// an optional K or M suffix; for disk images)
     #[arg(long, default_value = "cdc", value_name = "CHUNKER")]
@@ -88,7 +88,7 @@ pub struct Args {
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     if a.stdin {
-        cairn_core::tree::check_name(a.stdin_filename.as_bytes())
+        cairn_format::tree::check_name(a.stdin_filename.as_bytes())
             .map_err(|why| anyhow::anyhow!("--stdin-filename wants a plain file name: {why}"))?;
     }
     let (repo, _lock) = open_locked(g, LockKind::Shared)?;
@@ -127,12 +127,12 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         paths.extend(backup::read_files_from(list)?);
     }
     let progress = backup::Progress::default();
-    let done = cairn_core::signal::Signal::default();
+    let done = cairn_core::engine::signal::Signal::default();
     let out = std::thread::scope(|s| {
         if show_progress {
             s.spawn(|| crate::progress::backup(&progress, &done, g.json));
         }
-        let _stop = cairn_core::signal::RaiseOnDrop(&done);
+        let _stop = cairn_core::engine::signal::RaiseOnDrop(&done);
         if a.stdin {
             backup::backup_stdin(&repo, std::io::stdin().lock(), &a.stdin_filename, &opts, &progress)
         } else {

@@ -6,9 +6,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
-use cairn_core::check::{self, CheckOptions, CheckReport, Progress, ReadData};
-use cairn_core::lock::LockKind;
-use cairn_core::preload::Preload;
+use cairn_core::commands::check::{self, CheckOptions, CheckReport, Progress, ReadData};
+use cairn_core::engine::preload::Preload;
+use cairn_format::lock::LockKind;
 use clap::Args as ClapArgs;
 
 use super::{open_locked_then, parse_size, set_on_sigint, state_base, Global, SnapshotArgs};
@@ -48,7 +48,7 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
-    cairn_core::platform::keep_heap_small();
+    cairn_core::engine::platform::keep_heap_small();
     let read_data = match (&a.read_data_subset, a.read_data) {
         (Some(s), _) => ReadData::Subset(s.parse()?),
         (None, true) => ReadData::All,
@@ -59,7 +59,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     if a.resume && record_base.is_none() {
         bail!("--resume keeps its record in the cache directory: give --cache-dir (or drop --no-cache)");
     }
-    let max_duration = a.max_duration.as_deref().map(cairn_core::platform::parse_duration).transpose()?;
+    let max_duration = a.max_duration.as_deref().map(cairn_core::engine::platform::parse_duration).transpose()?;
     let max_memory = a.max_memory.as_deref().map(parse_size).transpose()?;
     // Keys, index, snapshots and the pack listing are listed and fetched beside the lock and
     // the key's round trips, and the check starts while the lock is still being taken: it only

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use cairn_core::copy::{self, CopyOptions, CopyProgress, CopyReport, ReadOptions};
-use cairn_core::lock::LockKind;
-use cairn_core::packwrite::WriteOptions;
-use cairn_core::repository::Repository;
+use cairn_core::commands::copy::{self, CopyOptions, CopyProgress, CopyReport, ReadOptions};
+use cairn_core::engine::packwrite::WriteOptions;
+use cairn_core::engine::repository::Repository;
+use cairn_format::lock::LockKind;
 use clap::Args as ClapArgs;
 
 use super::snapshots::{line, row};
@@ -102,7 +102,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
             codec: dst.config().codec(),
             threads: cores,
             uploads: dst.storage().default_concurrency().clamp(2, 8),
-            index_every: cairn_core::backup::DEFAULT_INDEX_EVERY,
+            index_every: cairn_core::commands::backup::DEFAULT_INDEX_EVERY,
             // These three are set by the copy (its share of --max-memory; the destination's
             // index does not learn what it stores).
             memory: None,

@@ -1,5 +1,5 @@
 //! `cairn diff`: what changed between two snapshots, or two directories or files in them
-//! (`cairn_core::diff`).
+//! (`cairn_core::commands::diff`).
 //!
 //! Text: one line per path, `CODE SIZE PATH` (`+` added, `-` removed, `M` content changed, `T`
 //! kind changed, `U` metadata only with --metadata; directories end in `/`), then the totals.
@@ -11,11 +11,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use cairn_core::diff::{self, Counts, DiffOptions, DiffStats, Entry, Root, Side};
-use cairn_core::lock::LockKind;
-use cairn_core::repository::Repository;
-use cairn_core::tree::NodeKind;
-use cairn_core::trees::{below_root, resolve};
+use cairn_core::commands::diff::{self, Counts, DiffOptions, DiffStats, Entry, Root, Side};
+use cairn_core::engine::repository::Repository;
+use cairn_core::engine::trees::{below_root, resolve};
+use cairn_format::lock::LockKind;
+use cairn_format::tree::NodeKind;
 use clap::Args as ClapArgs;
 use serde_json::json;
 

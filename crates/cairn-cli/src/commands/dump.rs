@@ -4,7 +4,6 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use cairn_core::restore;
 use clap::Args as ClapArgs;
 
 use super::{open_snapshot, Global, Opened};
@@ -33,7 +32,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let concurrency = a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency());
     let max_memory = super::parse_size(&a.max_memory)?;
     let path = path.unwrap_or(std::path::Path::new("/"));
-    let written = restore::dump(&repo, &snap, &id.short(), path, &mut out, concurrency, max_memory)
+    let written = cairn_core::commands::dump::dump(&repo, &snap, &id.short(), path, &mut out, concurrency, max_memory)
         .map_err(anyhow::Error::from)
         .and_then(|_| out.flush().context("cannot write to stdout"));
     match written {

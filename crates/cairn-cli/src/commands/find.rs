@@ -1,4 +1,4 @@
-//! `cairn find`: entries matching glob patterns across snapshots (`cairn_core::find`).
+//! `cairn find`: entries matching glob patterns across snapshots (`cairn_core::commands::find`).
 //!
 //! Text: a table of snapshot, modification time, size and path. JSON (`--json`): one object
 //! per match per line.
@@ -6,9 +6,9 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use cairn_core::find::{self, Matcher};
-use cairn_core::lock::LockKind;
-use cairn_core::tree::{NodeKind, Timestamp};
+use cairn_core::commands::find::{self, Matcher};
+use cairn_format::lock::LockKind;
+use cairn_format::tree::{NodeKind, Timestamp};
 use clap::Args as ClapArgs;
 use serde_json::json;
 
@@ -68,7 +68,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         } else {
             let size = if node.kind == NodeKind::Dir { String::new() } else { output::bytes(node.size) };
             let slash = if node.kind == NodeKind::Dir { "/" } else { "" };
-            let time = cairn_core::platform::format_local(node.mtime);
+            let time = cairn_core::engine::platform::format_local(node.mtime);
             outln!("{:<10} {time:<19} {size:>11}  {}{slash}", id.short(), path.display());
         }
         Ok(())
@@ -84,14 +84,14 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
 fn parse_time(s: &str) -> Result<Timestamp> {
     let s = s.trim().replacen('T', " ", 1);
     let full = if s.len() == 10 { format!("{s} 00:00:00") } else { s };
-    Ok(cairn_core::platform::parse_local(&full)?)
+    Ok(cairn_core::engine::platform::parse_local(&full)?)
 }
 
 /// As [`parse_time`], a date alone meaning its last second.
 fn parse_end_time(s: &str) -> Result<Timestamp> {
     let t = s.trim();
     if t.len() == 10 {
-        return Ok(cairn_core::platform::parse_local(&format!("{t} 23:59:59"))
+        return Ok(cairn_core::engine::platform::parse_local(&format!("{t} 23:59:59"))
             .map(|ts| Timestamp { secs: ts.secs, nanos: 999_999_999 })?);
     }
     parse_time(t)

@@ -1,5 +1,5 @@
 //! `cairn forget`: remove snapshots named by ID or left out by a retention policy
-//! (`cairn_core::forget`). Only snapshot files are removed; the data they referenced stays
+//! (`cairn_core::commands::forget`). Only snapshot files are removed; the data they referenced stays
 //! until a prune.
 //!
 //! Forget takes a **shared** lock, as backup does: removing a snapshot file never harms a
@@ -10,10 +10,10 @@
 use std::process::ExitCode;
 
 use anyhow::{bail, Result};
-use cairn_core::forget::{self, Count, GroupBy, GroupDecision, Plan, Policy, Span};
-use cairn_core::id::SnapshotId;
-use cairn_core::lock::LockKind;
-use cairn_core::snapshot::Snapshot;
+use cairn_core::commands::forget::{self, Count, GroupBy, GroupDecision, Plan, Policy, Span};
+use cairn_format::id::SnapshotId;
+use cairn_format::lock::LockKind;
+use cairn_format::snapshot::Snapshot;
 use clap::Args as ClapArgs;
 use serde_json::json;
 
@@ -122,7 +122,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         return Ok(ExitCode::from(2));
     }
     let (repo, held) = open_locked(g, LockKind::Shared)?;
-    let now = cairn_core::platform::now();
+    let now = cairn_core::engine::platform::now();
     let plan = Plan::new(&policy, repo.snapshots()?, &a.filters.filter(&a.ids), a.group_by, now)?;
     if let Some(why) = plan.refusal().filter(|_| !a.allow_remove_all) {
         bail!("{why}; nothing was removed (--allow-remove-all removes them all the same)");

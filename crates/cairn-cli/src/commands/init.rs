@@ -3,8 +3,8 @@
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use cairn_core::keyfile::KdfParams;
-use cairn_core::repository::{InitOptions, Repository};
+use cairn_core::engine::repository::{InitOptions, Repository};
+use cairn_format::keyfile::KdfParams;
 use clap::Args as ClapArgs;
 
 use super::{parse_codec, storage, Global};

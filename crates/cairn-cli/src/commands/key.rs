@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use cairn_core::keyfile::KdfParams;
-use cairn_core::lock::LockKind;
+use cairn_format::keyfile::KdfParams;
+use cairn_format::lock::LockKind;
 use clap::{Args as ClapArgs, Subcommand};
 use serde_json::json;
 
@@ -75,7 +75,7 @@ pub fn run(g: &Global, k: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn list(g: &Global, repo: &cairn_core::repository::Repository) -> Result<()> {
+fn list(g: &Global, repo: &cairn_core::engine::repository::Repository) -> Result<()> {
     let keys = repo.keys()?;
     if g.json {
         let list: Vec<_> = keys

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use cairn_core::tree::{Node, NodeKind};
+use cairn_format::tree::{Node, NodeKind};
 use clap::Args as ClapArgs;
 
 use super::{open, split_spec, Global, WalkMemory};
@@ -30,8 +30,8 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     repo.load_index()?;
     let (spec, path) = split_spec(&a.snapshot)?;
     let (id, snap) = repo.find_snapshot(spec)?;
-    let base = path.and_then(cairn_core::trees::below_root).unwrap_or(Path::new("/"));
-    let start = match cairn_core::trees::resolve(&repo, &snap.tree, base, &id.short())? {
+    let base = path.and_then(cairn_core::engine::trees::below_root).unwrap_or(Path::new("/"));
+    let start = match cairn_core::engine::trees::resolve(&repo, &snap.tree, base, &id.short())? {
         None => snap.tree,
         Some(node) if node.kind == NodeKind::Dir => node.subtree.context("directory without a subtree")?,
         Some(node) => {
@@ -40,7 +40,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         }
     };
     let threads = a.memory.shares(&repo, 0)?.threads;
-    cairn_core::trees::walk(&repo, start, base, threads, |path, node| {
+    cairn_core::engine::trees::walk(&repo, start, base, threads, |path, node| {
         print_node(g, &a, path, node);
         Ok(())
     })?;
@@ -65,7 +65,7 @@ fn print_node(g: &Global, a: &Args, path: &Path, n: &Node) {
         let mut line = format!(
             "{} {owner:>8} {group:>8} {size:>10} {} {}",
             output::mode_string(n.kind, n.mode),
-            cairn_core::platform::format_local(n.mtime),
+            cairn_core::engine::platform::format_local(n.mtime),
             path.display()
         );
         if n.kind == NodeKind::Symlink {

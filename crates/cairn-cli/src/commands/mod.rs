@@ -3,13 +3,14 @@
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
-use cairn_core::cache::Cache;
-use cairn_core::compress::Codec;
-use cairn_core::lock::{Lock, LockKind};
-use cairn_core::memory::MaxMemory;
-use cairn_core::preload::Preload;
-use cairn_core::repository::Repository;
-use cairn_core::storage::{Faults, FaultyStorage, Location, OpendalStorage, RemoteOptions, Storage};
+use cairn_core::engine::cache::Cache;
+use cairn_core::engine::lock::Lock;
+use cairn_core::engine::memory::MaxMemory;
+use cairn_core::engine::preload::Preload;
+use cairn_core::engine::repository::Repository;
+use cairn_core::engine::storage::{Faults, FaultyStorage, Location, OpendalStorage, RemoteOptions, Storage};
+use cairn_format::compress::Codec;
+use cairn_format::lock::LockKind;
 
 pub(crate) use crate::cli::Global;
 use crate::password;
@@ -112,7 +113,7 @@ pub(crate) fn open_locked_releasing<T>(
     kind: LockKind,
     preload: impl FnOnce(bool) -> Preload,
     stop: Option<&std::sync::atomic::AtomicBool>,
-    release: Option<&cairn_core::signal::Signal>,
+    release: Option<&cairn_core::engine::signal::Signal>,
     then: impl FnOnce(&Repository) -> Result<T>,
 ) -> Result<(Repository, Held, T)> {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -130,10 +131,10 @@ pub(crate) fn open_locked_releasing<T>(
             .spawn_scoped(s, || -> Result<(Taken, Option<Vec<String>>)> {
                 let taken = (|| -> Result<(Lock, Option<Vec<String>>)> {
                     // Where there is no repository, nothing is written (the open says so).
-                    if !storage.exists(cairn_core::layout::CONFIG)? {
+                    if !storage.exists(cairn_format::layout::CONFIG)? {
                         return Err(cairn_core::Error::NoRepository(storage.location().to_string()).into());
                     }
-                    let manifests = || relist.then(|| storage.list(cairn_core::layout::Dir::Deletions.name()));
+                    let manifests = || relist.then(|| storage.list(cairn_format::layout::Dir::Deletions.name()));
                     let (lock, listed) = take_lock_beside(storage.clone(), kind, manifests)?;
                     Ok((lock, listed.transpose()?.map(|l| l.into_iter().map(|o| o.path).collect())))
                 })();
@@ -152,7 +153,7 @@ pub(crate) fn open_locked_releasing<T>(
             })
             .map_err(|e| cairn_core::Error::io("lock", "cannot start a thread", e))?;
         // However `then` ends (a panic included), the lock thread stops waiting for `release`.
-        struct Finished<'a>(&'a AtomicBool, Option<&'a cairn_core::signal::Signal>);
+        struct Finished<'a>(&'a AtomicBool, Option<&'a cairn_core::engine::signal::Signal>);
         impl Drop for Finished<'_> {
             fn drop(&mut self) {
                 self.0.store(true, Ordering::Release);
@@ -177,8 +178,8 @@ pub(crate) fn open_locked_releasing<T>(
     let (repo, done) = opened?;
     let (held, listed) = held?;
     if let (Some(listed), Some(seen)) = (listed, repo.deletions_seen()) {
-        let mut listed = listed.iter().filter_map(|p| cairn_core::layout::parse_deletion_path(p));
-        if let Some(new) = listed.find(|id| !seen.contains(id)).map(|id| cairn_core::layout::deletion_path(&id)) {
+        let mut listed = listed.iter().filter_map(|p| cairn_format::layout::parse_deletion_path(p));
+        if let Some(new) = listed.find(|id| !seen.contains(id)).map(|id| cairn_format::layout::deletion_path(&id)) {
             bail!(
                 "a prune stored {new} while this command was opening the repository, so what it read may be out of \
                  date: run it again"
@@ -200,11 +201,11 @@ pub(crate) fn open_with(global: &Global, storage: Arc<dyn Storage>, pw: &[u8]) -
 fn open_preloaded(global: &Global, storage: Arc<dyn Storage>, pw: &[u8], preload: &Preload) -> Result<Repository> {
     let hints = state_base(global);
     let location = storage.location().to_string();
-    let hint = hints.as_deref().and_then(|b| cairn_core::cache::key_hint(b, &location));
+    let hint = hints.as_deref().and_then(|b| cairn_core::engine::cache::key_hint(b, &location));
     let mut repo = Repository::open_preloaded(storage, pw, &Preload { key: hint, ..preload.clone() })?;
     if let (Some(base), Some(id)) = (&hints, repo.key_id()) {
         if hint != Some(id) {
-            cairn_core::cache::remember_key(base, &location, &id);
+            cairn_core::engine::cache::remember_key(base, &location, &id);
         }
     }
     if let Some(base) = cache_base(global, &**repo.storage()) {
@@ -275,8 +276,8 @@ pub(crate) struct Opened<'a> {
     pub repo: Repository,
     /// Held until the command ends: bind it (`_lock`); a pattern with `..` drops it at once.
     _lock: Lock,
-    pub id: cairn_core::id::SnapshotId,
-    pub snapshot: cairn_core::snapshot::Snapshot,
+    pub id: cairn_format::id::SnapshotId,
+    pub snapshot: cairn_format::snapshot::Snapshot,
     pub path: Option<&'a std::path::Path>,
 }
 
@@ -315,7 +316,7 @@ pub(crate) fn parse_codec(s: &str) -> Result<Codec> {
 
 /// Parses a byte size: a number with an optional K, M, G or T suffix (binary units).
 pub(crate) fn parse_size(s: &str) -> Result<u64> {
-    Ok(cairn_core::platform::parse_size(s)?)
+    Ok(cairn_core::engine::platform::parse_size(s)?)
 }
 
 /// `1 snapshot`, `2 snapshots`.
@@ -345,9 +346,9 @@ pub struct WalkMemory {
 impl WalkMemory {
     /// The walk's shares of the budget in `repo` (its index loaded), the command keeping
     /// `extra` bytes besides.
-    pub fn shares(&self, repo: &Repository, extra: u64) -> Result<cairn_core::trees::WalkShares> {
+    pub fn shares(&self, repo: &Repository, extra: u64) -> Result<cairn_core::engine::trees::WalkShares> {
         let max = max_memory(self.max_memory.as_deref())?;
-        Ok(cairn_core::trees::WalkShares::of(repo, max, repo.storage().default_concurrency(), extra)?)
+        Ok(cairn_core::engine::trees::WalkShares::of(repo, max, repo.storage().default_concurrency(), extra)?)
     }
 }
 
@@ -363,7 +364,7 @@ pub struct SnapshotArgs {
 
 impl SnapshotArgs {
     /// The library's filter.
-    pub fn filter(&self) -> cairn_core::select::SnapshotFilter {
+    pub fn filter(&self) -> cairn_core::engine::select::SnapshotFilter {
         self.filters.filter(&self.ids)
     }
 }
@@ -384,8 +385,8 @@ pub struct FilterArgs {
 
 impl FilterArgs {
     /// The library's filter choosing `ids` (none: every snapshot) narrowed by these filters.
-    pub fn filter(&self, ids: &[String]) -> cairn_core::select::SnapshotFilter {
-        cairn_core::select::SnapshotFilter {
+    pub fn filter(&self, ids: &[String]) -> cairn_core::engine::select::SnapshotFilter {
+        cairn_core::engine::select::SnapshotFilter {
             ids: ids.to_vec(),
             hosts: self.hosts.clone(),
             tags: self.tags.clone(),

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use cairn_core::lock::LockKind;
+use cairn_format::lock::LockKind;
 use clap::Args as ClapArgs;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 

@@ -4,10 +4,10 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 
 use anyhow::Result;
-use cairn_core::lock::LockKind;
-use cairn_core::packwrite::WriteOptions;
-use cairn_core::prune::{self, CodecUse, Limit, PlanOptions, PruneOptions, PruneReport, RepackOptions};
-use cairn_core::repository::Repository;
+use cairn_core::commands::prune::{self, CodecUse, Limit, PlanOptions, PruneOptions, PruneReport, RepackOptions};
+use cairn_core::engine::packwrite::WriteOptions;
+use cairn_core::engine::repository::Repository;
+use cairn_format::lock::LockKind;
 use clap::Args as ClapArgs;
 
 use super::{cancel_on_sigint, lock, max_memory, open, parse_size, Global};
@@ -76,7 +76,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
 
 /// Runs a prune with `plan` on `repo` (taking the prune lock) and prints its report.
 pub(crate) fn run_plan(g: &Global, repo: &Repository, plan: PlanOptions, a: &RunArgs) -> Result<ExitCode> {
-    cairn_core::platform::keep_heap_small();
+    cairn_core::engine::platform::keep_heap_small();
     // The prune reads the index files itself (it keeps them beside the index it builds).
     let held = lock(repo, LockKind::Prune)?;
     let cancel = cancel_on_sigint()?;
@@ -99,14 +99,14 @@ pub(crate) fn run_plan(g: &Global, repo: &Repository, plan: PlanOptions, a: &Run
                 codec,
                 threads: packers,
                 uploads: repo.storage().default_concurrency().clamp(2, 8),
-                index_every: cairn_core::backup::DEFAULT_INDEX_EVERY,
+                index_every: cairn_core::commands::backup::DEFAULT_INDEX_EVERY,
                 memory: None,
                 // Nothing looks the repacked blobs up: finishing reads the index files again.
                 index_stored: false,
             },
         },
         dry_run: a.dry_run,
-        max_wait: cairn_core::platform::parse_duration(&a.max_wait)?,
+        max_wait: cairn_core::engine::platform::parse_duration(&a.max_wait)?,
     };
     let last = Mutex::new(String::new());
     let say = |msg: &str| {

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use cairn_core::prune::{Limit, PlanOptions, Recompress};
+use cairn_core::commands::prune::{Limit, PlanOptions, Recompress};
 use clap::Args as ClapArgs;
 
 use super::prune::{run_plan, RunArgs};
@@ -35,7 +35,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     } else {
         repo.load_index()?;
         let chosen = filter.select(&repo)?;
-        Some(cairn_core::prune::needed_blobs(&repo, &chosen)?)
+        Some(cairn_core::commands::prune::needed_blobs(&repo, &chosen)?)
     };
     let plan = PlanOptions {
         max_unused: Limit::Unlimited,

@@ -4,9 +4,9 @@
 use std::process::ExitCode;
 
 use anyhow::{bail, Result};
-use cairn_core::id::PackId;
-use cairn_core::lock::LockKind;
-use cairn_core::repair;
+use cairn_core::commands::repair;
+use cairn_format::id::PackId;
+use cairn_format::lock::LockKind;
 use clap::{Args as ClapArgs, Subcommand};
 
 use super::{lock, open, Global, SnapshotArgs};

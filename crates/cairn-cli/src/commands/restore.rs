@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use cairn_core::lock::LockKind;
-use cairn_core::preload::Preload;
-use cairn_core::restore::{self, LocalData, Progress, RestoreOptions};
+use cairn_core::commands::restore::{self, LocalData, Progress, RestoreOptions};
+use cairn_core::engine::preload::Preload;
+use cairn_format::lock::LockKind;
 use clap::Args as ClapArgs;
 
 use super::{open_locked_releasing, parse_size, set_on_sigint, split_spec, Global};
@@ -109,7 +109,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         },
         local_scanned_hook: std::env::var("CAIRN_TEST_LOCAL_SCANNED_HOOK").ok().filter(|c| !c.is_empty()),
         write_latency: match std::env::var("CAIRN_INJECT_WRITE_LATENCY") {
-            Ok(v) if !v.is_empty() => cairn_core::storage::parse_fault_duration(&v)
+            Ok(v) if !v.is_empty() => cairn_core::engine::storage::parse_fault_duration(&v)
                 .ok_or_else(|| anyhow::anyhow!("CAIRN_INJECT_WRITE_LATENCY: bad duration {v:?}: use e.g. 20ms"))?,
             _ => Duration::ZERO,
         },

@@ -3,9 +3,9 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use cairn_core::forget::{self, GroupBy, GroupKey};
-use cairn_core::id::SnapshotId;
-use cairn_core::snapshot::Snapshot;
+use cairn_core::commands::forget::{self, GroupBy, GroupKey};
+use cairn_format::id::SnapshotId;
+use cairn_format::snapshot::Snapshot;
 use clap::Args as ClapArgs;
 use serde_json::json;
 
@@ -97,6 +97,6 @@ pub(crate) fn line(id: &str, time: &str, host: &str, tags: &str, extra: &str, pa
 
 /// [`line`] for snapshot `s`.
 pub(crate) fn row(id: &SnapshotId, s: &Snapshot, extra: &str) -> String {
-    let time = cairn_core::platform::format_local(s.time);
+    let time = cairn_core::engine::platform::format_local(s.time);
     line(&id.short(), &time, &s.hostname, &s.tags.join(","), extra, &s.paths.join(" "))
 }

@@ -1,4 +1,4 @@
-//! `cairn stats`: how big snapshots are (`cairn_core::stats`): what a restore writes
+//! `cairn stats`: how big snapshots are (`cairn_core::commands::stats`): what a restore writes
 //! (`--mode restore-size`) or the unique data they reference as stored (`--mode raw-data`).
 //!
 //! JSON (`--json`): one object with both parts, whatever the mode.
@@ -6,8 +6,8 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use cairn_core::lock::LockKind;
-use cairn_core::stats::{self, Stats};
+use cairn_core::commands::stats::{self, Stats};
+use cairn_format::lock::LockKind;
 use clap::{Args as ClapArgs, ValueEnum};
 use serde_json::json;
 

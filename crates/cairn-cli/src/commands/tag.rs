@@ -1,4 +1,4 @@
-//! `cairn tag`: add, remove or replace the tags of snapshots (`cairn_core::tag`).
+//! `cairn tag`: add, remove or replace the tags of snapshots (`cairn_core::commands::tag`).
 //!
 //! Tag takes a **shared** lock: each changed snapshot is written as a new file before the old
 //! one is deleted, so a backup choosing its parent or a restore finding its snapshot meanwhile
@@ -7,8 +7,8 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use cairn_core::lock::LockKind;
-use cairn_core::tag::{self, TagChange};
+use cairn_core::commands::tag::{self, TagChange};
+use cairn_format::lock::LockKind;
 use clap::{ArgGroup, Args as ClapArgs};
 
 use super::{open_locked, plural, FilterArgs, Global};

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use cairn_core::lock;
+use cairn_core::engine::lock;
 use clap::Args as ClapArgs;
 
 use super::{open, Global};

@@ -19,12 +19,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
 
-use cairn_core::compress::Codec;
-use cairn_core::crypto::MasterKey;
-use cairn_core::id::BlobId;
-use cairn_core::pack::{read_header, BlobKind};
-use cairn_core::repository::Repository;
-use cairn_core::storage::{OpendalStorage, Storage};
+use cairn_core::engine::repository::Repository;
+use cairn_core::engine::storage::{OpendalStorage, Storage};
+use cairn_format::compress::Codec;
+use cairn_format::crypto::MasterKey;
+use cairn_format::id::BlobId;
+use cairn_format::pack::{read_header, BlobKind};
 use filetime::FileTime;
 use serde_json::Value;
 

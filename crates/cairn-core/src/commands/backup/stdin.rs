@@ -1,0 +1,44 @@
+//! Standard input as the source (`--stdin --stdin-filename NAME`): one stream becomes one
+//! file named NAME at the top of the snapshot, e.g. `pg_dump db | cairn backup --stdin`.
+
+use std::io::Read;
+use std::sync::atomic::Ordering;
+
+use super::chunk::chunk_stream;
+use super::pending::PendingDir;
+use super::progress::Counters;
+use super::{run, BackupOptions, BackupOutcome, Progress};
+use crate::engine::platform::{self, NameCache};
+use crate::engine::repository::Repository;
+use crate::error::{Error, Result};
+use cairn_format::tree::{check_name, Node, NodeKind};
+
+/// Backs up everything `input` yields as the file `/NAME` and writes a snapshot.
+pub fn backup_stdin(
+    repo: &Repository,
+    input: impl Read,
+    name: &str,
+    opts: &BackupOptions,
+    progress: &Progress,
+) -> Result<BackupOutcome> {
+    check_name(name.as_bytes())
+        .map_err(|why| Error::Usage(format!("the name for standard input must be a plain file name: {why}")))?;
+    run(repo, opts, progress, vec![format!("/{name}")], None, |sh| {
+        let (content, len) = chunk_stream(input, "standard input", &sh.chunker, sh.store)?;
+        sh.counters.bytes_read.fetch_add(len, Ordering::Relaxed);
+        Counters::bump(&sh.counters.files_new);
+        progress.file_done(len);
+        let now = platform::now();
+        let (uid, gid) = (uzers::get_current_uid(), uzers::get_current_gid());
+        let mut names = NameCache::default();
+        let mut node = Node::new(name.as_bytes().to_vec(), NodeKind::File);
+        node.mode = 0o600 & !platform::umask();
+        (node.uid, node.gid, node.user, node.group) = (uid, gid, names.user(uid), names.group(gid));
+        (node.atime, node.mtime, node.ctime) = (now, now, now);
+        node.size = len;
+        node.content = content;
+        let root = PendingDir::new(None, None);
+        root.push_done(node);
+        root.listed(sh)
+    })
+}

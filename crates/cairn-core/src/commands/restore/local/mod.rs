@@ -1,0 +1,268 @@
+//! Local-data stage, between compare and fetch: chunks the target still needs that are already
+//! on this machine are copied from there instead of fetched (Duplicati's "patch with local
+//! blocks"). It looks (a) in the files the snapshot was taken from, at the snapshot's original
+//! paths, when they still exist and are not the target itself, and (b) in files of the target
+//! the snapshot does not name (renamed or moved files) or that the restore will rewrite
+//! (swapped files, or one renamed over another).
+//!
+//! `scan.rs` finds where wanted chunks are: a source file is hashed at the snapshot's chunk
+//! offsets first (a file edited in place keeps its chunk boundaries), and cut with the
+//! repository's chunker only when its size changed (its content shifted); the target's files
+//! are cut with the chunker. `copy.rs` then reads each chunk found, hashes it with the
+//! repository's chunk-ID key and compares it with the chunk's ID before it writes it: a local
+//! file's bytes are never trusted unverified, and a file changed after the scan costs a fetch,
+//! never a wrong byte.
+//!
+//! Memory is bounded by the wanted chunks of the entries given (a map of their IDs and where
+//! each was found) and one chunk buffer per thread. Symlinks below the source path and inside
+//! the target are never followed (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`).
+
+mod copy;
+mod scan;
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+
+use super::options::{LocalData, RestoreOptions, Sparse};
+use super::types::{FileState, NeededChunk, Plan};
+use crate::engine::repository::Repository;
+use crate::error::{Error, Result};
+use cairn_format::config::ChunkerParams;
+use cairn_format::crypto::MasterKey;
+
+/// What the local-data stage did for the entries of a plan.
+#[derive(Debug, Default)]
+pub struct Reused {
+    /// Per entry, the chunks still to fetch: those not found, or not verified, locally.
+    pub needed: Vec<Vec<NeededChunk>>,
+    /// Per entry, whether this stage prepared the file and wrote into it: the write stage then
+    /// only opens it, and a failure later removes it like any file written in part.
+    pub prepared: Vec<bool>,
+    /// Bytes copied (with a dry run: found) in the files the snapshot was taken from.
+    pub from_source: u64,
+    /// Bytes copied (or found) in other files of the target.
+    pub from_target: u64,
+}
+
+/// Where the files the restored entries were taken from are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Source {
+    /// The directory the plan's paths are relative to.
+    dir: PathBuf,
+    /// When a single file is restored: its name in `dir`, in place of the plan's name.
+    file_name: Option<OsString>,
+}
+
+impl Source {
+    /// Where the original files of a restore of `base` (below the snapshot's root; `None` for
+    /// the whole snapshot) are for `local`; `into_dir` says whether the plan's entries are the
+    /// contents of `base` (a directory) rather than `base` itself (a file). `None`: nowhere.
+    pub fn locate(local: &LocalData, base: Option<&Path>, into_dir: bool) -> Option<Source> {
+        let original = Path::new("/").join(base.unwrap_or(Path::new("")));
+        let path = match local {
+            LocalData::Off => return None,
+            LocalData::SnapshotPaths => original,
+            LocalData::SourceAt(p) => p.clone(),
+        };
+        if into_dir {
+            return Some(Source { dir: path, file_name: None });
+        }
+        let dir = path.parent().unwrap_or(Path::new("/")).to_path_buf();
+        Some(Source {
+            dir: if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir },
+            file_name: path.file_name().map(OsString::from),
+        })
+    }
+
+    /// The path, relative to [`Source::dir`], of the entry at `rel` in the plan.
+    fn rel<'a>(&self, rel: &'a Path) -> std::borrow::Cow<'a, Path> {
+        match &self.file_name {
+            None => rel.into(),
+            Some(name) => {
+                let mut parts = rel.components();
+                parts.next();
+                let mut p = PathBuf::from(name);
+                p.extend(parts.filter(|c| matches!(c, Component::Normal(_))));
+                p.into()
+            }
+        }
+    }
+}
+
+/// Where a local copy of a chunk was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    /// A file the snapshot was taken from.
+    Source,
+    /// A file of the target the snapshot does not name.
+    Target,
+}
+
+/// What the scan and copy passes share: the key to verify with, the open directories to read
+/// below, the threads and the cancel flag.
+struct Ctx<'a> {
+    key: &'a MasterKey,
+    chunker: ChunkerParams,
+    source: Option<(Source, OwnedFd)>,
+    target: &'a Path,
+    target_dir: Option<OwnedFd>,
+    threads: usize,
+    cancel: &'a AtomicBool,
+}
+
+impl Ctx<'_> {
+    /// The open directory files of `origin` are relative to.
+    fn dir(&self, origin: Origin) -> Option<BorrowedFd<'_>> {
+        match origin {
+            Origin::Source => self.source.as_ref().map(|(_, fd)| fd.as_fd()),
+            Origin::Target => self.target_dir.as_ref().map(|fd| fd.as_fd()),
+        }
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
+}
+
+/// Where the local-data stage looks and writes.
+pub struct Places<'a> {
+    /// The restore's target.
+    pub target: &'a Path,
+    /// Whether the target was empty (nothing in it to reuse; its directories not made yet).
+    pub empty: bool,
+    /// Where the original files are.
+    pub source: Option<Source>,
+}
+
+/// Finds the chunks in `needed` (per entry of `plan`, whose files are in `states` against the
+/// target) that are already on this machine and — unless it is a dry run — copies them into
+/// their files after verifying each.
+pub fn reuse(
+    repo: &Repository,
+    plan: &Plan,
+    states: &[FileState],
+    needed: &[Vec<NeededChunk>],
+    places: Places<'_>,
+    opts: &RestoreOptions,
+) -> Result<Reused> {
+    let Places { target, empty, source } = places;
+    let nothing = || Reused { needed: needed.to_vec(), prepared: vec![false; needed.len()], ..Reused::default() };
+    if opts.local_data == LocalData::Off || needed.iter().all(Vec::is_empty) {
+        return Ok(nothing());
+    }
+    let target_dir = open_dir(target).ok();
+    // Restoring to where the snapshot was taken from: the compare stage already used what is
+    // there.
+    let source = source
+        .and_then(|s| open_dir(&s.dir).ok().map(|fd| (s, fd)))
+        .filter(|(_, fd)| target_dir.as_ref().is_none_or(|t| !same_file(fd.as_fd(), t.as_fd())));
+    let no_cancel = AtomicBool::new(false);
+    let ctx = Ctx {
+        key: repo.key(),
+        chunker: repo.config().chunker,
+        source,
+        target,
+        target_dir: if empty { None } else { target_dir },
+        threads: opts.write_threads.max(1),
+        cancel: opts.cancel.as_deref().unwrap_or(&no_cancel),
+    };
+    if ctx.source.is_none() && ctx.target_dir.is_none() {
+        return Ok(nothing());
+    }
+    let found = scan::scan(&ctx, plan, states, needed)?;
+    if found.spots.is_empty() {
+        return Ok(nothing());
+    }
+    if opts.dry_run {
+        return Ok(copy::dry_run(&found, needed));
+    }
+    if let Some(cmd) = &opts.local_scanned_hook {
+        let _ = std::process::Command::new("sh").arg("-c").arg(cmd).status();
+    }
+    let out = copy::copy(&ctx, plan, states, needed, &found, Sparse::choose(opts, target), !empty)?;
+    if ctx.cancelled() {
+        return Err(Error::Interrupted);
+    }
+    Ok(out)
+}
+
+/// Opens a directory to read files below.
+fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+    let at = crate::engine::platform::At::new(path)?;
+    Ok(rustix::fs::openat(at.dir(), at.name(), OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?)
+}
+
+/// Whether two open files are the same file.
+fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
+    match (rustix::fs::fstat(a), rustix::fs::fstat(b)) {
+        (Ok(a), Ok(b)) => a.st_dev == b.st_dev && a.st_ino == b.st_ino,
+        _ => false,
+    }
+}
+
+/// Opens the regular file at `rel` below `dir` for reading, through no symlink (none of its
+/// components may be one) and never out of `dir`; without updating its access time where that
+/// is permitted. A FIFO is not waited on, and anything but a regular file is refused.
+fn open_beneath(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<File> {
+    let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS;
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
+    let fd = match rustix::fs::openat2(dir, rel, flags | OFlags::NOATIME, Mode::empty(), how) {
+        Err(rustix::io::Errno::PERM) => rustix::fs::openat2(dir, rel, flags, Mode::empty(), how)?,
+        other => other?,
+    };
+    let st = rustix::fs::fstat(&fd)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    Ok(File::from(fd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn located(local: &LocalData, base: Option<&str>, into_dir: bool, rel: &str) -> Option<PathBuf> {
+        let s = Source::locate(local, base.map(Path::new), into_dir)?;
+        Some(s.dir.join(s.rel(Path::new(rel))))
+    }
+
+    #[test]
+    fn originals_are_found_below_the_snapshot_path_or_the_given_one() {
+        let snap = LocalData::SnapshotPaths;
+        // The whole snapshot: its root tree is the file system from `/`.
+        assert_eq!(located(&snap, None, true, "home/me/a.txt"), Some(PathBuf::from("/home/me/a.txt")));
+        // A directory of it: the plan's paths are below that directory.
+        assert_eq!(located(&snap, Some("home/me"), true, "a.txt"), Some(PathBuf::from("/home/me/a.txt")));
+        // A single file: the plan's one entry is named after it.
+        assert_eq!(located(&snap, Some("home/me/a.txt"), false, "a.txt"), Some(PathBuf::from("/home/me/a.txt")));
+        // --use-source=PATH stands for the restored path, whatever its name.
+        let at = LocalData::SourceAt(PathBuf::from("/mnt/old/me"));
+        assert_eq!(located(&at, Some("home/me"), true, "d/a.txt"), Some(PathBuf::from("/mnt/old/me/d/a.txt")));
+        let file = LocalData::SourceAt(PathBuf::from("/mnt/old/renamed.txt"));
+        assert_eq!(located(&file, Some("home/me/a.txt"), false, "a.txt"), Some(PathBuf::from("/mnt/old/renamed.txt")));
+        assert_eq!(located(&LocalData::Off, Some("home/me"), true, "a.txt"), None);
+    }
+
+    #[test]
+    fn opening_below_a_directory_follows_no_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("real")).unwrap();
+        std::fs::write(dir.path().join("real/f"), b"data").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("real"), dir.path().join("link")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("real/f"), dir.path().join("real/flink")).unwrap();
+        let fd = open_dir(dir.path()).unwrap();
+        assert!(open_beneath(fd.as_fd(), Path::new("real/f")).is_ok());
+        assert!(open_beneath(fd.as_fd(), Path::new("link/f")).is_err(), "a symlinked directory is not followed");
+        assert!(open_beneath(fd.as_fd(), Path::new("real/flink")).is_err(), "a symlinked file is not followed");
+        assert!(open_beneath(fd.as_fd(), Path::new("../x")).is_err(), "nothing outside the directory");
+        assert!(open_beneath(fd.as_fd(), Path::new("real")).is_err(), "only regular files");
+        rustix::fs::mknodat(fd.as_fd(), "fifo", rustix::fs::FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+        assert!(open_beneath(fd.as_fd(), Path::new("fifo")).is_err(), "a FIFO is refused without waiting");
+    }
+}

@@ -1,0 +1,170 @@
+//! The state the pipeline's workers share: the plan and each file's progress through it, the
+//! failures and warnings collected on the way, the cancel flag and the gate the writers wait at
+//! until the create stage is done.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+use super::options::Sparse;
+use super::types::{Dest, Fetches, FileState, Plan};
+use crate::engine::profile::StageClock;
+use crate::engine::read::Reader;
+use crate::error::Error;
+use cairn_format::id::{BlobId, IdMap};
+
+/// Failures collected while the pipeline runs.
+pub struct Failures<'a> {
+    pub(super) dests: &'a IdMap<BlobId, Vec<Dest>>,
+    pub(super) entries: Mutex<BTreeMap<usize, String>>,
+}
+
+impl<'a> Failures<'a> {
+    /// No failures yet but the files that need a blob no index lists or a chunk whose recorded
+    /// length differs from its blob's: those can never be restored.
+    pub fn new(fetches: &'a Fetches) -> Self {
+        let failures = Failures { dests: &fetches.dests, entries: Mutex::new(BTreeMap::new()) };
+        for &(entry, id) in &fetches.missing {
+            failures.entry(entry, &format!("blob {} is not in the repository index", id.short()));
+        }
+        for &(entry, id) in &fetches.mismatched {
+            failures.entry(entry, &format!("a chunk's recorded length differs from blob {}", id.short()));
+        }
+        failures
+    }
+
+    /// Every file that needs blob `id` fails with `why`.
+    pub fn blob(&self, id: &BlobId, why: &str) {
+        for d in self.dests.get(id).into_iter().flatten() {
+            self.entry(d.entry as usize, why);
+        }
+    }
+
+    /// Entry `i` fails with `why` (the first reason is kept).
+    pub fn entry(&self, i: usize, why: &str) {
+        self.entries.lock().expect("failures lock").entry(i).or_insert_with(|| why.to_string());
+    }
+}
+
+/// How a file's first write prepared it: done, or the OS error code and message of why not.
+pub type Prepared = std::result::Result<(), (Option<i32>, String)>;
+
+/// State shared by the pipeline's workers.
+pub struct Shared<'a> {
+    pub(super) plan: &'a Plan,
+    pub(super) fetches: &'a Fetches,
+    pub(super) states: &'a [FileState],
+    pub(super) target: &'a Path,
+    /// The read path: fetch and decode, with the byte budget and the read buffers.
+    pub(super) reader: Reader<'a>,
+    pub(super) failures: Failures<'a>,
+    pub(super) write_clock: StageClock,
+    pub(super) remaining: Vec<AtomicU32>,
+    /// Set by a file's first write, once it is prepared (or with why that failed); a failed
+    /// file nothing was written to is left as it was.
+    pub(super) touched: Vec<OnceLock<Prepared>>,
+    pub(super) meta_done: Vec<AtomicBool>,
+    pub(super) written: AtomicU64,
+    pub(super) files_done: AtomicU64,
+    pub(super) cancel: Arc<AtomicBool>,
+    pub(super) fatal: Mutex<Option<Error>>,
+    pub(super) warnings: Mutex<Vec<(PathBuf, String)>>,
+    pub(super) sparse: Sparse,
+    pub(super) is_root: bool,
+    pub(super) umask: u32,
+    /// Directories (relative to the target) with a default ACL while files are written; set
+    /// once they are made.
+    pub(super) acl_dirs: OnceLock<HashSet<PathBuf>>,
+    /// Opens once the directories and the entries without data are made: writers wait for it.
+    pub(super) dirs_ready: Gate,
+    /// Directories and other entries the create stage has made (the watchdog's measure of it).
+    pub(super) created: AtomicU64,
+    /// Fault injection: each write into the target waits this long first
+    /// ([`super::RestoreOptions::write_latency`]).
+    pub(super) write_latency: std::time::Duration,
+}
+
+/// A one-way gate: closed until opened, then open for good.
+#[derive(Default)]
+pub struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    /// Opens the gate and wakes whoever waits.
+    pub fn open(&self) {
+        *self.open.lock().expect("gate lock") = true;
+        self.opened.notify_all();
+    }
+
+    /// Whether the gate is open.
+    pub fn is_open(&self) -> bool {
+        *self.open.lock().expect("gate lock")
+    }
+
+    /// Waits until the gate is open.
+    pub fn wait(&self) {
+        let mut open = self.open.lock().expect("gate lock");
+        while !*open {
+            open = self.opened.wait(open).expect("gate lock");
+        }
+    }
+}
+
+/// Opens its gate when dropped.
+pub struct OpenOnDrop<'a>(pub &'a Gate);
+
+impl Drop for OpenOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
+
+impl Shared<'_> {
+    /// Whether the pipeline is shutting down.
+    pub fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
+
+    /// Stops everything because of an error no other file would escape (disk full, read-only).
+    pub fn fatal(&self, path: PathBuf, e: std::io::Error) {
+        self.fail(Error::io(path, "cannot write", e));
+    }
+
+    /// Stops everything with `e` (the first such error is kept).
+    pub fn fail(&self, e: Error) {
+        self.fatal.lock().expect("fatal lock").get_or_insert(e);
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// Records metadata that could not be applied (or an entry not deleted), with why.
+    pub fn warn(&self, path: PathBuf, why: String) {
+        self.warnings.lock().expect("warnings lock").push((path, why));
+    }
+
+    /// The failed entries with why, once the pipeline is done; a file that failed before
+    /// anything was written to it says that what was at its path is left as it was.
+    pub fn take_failures(&self) -> BTreeMap<usize, String> {
+        let mut failed = std::mem::take(&mut *self.failures.entries.lock().expect("failures lock"));
+        for (&i, why) in failed.iter_mut() {
+            let was_there = matches!(self.states[i], FileState::InPlace { .. } | FileState::Create { clear: true });
+            if was_there && self.touched[i].get().is_none() {
+                why.push_str("; what was already at this path is left as it was");
+            }
+        }
+        failed
+    }
+}
+
+/// How many chunks each entry of `plan` waits for: the write of its last one finishes it.
+pub fn chunks_to_write(plan: &Plan, fetches: &Fetches) -> Vec<AtomicU32> {
+    let mut remaining: Vec<AtomicU32> = (0..plan.entries.len()).map(|_| AtomicU32::new(0)).collect();
+    for dests in fetches.dests.values() {
+        for d in dests {
+            *remaining[d.entry as usize].get_mut() += 1;
+        }
+    }
+    remaining
+}

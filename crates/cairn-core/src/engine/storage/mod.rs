@@ -1,0 +1,102 @@
+//! The one small storage interface the rest of Cairn uses (FORMAT.md §1 gives the layout).
+//!
+//! Every backend goes through Apache OpenDAL ([`opendal_backend`]); fault injection and other
+//! layers wrap a [`Storage`] rather than replace it.
+
+mod fault;
+mod location;
+mod metered;
+mod opendal_backend;
+mod trace;
+
+pub use fault::{parse_duration as parse_fault_duration, Faults, FaultyStorage};
+pub use location::Location;
+pub use metered::{LinkMeter, MeteredStorage};
+pub use opendal_backend::{OpendalStorage, RemoteOptions};
+pub use trace::RequestTrace;
+
+use crate::error::{Error, Result};
+
+/// One object listed by [`Storage::list`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// Path relative to the repository root, with `/` separators.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// Where a repository's objects live. Paths are relative to the repository root and use `/`.
+pub trait Storage: Send + Sync {
+    /// A human-readable location, for messages.
+    fn location(&self) -> &str;
+    /// Reads a whole object.
+    fn read(&self, path: &str) -> Result<Vec<u8>>;
+    /// Reads `len` bytes at `offset` into `buf` (replacing its content, reusing its memory); a
+    /// short object is reported as damaged.
+    fn read_range_into(&self, path: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()>;
+    /// [`Storage::read_range_into`] a new buffer.
+    fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let mut buf = Vec::new();
+        self.read_range_into(path, offset, len, &mut buf)?;
+        Ok(buf)
+    }
+    /// Writes a whole object atomically: readers see all of it or nothing.
+    fn write(&self, path: &str, data: Vec<u8>) -> Result<()>;
+    /// Lists the objects below `dir` (recursively).
+    fn list(&self, dir: &str) -> Result<Vec<ObjectInfo>>;
+    /// Deletes an object; deleting a missing object is not an error.
+    fn delete(&self, path: &str) -> Result<()>;
+    /// Whether an object exists.
+    fn exists(&self, path: &str) -> Result<bool>;
+    /// Makes the repository's root exist (a directory; nothing for a bucket) and checks that it
+    /// can be reached, so `init` fails with one clear line naming the location.
+    fn create(&self) -> Result<()>;
+    /// How many requests to keep in flight by default: a few for a local disk, many for a
+    /// remote server where each request waits a round trip.
+    fn default_concurrency(&self) -> usize;
+    /// Whether the storage is on another machine (worth a local metadata cache).
+    fn is_remote(&self) -> bool;
+    /// Removes temporary objects (`.tmp/`, FORMAT.md §1) last modified more than `age` ago:
+    /// what killed processes were writing. Returns how many were removed.
+    fn remove_stale_temporaries(&self, age: std::time::Duration) -> Result<usize>;
+    /// The record of requests a tracing layer keeps (the fault layer), if any: the read path
+    /// marks its first data fetch in it, `--profile` and tests count round trips with it.
+    fn trace(&self) -> Option<&RequestTrace> {
+        None
+    }
+}
+
+/// How old a temporary object must be before a backup removes it as left behind by a killed
+/// process: far longer than any one object takes to write (FORMAT.md §1).
+pub const STALE_TEMPORARY_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// How many times a read that fails authentication (a short or corrupted transfer) is tried
+/// before the object is reported as damaged.
+const VERIFIED_READ_ATTEMPTS: usize = 3;
+
+/// Reads a content-addressed object whose bytes must hash to its name (FORMAT.md §1), reading it
+/// again if a transfer came back short or damaged.
+pub(crate) fn read_checked(storage: &dyn Storage, path: &str) -> Result<Vec<u8>> {
+    retry_damaged(|| {
+        let bytes = storage.read(path)?;
+        cairn_format::layout::check_name(path, &bytes)?;
+        Ok(bytes)
+    })
+}
+
+/// Runs `read` until it succeeds, fails with something other than damage, or has been tried
+/// [`VERIFIED_READ_ATTEMPTS`] times. Transient storage errors were already retried by the
+/// storage layer; damage that persists is reported.
+pub(crate) fn retry_damaged<T>(mut read: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut attempt = 1;
+    loop {
+        match read() {
+            Err(Error::Corrupt { file, why }) if attempt < VERIFIED_READ_ATTEMPTS => {
+                tracing::warn!("{file} is damaged ({why}); reading it again");
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
