@@ -13,6 +13,7 @@ Environment:
   CAIRN_REPOSITORY      repository location (instead of -r)
   AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION   S3 credentials and region
   CAIRN_SFTP_KEY, CAIRN_SFTP_KNOWN_HOSTS, CAIRN_CACHE_DIR   instead of the options of those names
+  CAIRN_SERVER_TOKEN    the token for a cairn+https:// repository (instead of --server-token-file)
   CAIRN_PASSWORD        repository password
   CAIRN_PASSWORD_FILE   file whose first line is the password (instead of --password-file)
   CAIRN_NEW_PASSWORD    new password for `key add` and `key passwd`
@@ -42,8 +43,8 @@ pub struct Cli {
 
 #[derive(Args, Debug)]
 pub(crate) struct Global {
-    /// Repository location: a local directory, s3:http[s]://HOST[:PORT]/BUCKET[/PREFIX] or
-    /// sftp:[USER@]HOST[:PORT]:/PATH
+    /// Repository location: a local directory, s3:http[s]://HOST[:PORT]/BUCKET[/PREFIX],
+    /// sftp:[USER@]HOST[:PORT]:/PATH or cairn+https://HOST:PORT/NAME (a `cairn serve` server)
     #[arg(short = 'r', long = "repo", env = "CAIRN_REPOSITORY", global = true, value_name = "REPO")]
     pub(crate) repo: Option<String>,
     /// SSH private key for sftp: repositories (default: the agent and ssh's default keys)
@@ -66,6 +67,16 @@ pub(crate) struct Global {
     /// Print machine-readable JSON instead of text
     #[arg(long, global = true)]
     pub(crate) json: bool,
+    /// The token for a cairn+https:// repository, from the first line of FILE
+    /// (CAIRN_SERVER_TOKEN takes precedence)
+    #[arg(long, env = "CAIRN_SERVER_TOKEN_FILE", global = true, value_name = "FILE")]
+    pub(crate) server_token_file: Option<PathBuf>,
+    /// The SHA-256 fingerprint of a cairn+https:// server's certificate (as `cairn serve` prints it)
+    #[arg(long, env = "CAIRN_SERVER_FINGERPRINT", global = true, value_name = "SHA256")]
+    pub(crate) server_fingerprint: Option<String>,
+    /// CA certificates (PEM) a cairn+https:// server's certificate must chain to
+    #[arg(long, env = "CAIRN_SERVER_CA", global = true, value_name = "FILE")]
+    pub(crate) server_ca: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -114,6 +125,8 @@ enum Command {
     Mount(commands::mount::Args),
     /// Copy snapshots from another repository (--from-repo) into this one
     Copy(commands::copy::Args),
+    /// Serve repositories to many hosts over HTTPS, with tokens that may read, append or administer
+    Serve(commands::serve::Args),
 }
 
 /// Runs the command; returns the exit code.
@@ -141,5 +154,6 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Man(a) => commands::man::run(a),
         Command::Mount(a) => commands::mount::run(g, a),
         Command::Copy(a) => commands::copy::run(g, a),
+        Command::Serve(a) => commands::serve::run(g, a),
     }
 }

@@ -32,6 +32,7 @@ pub mod prune;
 pub mod recompress;
 pub mod repair;
 pub mod restore;
+pub mod serve;
 pub mod snapshots;
 pub mod stats;
 pub mod tag;
@@ -50,7 +51,11 @@ pub(crate) fn storage_at(global: &Global, repo: &str) -> Result<Arc<dyn Storage>
         sftp_key: global.sftp_key.as_ref().map(|p| p.to_string_lossy().into_owned()),
         sftp_known_hosts: Some(global.sftp_known_hosts.clone()),
     };
-    let real = OpendalStorage::open(&Location::parse(repo)?, &remote)?;
+    let location = Location::parse(repo)?;
+    if let Location::Server { .. } = location {
+        return serve::client_storage(global, &location);
+    }
+    let real = OpendalStorage::open(&location, &remote)?;
     // Fault injection for tests and benchmarks (docs/DESIGN.md): wraps the real backend.
     match std::env::var("CAIRN_INJECT_FAULTS") {
         Ok(spec) if !spec.is_empty() => Ok(Arc::new(FaultyStorage::new(real, Faults::parse(&spec)?))),

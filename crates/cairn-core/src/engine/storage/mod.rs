@@ -1,18 +1,21 @@
 //! The one small storage interface the rest of Cairn uses (FORMAT.md §1 gives the layout).
 //!
-//! Every backend goes through Apache OpenDAL ([`opendal_backend`]); fault injection and other
-//! layers wrap a [`Storage`] rather than replace it.
+//! Every backend goes through Apache OpenDAL ([`opendal_backend`]), except a repository on a
+//! `cairn serve` server ([`server_client`]); fault injection and other layers wrap a [`Storage`]
+//! rather than replace it.
 
 mod fault;
 mod location;
 mod metered;
 mod opendal_backend;
+mod server_client;
 mod trace;
 
 pub use fault::{parse_duration as parse_fault_duration, Faults, FaultyStorage};
-pub use location::Location;
+pub use location::{is_loopback_host, Location};
 pub use metered::{LinkMeter, MeteredStorage};
 pub use opendal_backend::{OpendalStorage, RemoteOptions};
+pub use server_client::{parse_fingerprint, ServerOptions, ServerStorage, PROTOCOL as SERVER_PROTOCOL};
 pub use trace::RequestTrace;
 
 use crate::error::{Error, Result};

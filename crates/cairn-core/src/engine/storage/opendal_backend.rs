@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 /// OpenDAL needs a Tokio runtime to drive its (async) services. One is shared by all storages
 /// alive at once, and shut down with the last of them: that drops its tasks, among them the
 /// SFTP connections, whose `ssh` processes are told to exit rather than outliving Cairn.
-fn runtime() -> Result<Arc<tokio::runtime::Runtime>> {
+pub(super) fn runtime() -> Result<Arc<tokio::runtime::Runtime>> {
     static RT: Mutex<Weak<tokio::runtime::Runtime>> = Mutex::new(Weak::new());
     let mut shared = RT.lock().expect("runtime lock");
     if let Some(rt) = shared.upgrade() {
@@ -147,6 +147,9 @@ impl OpendalStorage {
                     dir => format!("{dir}/"),
                 };
                 Self::layered(Operator::new(b).map_err(err)?, shown, Kind::Sftp, prefix)
+            }
+            Location::Server { .. } => {
+                Err(Error::Usage(format!("{shown} is a repository server: open it with ServerStorage")))
             }
         }
     }

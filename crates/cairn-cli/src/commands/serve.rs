@@ -1,0 +1,228 @@
+//! `cairn serve`: run the repository server (crates/cairn-server), and `cairn serve token
+//! add|list|remove` to manage its credentials file; also the client side's options (a
+//! `cairn+https://` repository).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use cairn_core::engine::storage::{
+    Faults, FaultyStorage, Location, RemoteOptions, ServerOptions, ServerStorage, Storage,
+};
+use cairn_server::tls::Certificate;
+use cairn_server::tokens::{parse_duration, Credentials, Role};
+use clap::{Args as ClapArgs, Subcommand};
+
+use super::Global;
+
+#[derive(ClapArgs, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Option<TokenCommand>,
+    #[command(flatten)]
+    run: RunArgs,
+    /// The credentials file: the tokens, as hashes (default:
+    /// $XDG_CONFIG_HOME/cairn/serve/credentials.json); a self-signed certificate is kept beside it
+    #[arg(long, env = "CAIRN_SERVE_CREDENTIALS", global = true, value_name = "FILE")]
+    credentials: Option<PathBuf>,
+}
+
+#[derive(ClapArgs, Debug)]
+struct RunArgs {
+    /// Where the repositories are kept, one per name below it: a directory, s3:… or sftp:…
+    #[arg(long, value_name = "LOCATION")]
+    storage: Option<String>,
+    /// The address to listen on (port 0: a free port, printed)
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8443")]
+    listen: SocketAddr,
+    /// The certificate chain (PEM) to serve; without it a self-signed certificate is made on
+    /// first start and its fingerprint printed
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Serve plain HTTP instead of HTTPS (only on a loopback address)
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
+    plain_http: bool,
+    /// Append the request log (JSON lines) to FILE; `-` for stderr
+    #[arg(long, value_name = "FILE", default_value = "-")]
+    log: PathBuf,
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenCommand {
+    /// Manage the tokens clients authenticate with
+    #[command(subcommand)]
+    Token(Token),
+}
+
+#[derive(Subcommand, Debug)]
+enum Token {
+    /// Make a token; it is printed once and kept only as a hash
+    Add(AddArgs),
+    /// List the tokens (names, repositories, roles, expiry; never the tokens)
+    List,
+    /// Remove a token by name (a running server refuses it at once)
+    Remove {
+        /// The token's name
+        name: String,
+    },
+}
+
+#[derive(ClapArgs, Debug)]
+struct AddArgs {
+    /// The repository the token is for
+    #[arg(long, value_name = "NAME", required_unless_present = "all", conflicts_with = "all")]
+    repo: Option<String>,
+    /// The token is for every repository of the server
+    #[arg(long)]
+    all: bool,
+    /// read (restore, check, …), append (also backup; never delete or overwrite), admin (all)
+    #[arg(long, value_name = "ROLE")]
+    role: String,
+    /// The token stops working after this long (e.g. 90d, 12h, 30m)
+    #[arg(long, value_name = "DURATION")]
+    expires: Option<String>,
+    /// A name for lists and the request log (default: REPO-RANDOM)
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+}
+
+pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
+    let credentials = match a.credentials {
+        Some(c) => c,
+        None => default_credentials()?,
+    };
+    match a.command {
+        Some(TokenCommand::Token(t)) => token(&credentials, t, g.json),
+        None => serve(g, &credentials, a.run),
+    }
+}
+
+fn default_credentials() -> Result<PathBuf> {
+    let base = match std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME").context("no HOME: give --credentials")?).join(".config"),
+    };
+    Ok(base.join("cairn").join("serve").join("credentials.json"))
+}
+
+fn serve(g: &Global, credentials: &std::path::Path, a: RunArgs) -> Result<ExitCode> {
+    let Some(storage) = a.storage else { bail!("cairn serve needs --storage LOCATION (where the repositories are)") };
+    let transport = if a.plain_http {
+        cairn_server::Transport::PlainHttp
+    } else if let (Some(cert), Some(key)) = (a.tls_cert, a.tls_key) {
+        cairn_server::Transport::Tls(Certificate::Files { cert, key })
+    } else {
+        let dir = credentials.parent().map(PathBuf::from).unwrap_or_default();
+        cairn_server::Transport::Tls(Certificate::SelfSigned { dir, names: cairn_server::certificate_names(&a.listen) })
+    };
+    let config = cairn_server::Config {
+        storage: Location::parse(&storage)?,
+        remote: RemoteOptions {
+            sftp_key: g.sftp_key.as_ref().map(|p| p.to_string_lossy().into_owned()),
+            sftp_known_hosts: Some(g.sftp_known_hosts.clone()),
+        },
+        listen: a.listen,
+        credentials: credentials.to_path_buf(),
+        transport,
+        log: a.log,
+    };
+    let shown_storage = storage.clone();
+    cairn_server::run(config, |s| {
+        outln!("cairn serve: serving the repositories in {shown_storage} at {}://{}", s.scheme, s.address);
+        if let (Some(fp), Some(cert)) = (&s.fingerprint, &s.certificate) {
+            outln!("certificate: {cert}");
+            outln!("fingerprint (SHA-256): {fp}");
+        }
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn token(credentials: &std::path::Path, t: Token, json: bool) -> Result<ExitCode> {
+    let mut creds = Credentials::load(credentials)?;
+    match t {
+        Token::Add(a) => {
+            let role = Role::parse(&a.role)?;
+            let expires = a.expires.as_deref().map(parse_duration).transpose()?;
+            let (entry, text) = creds.add(a.name.as_deref(), a.repo.as_deref(), role, expires)?;
+            creds.save(credentials)?;
+            if json {
+                outln!(
+                    "{}",
+                    serde_json::json!({ "name": entry.name, "token": text, "repo": entry.repo, "role": role.name(), "expires": entry.expires })
+                );
+            } else {
+                outln!("token {:?} ({} on {}), shown only now:", entry.name, role.name(), repo_shown(&entry.repo));
+                outln!("{text}");
+            }
+        }
+        Token::List => {
+            if json {
+                let list: Vec<_> = creds
+                    .tokens
+                    .iter()
+                    .map(|t| serde_json::json!({ "name": t.name, "repo": t.repo, "role": t.role.name(), "created": t.created, "expires": t.expires }))
+                    .collect();
+                outln!("{}", serde_json::Value::Array(list));
+            } else {
+                let now = cairn_server::tokens::now();
+                for t in &creds.tokens {
+                    let expires = match t.expires {
+                        None => "never expires".to_string(),
+                        Some(e) if e <= now => "expired".to_string(),
+                        Some(e) => format!("expires in {}", human_secs(e - now)),
+                    };
+                    outln!("{}\t{}\t{}\t{expires}", t.name, t.role.name(), repo_shown(&t.repo));
+                }
+            }
+        }
+        Token::Remove { name } => {
+            let removed = creds.remove(&name)?;
+            creds.save(credentials)?;
+            outln!("removed token {:?}", removed.name);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn repo_shown(repo: &Option<String>) -> String {
+    repo.as_deref().map_or("every repository".into(), |r| format!("repository {r}"))
+}
+
+fn human_secs(s: u64) -> String {
+    match s {
+        s if s >= 2 * 86400 => format!("{} days", s / 86400),
+        s if s >= 2 * 3600 => format!("{} hours", s / 3600),
+        s => format!("{} minutes", s.div_ceil(60)),
+    }
+}
+
+/// The storage of a `cairn+https://` (or loopback `cairn+http://`) repository, with the
+/// global options' token and certificate check.
+pub(crate) fn client_storage(global: &Global, location: &Location) -> Result<Arc<dyn Storage>> {
+    let token = match (&global.server_token_file, std::env::var("CAIRN_SERVER_TOKEN")) {
+        (_, Ok(t)) if !t.trim().is_empty() => Some(t.trim().to_string()),
+        (Some(file), _) => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read the server token file {}", file.display()))?;
+            let Some(first) = text.lines().next().map(str::trim).filter(|l| !l.is_empty()) else {
+                bail!("the server token file {} is empty", file.display());
+            };
+            Some(first.to_string())
+        }
+        (None, _) => None,
+    };
+    let options =
+        ServerOptions { token, fingerprint: global.server_fingerprint.clone(), ca_file: global.server_ca.clone() };
+    let real = ServerStorage::open(location, &options)?;
+    // Fault injection for tests and benchmarks, as for every other backend.
+    match std::env::var("CAIRN_INJECT_FAULTS") {
+        Ok(spec) if !spec.is_empty() => Ok(Arc::new(FaultyStorage::new(real, Faults::parse(&spec)?))),
+        _ => Ok(Arc::new(real)),
+    }
+}
