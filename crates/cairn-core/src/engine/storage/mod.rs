@@ -15,7 +15,9 @@ pub use fault::{parse_duration as parse_fault_duration, Faults, FaultyStorage};
 pub use location::{is_loopback_host, Location};
 pub use metered::{LinkMeter, MeteredStorage};
 pub use opendal_backend::{OpendalStorage, RemoteOptions};
-pub use server_client::{parse_fingerprint, ServerOptions, ServerStorage, PROTOCOL as SERVER_PROTOCOL};
+pub use server_client::{
+    parse_fingerprint, tls_config as server_tls_config, ServerOptions, ServerStorage, PROTOCOL as SERVER_PROTOCOL,
+};
 pub use trace::RequestTrace;
 
 use crate::error::{Error, Result};

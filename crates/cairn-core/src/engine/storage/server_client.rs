@@ -162,9 +162,9 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// The TLS setup for an https server: its certificate pinned by fingerprint, or checked
-/// against a CA file.
-fn tls_config(shown: &str, options: &ServerOptions) -> Result<rustls::ClientConfig> {
+/// The TLS setup for an https server (`shown` names it in errors): its certificate pinned by
+/// fingerprint, or checked against a CA file.
+pub fn tls_config(shown: &str, options: &ServerOptions) -> Result<rustls::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
