@@ -91,6 +91,8 @@ impl Server {
         Cairn::new(Path::new(&format!("cairn+https://{}/{name}", self.addr)), common::PASSWORD)
             .with_env("CAIRN_SERVER_TOKEN", token)
             .with_env("CAIRN_SERVER_FINGERPRINT", &self.fingerprint)
+            // A remote repository gets a metadata cache: the test's own, not the user's.
+            .with_env("CAIRN_CACHE_DIR", self.dir.path().join("cache").to_str().unwrap())
     }
 
     /// Sends one raw request (the path exactly as given) over TLS; returns the status and body.
