@@ -8,26 +8,23 @@
 //! test knows exactly which packs, blobs, snapshots and paths a damage touches, and which bytes a
 //! repaired file must keep.
 
-mod common;
-mod servers;
+use crate::support;
+use crate::support::library;
+use crate::support::servers;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::Arc;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cairn_core::engine::storage::{Location, OpendalStorage, RemoteOptions, Storage};
-use cairn_format::compress::Codec;
-use cairn_format::id::BlobId;
-use cairn_format::keyfile::KdfParams;
-use cairn_format::pack::{read_header, BlobEntry, BlobKind};
-use cairn_format::sealed::{self, SealedKind};
-use cairn_format::tree::{Chunk, NodeKind};
-use common::{assert_same, last_json, restored_path, scan, scan_source, Cairn, Rng, Scan, PASSWORD};
+use crate::support::library::compress::Codec;
+use crate::support::library::id::BlobId;
+use crate::support::library::keyfile::KdfParams;
+use crate::support::library::pack::{read_header, BlobEntry, BlobKind};
+use crate::support::library::sealed::{self, SealedKind};
+use crate::support::library::tree::{Chunk, NodeKind};
 use serde_json::Value;
-use tempfile::TempDir;
+use support::{assert_same, last_json, restored_path, scan, scan_source, Cairn, Fixture, Rng, Scan, PASSWORD};
 
 /// Small chunks and 1 MiB packs: a few MiB make several packs and many blobs.
 const INIT: [&str; 4] = ["--chunk-sizes", "65536,131072,524288", "--pack-size", "1"];
@@ -37,67 +34,22 @@ const MIB: u64 = 1 << 20;
 // ---------------------------------------------------------------------------------------------
 // Fixtures
 
-/// One test's directory: the repository, the source files, restore targets.
-struct Fx {
-    _dir: TempDir,
-    /// Canonical path of the test's directory (snapshots record canonical absolute paths).
-    base: PathBuf,
-    /// The backed-up directory.
-    src: PathBuf,
-    cairn: Cairn,
-}
-
-impl Fx {
-    /// A new repository (1 MiB packs, small chunks) and an empty source directory.
-    fn new() -> Fx {
-        let dir = tempfile::tempdir().unwrap();
-        let base = dir.path().canonicalize().unwrap();
-        let src = base.join("src");
-        fs::create_dir_all(&src).unwrap();
-        let cairn = isolated(Cairn::new(&base.join("repo"), PASSWORD), &base);
-        cairn.init(&INIT);
-        Fx { _dir: dir, base, src, cairn }
+impl Fixture {
+    /// A new repository (1 MiB packs, small chunks, a cache of its own) and an empty source
+    /// directory.
+    fn for_check() -> Fixture {
+        let fx = Fixture::new().isolated_cache().init(&INIT);
+        fs::create_dir_all(&fx.src).unwrap();
+        fx
     }
 
     /// A repository holding one backup of a few small files and one file of `big` bytes.
-    fn with_backup(big: usize) -> (Fx, Scan) {
-        let fx = Fx::new();
+    fn for_check_with_backup(big: usize) -> (Fixture, Scan) {
+        let fx = Fixture::for_check();
         let before = make_files(&fx.src, 1, big);
         fx.cairn.backup(&[&fx.src], &[]);
         (fx, before)
     }
-
-    fn repo(&self) -> &Path {
-        &self.cairn.repo
-    }
-
-    /// A repository file (`data/xx/…`, `index/…`) on disk.
-    fn file(&self, rel: &str) -> PathBuf {
-        self.repo().join(rel)
-    }
-
-    /// The absolute path `rel` below the source directory, as snapshots name it.
-    fn snap_path(&self, rel: &str) -> String {
-        self.src.join(rel).to_str().unwrap().to_string()
-    }
-
-    /// Restores snapshot `spec` into a new directory; returns the scan of the restored source.
-    fn restore(&self, spec: &str, name: &str) -> Scan {
-        let target = self.base.join(name);
-        self.cairn.restore(spec, &target);
-        scan(&restored_path(&target, &self.src))
-    }
-
-    /// The repository's ID (the name of its directory in the cache).
-    fn repo_id(&self) -> String {
-        self.cairn.open().0.config().id.clone()
-    }
-}
-
-/// `cairn` with its default cache directory (where `check` keeps its record of packs read, also
-/// for a local repository) inside the test's directory `base`, not in the user's home.
-fn isolated(cairn: Cairn, base: &Path) -> Cairn {
-    cairn.with_env("XDG_CACHE_HOME", base.join("xdg-cache").to_str().unwrap())
 }
 
 /// A few small files (one empty), a nested directory and one file of `big` random bytes
@@ -217,7 +169,7 @@ impl Layout {
         for obj in storage.list("index").unwrap() {
             let body =
                 sealed::open(repo.key(), SealedKind::Index, &obj.path, &storage.read(&obj.path).unwrap()).unwrap();
-            let listed = cairn_format::index::decode(&obj.path, &body).unwrap();
+            let listed = library::index::decode(&obj.path, &body).unwrap();
             indexes.insert(obj.path.clone(), listed.iter().map(|p| pack_path(&p.id.to_hex())).collect());
         }
         repo.load_index().unwrap();
@@ -577,7 +529,7 @@ fn reports_errors(line: &str, n: u64) -> bool {
 
 #[test]
 fn clean_repository_checks_clean() {
-    let (fx, _) = Fx::with_backup(3 << 20);
+    let (fx, _) = Fixture::for_check_with_backup(3 << 20);
     let layout = Layout::of(&fx.cairn);
     let n = layout.packs.len() as u64;
     assert!(n >= 3, "the fixture should make several packs: {n}");
@@ -616,7 +568,7 @@ fn clean_repository_checks_clean() {
 fn deleted_index_file_is_named_and_rebuilt() {
     // 12 MiB in 1 MiB packs: the backup writes an index file after its first 8 data packs,
     // before any tree pack, so one index file lists file data only.
-    let (fx, before) = Fx::with_backup(12 << 20);
+    let (fx, before) = Fixture::for_check_with_backup(12 << 20);
     let layout = Layout::of(&fx.cairn);
     let data_packs: BTreeSet<String> = layout.data_packs().into_iter().collect();
     let (index, lost_packs) = layout
@@ -627,7 +579,7 @@ fn deleted_index_file_is_named_and_rebuilt() {
     let lost_packs: BTreeSet<String> = lost_packs.iter().cloned().collect();
     let lost_blobs: BTreeSet<BlobId> = lost_packs.iter().flat_map(|p| layout.blobs_in(p)).collect();
     let snap = &layout.snapshots[0];
-    fs::remove_file(fx.file(index)).unwrap();
+    fs::remove_file(fx.repo_file(index)).unwrap();
 
     let s = check(&fx.cairn, &[]);
     assert_eq!(s.code, 1, "{}", s.shown);
@@ -660,7 +612,7 @@ fn deleted_index_file_is_named_and_rebuilt() {
     repair(&fx.cairn, &["index"]);
     check(&fx.cairn, &[]).assert_clean();
     check(&fx.cairn, &["--read-data"]).assert_clean();
-    assert_same(&before, &fx.restore("latest", "restored"), true);
+    assert_same(&before, &fx.restore_and_scan("latest", "restored"), true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -668,11 +620,11 @@ fn deleted_index_file_is_named_and_rebuilt() {
 
 #[test]
 fn damaged_index_file_is_named_and_rebuilt() {
-    let (fx, before) = Fx::with_backup(3 << 20);
+    let (fx, before) = Fixture::for_check_with_backup(3 << 20);
     let layout = Layout::of(&fx.cairn);
     let index = layout.indexes.keys().next().unwrap().clone();
-    let len = fs::metadata(fx.file(&index)).unwrap().len() as usize;
-    flip(&fx.file(&index), len / 2);
+    let len = fs::metadata(fx.repo_file(&index)).unwrap().len() as usize;
+    flip(&fx.repo_file(&index), len / 2);
 
     let s = check(&fx.cairn, &[]);
     assert_eq!(s.code, 1, "{}", s.shown);
@@ -681,7 +633,7 @@ fn damaged_index_file_is_named_and_rebuilt() {
     repair(&fx.cairn, &["index"]);
     check(&fx.cairn, &[]).assert_clean();
     check(&fx.cairn, &["--read-data"]).assert_clean();
-    assert_same(&before, &fx.restore("latest", "restored"), true);
+    assert_same(&before, &fx.restore_and_scan("latest", "restored"), true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -689,7 +641,7 @@ fn damaged_index_file_is_named_and_rebuilt() {
 
 #[test]
 fn deleted_pack_is_named_and_snapshots_are_repaired() {
-    let fx = Fx::new();
+    let fx = Fixture::for_check();
     make_files(&fx.src, 4, 200_000);
     fx.cairn.backup(&[&fx.src], &[]);
     // The second backup stores one new file: every data pack it writes holds only that file.
@@ -715,7 +667,7 @@ fn deleted_pack_is_named_and_snapshots_are_repaired() {
     let file_blobs: BTreeSet<BlobId> = chunks.iter().filter_map(data_id).collect();
     assert!(lost.is_subset(&file_blobs), "the pack should hold data of b/later only");
     assert!(!snap1.blobs().iter().any(|b| lost.contains(b)));
-    fs::remove_file(fx.file(&pack)).unwrap();
+    fs::remove_file(fx.repo_file(&pack)).unwrap();
 
     let s = check(&fx.cairn, &[]);
     assert_eq!(s.code, 1, "{}", s.shown);
@@ -763,7 +715,7 @@ fn deleted_pack_is_named_and_snapshots_are_repaired() {
 
     // The repaired snapshot restores every other file exactly and the damaged file up to its
     // first lost chunk.
-    let restored = fx.restore(&new, "restored");
+    let restored = fx.restore_and_scan(&new, "restored");
     assert_same(&without(&before, "b/later"), &without(&restored, "b/later"), true);
     let target = restored_path(&fx.base.join("restored"), &fx.src);
     assert_prefix(&fx.src.join("b/later"), &target.join("b/later"), cut);
@@ -782,14 +734,14 @@ fn deleted_pack_is_named_and_snapshots_are_repaired() {
 
 #[test]
 fn truncated_packs_are_named() {
-    let (fx, _) = Fx::with_backup(4 << 20);
+    let (fx, _) = Fixture::for_check_with_backup(4 << 20);
     let layout = Layout::of(&fx.cairn);
     let data = layout.data_packs();
     assert!(data.len() >= 2, "{data:?}");
     // One pack loses its trailer's last bytes, another half of its length.
     let (tail, half) = (&data[0], &data[1]);
-    truncate(&fx.file(tail), layout.packs[tail].size - 10);
-    truncate(&fx.file(half), layout.packs[half].size / 2);
+    truncate(&fx.repo_file(tail), layout.packs[tail].size - 10);
+    truncate(&fx.repo_file(half), layout.packs[half].size / 2);
 
     let s = check(&fx.cairn, &[]);
     assert_eq!(s.code, 1, "{}", s.shown);
@@ -813,7 +765,7 @@ fn truncated_packs_are_named() {
 
 #[test]
 fn flipped_byte_in_a_blob_is_found_by_read_data_and_salvaged() {
-    let (fx, before) = Fx::with_backup(3 << 20);
+    let (fx, before) = Fixture::for_check_with_backup(3 << 20);
     let layout = Layout::of(&fx.cairn);
     let snap = &layout.snapshots[0];
     let big = fx.snap_path("big");
@@ -827,7 +779,7 @@ fn flipped_byte_in_a_blob_is_found_by_read_data_and_salvaged() {
     let entry = *layout.packs[&pack].entries.iter().find(|e| e.id == victim).unwrap();
     // Inside the ciphertext: past the 12-byte nonce, before the 16-byte tag.
     let at = entry.offset as usize + 12 + (entry.length as usize - 28) / 2;
-    flip(&fx.file(&pack), at);
+    flip(&fx.repo_file(&pack), at);
 
     let s = check(&fx.cairn, &[]);
     assert_eq!(s.code, 0, "a structure check reads only pack headers and cannot see this: {}", s.shown);
@@ -854,7 +806,7 @@ fn flipped_byte_in_a_blob_is_found_by_read_data_and_salvaged() {
         out.contains(&format!("lost blob {} of pack {pack_short}", victim.short())),
         "repair packs does not name the lost blob:\n{out}"
     );
-    assert!(!fx.file(&pack).exists(), "the damaged pack was not removed");
+    assert!(!fx.repo_file(&pack).exists(), "the damaged pack was not removed");
     let after = Layout::of_packs(&fx.cairn);
     for e in &layout.packs[&pack].entries {
         let kept = after.values().any(|p| p.entries.iter().any(|x| x.id == e.id));
@@ -868,7 +820,7 @@ fn flipped_byte_in_a_blob_is_found_by_read_data_and_salvaged() {
     check(&fx.cairn, &[]).assert_clean();
     check(&fx.cairn, &["--read-data"]).assert_clean();
 
-    let restored = fx.restore(&new, "restored");
+    let restored = fx.restore_and_scan(&new, "restored");
     assert_same(&without(&before, "big"), &without(&restored, "big"), true);
     let target = restored_path(&fx.base.join("restored"), &fx.src);
     assert_prefix(&fx.src.join("big"), &target.join("big"), cut);
@@ -896,15 +848,15 @@ impl Layout {
 
 #[test]
 fn damaged_snapshot_is_named() {
-    let fx = Fx::new();
+    let fx = Fixture::for_check();
     make_files(&fx.src, 7, 1 << 20);
     fx.cairn.backup(&[&fx.src], &[]);
     fs::write(fx.src.join("added"), b"added later").unwrap();
     fx.cairn.backup(&[&fx.src], &[]);
     let layout = Layout::of(&fx.cairn);
     let victim = format!("snapshots/{}", layout.snapshots[0].id);
-    let len = fs::metadata(fx.file(&victim)).unwrap().len() as usize;
-    flip(&fx.file(&victim), len - 5);
+    let len = fs::metadata(fx.repo_file(&victim)).unwrap().len() as usize;
+    flip(&fx.repo_file(&victim), len - 5);
 
     for args in [&[][..], &["--read-data"][..]] {
         let s = check(&fx.cairn, args);
@@ -921,7 +873,7 @@ fn damaged_snapshot_is_named() {
 
 #[test]
 fn stray_pack_is_only_a_notice() {
-    let (fx, _) = Fx::with_backup(1 << 20);
+    let (fx, _) = Fixture::for_check_with_backup(1 << 20);
     let packs_before = list(fx.repo(), "data");
     let indexes_before = list(fx.repo(), "index");
     {
@@ -931,7 +883,7 @@ fn stray_pack_is_only_a_notice() {
     let stray: Vec<String> = list(fx.repo(), "data").into_iter().filter(|p| !packs_before.contains(p)).collect();
     let new_index: Vec<String> = list(fx.repo(), "index").into_iter().filter(|p| !indexes_before.contains(p)).collect();
     assert_eq!((stray.len(), new_index.len()), (1, 1));
-    fs::remove_file(fx.file(&new_index[0])).unwrap();
+    fs::remove_file(fx.repo_file(&new_index[0])).unwrap();
 
     for args in [&[][..], &["--read-data"][..]] {
         let s = check(&fx.cairn, args);
@@ -960,8 +912,8 @@ fn stray_pack_is_only_a_notice() {
 
 /// A repository of at least 10 packs, topped up with small indexed packs (which no snapshot
 /// needs) to a multiple of four, every pack of a different size.
-fn many_packs() -> (Fx, Layout) {
-    let (fx, _) = Fx::with_backup(10 << 20);
+fn many_packs() -> (Fixture, Layout) {
+    let (fx, _) = Fixture::for_check_with_backup(10 << 20);
     let mut n = list(fx.repo(), "data").len();
     assert!(n >= 10, "the fixture should make at least 10 packs: {n}");
     let (repo, _) = fx.cairn.open();
@@ -1126,7 +1078,7 @@ fn max_duration_stops_early_and_resume_finishes() {
 
 #[test]
 fn filters_limit_the_check_to_what_the_snapshots_need() {
-    let fx = Fx::new();
+    let fx = Fixture::for_check();
     let (src_a, src_b) = (fx.base.join("a"), fx.base.join("b"));
     make_files(&src_a, 12, 2 << 20);
     make_files(&src_b, 13, 2 << 20);
@@ -1151,7 +1103,7 @@ fn filters_limit_the_check_to_what_the_snapshots_need() {
     let lost = layout.blobs_in(&pack);
     let want_affected: BTreeSet<(String, String)> =
         b.paths_needing(&lost).into_iter().map(|p| (b.short.clone(), p)).collect();
-    fs::remove_file(fx.file(&pack)).unwrap();
+    fs::remove_file(fx.repo_file(&pack)).unwrap();
 
     let (a_path, b_path) = (src_a.to_str().unwrap(), src_b.to_str().unwrap());
     for (clean, damaged) in [
@@ -1182,51 +1134,6 @@ fn filters_limit_the_check_to_what_the_snapshots_need() {
 // ---------------------------------------------------------------------------------------------
 // 13. Remote (MinIO) and injected latency
 
-/// Runs this test binary's [`storage_helper`] in a child process: `op` is `delete` (of
-/// `path`) or `list` (of `path`'s objects, printed as `OBJ <path> <size>`).
-fn remote_storage(cairn: &Cairn, op: &str, path: &str) -> Vec<(String, u64)> {
-    let exe = std::env::current_exe().unwrap();
-    let mut c = Command::new(exe);
-    c.args(["--exact", "storage_helper", "--ignored", "--nocapture", "--test-threads", "1"])
-        .env(HELPER_ENV, format!("{op}|{}|{path}", cairn.repo.to_str().unwrap()))
-        .envs(cairn.env.iter().map(|(k, v)| (k, v)));
-    let out = c.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "storage helper {op} {path}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    stdout
-        .lines()
-        // libtest prints `test storage_helper ... ` before the test's own output, on its line.
-        .filter_map(|l| l.find("OBJ ").map(|at| &l[at + 4..]))
-        .map(|l| {
-            let (p, size) = l.rsplit_once(' ').unwrap();
-            (p.to_string(), size.parse().unwrap())
-        })
-        .collect()
-}
-
-const HELPER_ENV: &str = "CAIRN_CHECK_TEST_STORAGE";
-
-/// Not a test: lists or deletes objects of a remote repository through the library, in a child
-/// process that has the server's credentials in its environment (see [`remote_storage`]).
-#[test]
-#[ignore = "a helper that the remote tests run in a child process"]
-fn storage_helper() {
-    let Ok(spec) = std::env::var(HELPER_ENV) else { return };
-    let mut parts = spec.splitn(3, '|');
-    let (op, location, path) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
-    let storage: Arc<dyn Storage> =
-        Arc::new(OpendalStorage::open(&Location::parse(location).unwrap(), &RemoteOptions::default()).unwrap());
-    match op {
-        "delete" => storage.delete(path).unwrap(),
-        "list" => {
-            for obj in storage.list(path).unwrap() {
-                println!("OBJ {} {}", obj.path, obj.size);
-            }
-        }
-        other => panic!("unknown helper operation {other}"),
-    }
-}
-
 #[test]
 fn s3_check_clean_and_deleted_pack() {
     let dir = tempfile::tempdir().unwrap();
@@ -1240,7 +1147,7 @@ fn s3_check_clean_and_deleted_pack() {
 
     let s = check(&cairn, &[]);
     s.assert_clean();
-    let packs = remote_storage(&cairn, "list", "data");
+    let packs = servers::remote_storage(&cairn, "list", "data");
     assert_eq!(s.n("packs"), packs.len() as u64, "{}", s.shown);
     let s = check(&cairn, &["--read-data"]);
     s.assert_clean();
@@ -1252,7 +1159,7 @@ fn s3_check_clean_and_deleted_pack() {
 
     // The largest pack holds file data.
     let (pack, _) = packs.iter().max_by_key(|(_, size)| *size).unwrap().clone();
-    remote_storage(&cairn, "delete", &pack);
+    servers::remote_storage(&cairn, "delete", &pack);
     for args in [&[][..], &["--read-data"][..], &["--no-cache"][..]] {
         let s = check(&cairn, args);
         assert_eq!(s.code, 1, "{}", s.shown);
@@ -1268,7 +1175,7 @@ fn s3_check_clean_and_deleted_pack() {
 
 #[test]
 fn injected_latency_checks_finish_correctly() {
-    let fx = Fx::new();
+    let fx = Fixture::for_check();
     make_files(&fx.src, 14, 2 << 20);
     fx.cairn.backup(&[&fx.src], &[]);
     // Many objects, so that the requests a check makes one after the other whatever the
@@ -1314,7 +1221,7 @@ enum Damage {
 
 #[test]
 fn random_damage_never_crashes_check() {
-    let (fx, _) = Fx::with_backup(2 << 20);
+    let (fx, _) = Fixture::for_check_with_backup(2 << 20);
     fs::write(fx.src.join("second"), b"a second snapshot").unwrap();
     fx.cairn.backup(&[&fx.src], &[]);
     // A second key file for the same password, so one of the two can be damaged.
@@ -1329,7 +1236,7 @@ fn random_damage_never_crashes_check() {
     for round in 0..36 {
         let repo = fx.base.join(format!("round-{round}"));
         copy_dir(fx.repo(), &repo);
-        let cairn = isolated(Cairn::new(&repo, PASSWORD), &fx.base);
+        let cairn = support::isolated(Cairn::new(&repo, PASSWORD), &fx.base);
         let protected = &keys[(rng.next_u64() % 2) as usize];
         let mut files: Vec<String> = ["data", "index", "snapshots", "keys"]
             .iter()

@@ -4,7 +4,7 @@
 //! a stalled fetch, a full disk, a read-only target and SIGINT. Repositories use small chunks
 //! and 1 MiB packs so a few MiB of data span many chunks and several packs.
 
-mod common;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -14,12 +14,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use cairn_format::pack::BlobKind;
-use common::{
-    assert_same, last_json, read_noatime, restored_path, scan, scan_source, Cairn, Kind, Rng, Scan, PASSWORD,
-};
+use crate::support::library::pack::BlobKind;
 use serde_json::Value;
-use tempfile::TempDir;
+use support::{
+    assert_same, last_json, num, read_noatime, restored_path, scan, scan_source, stderr, stdout, Cairn, Fixture, Kind,
+    Rng, Scan,
+};
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;
@@ -27,49 +27,11 @@ const MIB: usize = 1024 * KIB;
 /// Chunks of 16 KiB to 256 KiB (64 KiB on average) in 1 MiB packs.
 const SMALL_REPO: [&str; 4] = ["--chunk-sizes", "16384,65536,262144", "--pack-size", "1"];
 
-/// A source tree backed up into a fresh repository.
-struct Env {
-    base: TempDir,
-    src: PathBuf,
-    cairn: Cairn,
-    /// The source as backed up.
-    before: Scan,
-}
-
-impl Env {
-    /// Builds the source with `make`, initialises a repository with `init` options and backs
-    /// the source up with `backup` options.
-    fn new(make: impl FnOnce(&Path), init: &[&str], backup: &[&str]) -> Self {
-        let base = tempfile::tempdir().expect("tempdir");
-        let src = base.path().join("src");
-        fs::create_dir(&src).expect("mkdir src");
-        make(&src);
-        let before = scan_source(&src);
-        let cairn = Cairn::new(&base.path().join("repo"), PASSWORD);
-        cairn.init(init);
-        cairn.backup(&[&src], backup);
-        Env { base, src, cairn, before }
-    }
-
-    /// A path under the test's directory.
-    fn path(&self, name: &str) -> PathBuf {
-        self.base.path().join(name)
-    }
-
-    /// Where the source lands in a full restore into `target`.
-    fn restored(&self, target: &Path) -> PathBuf {
-        restored_path(target, &self.src)
-    }
-
-    /// Asserts that the restore of the source in `target` is exact.
-    fn assert_exact(&self, target: &Path) {
-        assert_same(&self.before, &scan(&self.restored(target)), true);
-    }
-
+impl Fixture {
     /// `--json restore latest --target TARGET --no-local-data EXTRA...` that must succeed; the
     /// summary. These tests are of the fetch path: the source files, still there, are not
-    /// read (local_data.rs tests that).
-    fn restore(&self, target: &Path, extra: &[&str]) -> Value {
+    /// read (`restore::local_data` tests that).
+    fn restore_fetching(&self, target: &Path, extra: &[&str]) -> Value {
         self.cairn.restore_with("latest", target, &[&["--no-local-data"], extra].concat())
     }
 
@@ -90,19 +52,6 @@ impl Env {
         }
         packs.into_iter().filter(|(_, data_only)| *data_only).map(|(p, _)| p).collect()
     }
-}
-
-/// Numbers of a JSON summary.
-fn num(summary: &Value, field: &str) -> u64 {
-    summary[field].as_u64().unwrap_or_else(|| panic!("summary has no number {field}: {summary}"))
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn ino(path: &Path) -> u64 {
@@ -126,7 +75,7 @@ fn all_paths(root: &Path) -> BTreeSet<PathBuf> {
 
 /// Asserts that everything in `target` is a path of the restored source (or one of its
 /// parents): no temporary or stray files.
-fn assert_no_stray_files(env: &Env, target: &Path) {
+fn assert_no_stray_files(env: &Fixture, target: &Path) {
     let restored = env.restored(target);
     let src_paths: BTreeSet<PathBuf> = env.before.keys().cloned().collect();
     for p in all_paths(target) {
@@ -162,9 +111,9 @@ fn standard_tree(src: &Path) {
 /// differ are fetched and written, and the large file is fixed in place (same inode).
 #[test]
 fn overwrite_always_fetches_only_the_chunks_that_differ() {
-    let env = Env::new(standard_tree, &SMALL_REPO, &[]);
+    let env = Fixture::backed_up(standard_tree, &SMALL_REPO, &[]);
     let t = env.path("t");
-    let first = env.restore(&t, &[]);
+    let first = env.restore_fetching(&t, &[]);
     env.assert_exact(&t);
     let total = num(&first, "bytes_total");
     assert_eq!(total, (4 * MIB + 3 * KIB + 17 * KIB + 40 * KIB + 100 + 70 * KIB + 9 * KIB + 33 * KIB + 11_000) as u64);
@@ -180,7 +129,7 @@ fn overwrite_always_fetches_only_the_chunks_that_differ() {
     f.set_len(10 * KIB as u64).expect("truncate");
     fs::remove_file(r.join("small/f002")).expect("rm");
 
-    let second = env.restore(&t, &[]);
+    let second = env.restore_fetching(&t, &[]);
     env.assert_exact(&t);
     assert_eq!(ino(&r.join("big.bin")), big_ino, "big.bin was replaced, not fixed in place");
     let written = num(&second, "bytes_written");
@@ -200,9 +149,9 @@ fn overwrite_always_fetches_only_the_chunks_that_differ() {
 /// its metadata fixed without a byte of content rewritten (same inodes, nothing fetched).
 #[test]
 fn correct_target_reads_no_pack_data_and_metadata_changes_rewrite_only_metadata() {
-    let env = Env::new(standard_tree, &SMALL_REPO, &[]);
+    let env = Fixture::backed_up(standard_tree, &SMALL_REPO, &[]);
     let t = env.path("t");
-    env.restore(&t, &[]);
+    env.restore_fetching(&t, &[]);
     let r = env.restored(&t);
     let data_packs = env.data_only_packs();
     assert!(data_packs.len() >= 2, "the data should fill several packs: {data_packs:?}");
@@ -210,7 +159,7 @@ fn correct_target_reads_no_pack_data_and_metadata_changes_rewrite_only_metadata(
         fs::remove_file(env.cairn.repo.join(p)).expect("delete pack");
     }
 
-    let noop = env.restore(&t, &[]);
+    let noop = env.restore_fetching(&t, &[]);
     env.assert_exact(&t);
     assert_eq!(num(&noop, "bytes_fetched"), 0, "{noop}");
     assert_eq!(num(&noop, "bytes_written"), 0, "{noop}");
@@ -218,10 +167,10 @@ fn correct_target_reads_no_pack_data_and_metadata_changes_rewrite_only_metadata(
 
     let inodes: BTreeMap<PathBuf, u64> = scan(&r).into_iter().map(|(p, m)| (p, m.ino)).collect();
     fs::set_permissions(r.join("big.bin"), fs::Permissions::from_mode(0o600)).expect("chmod");
-    common::set_times(&r.join("small/f001"), (1_000_000_000, 0), (1_000_000_001, 0));
-    common::set_times(&r.join("deep/er"), (1_000_000_000, 0), (1_000_000_001, 0));
+    support::set_times(&r.join("small/f001"), (1_000_000_000, 0), (1_000_000_001, 0));
+    support::set_times(&r.join("deep/er"), (1_000_000_000, 0), (1_000_000_001, 0));
     fs::set_permissions(r.join("deep/er/notes.txt"), fs::Permissions::from_mode(0o777)).expect("chmod");
-    let meta = env.restore(&t, &[]);
+    let meta = env.restore_fetching(&t, &[]);
     env.assert_exact(&t);
     assert_eq!(num(&meta, "bytes_fetched"), 0, "{meta}");
     assert_eq!(num(&meta, "bytes_written"), 0, "{meta}");
@@ -233,19 +182,19 @@ fn correct_target_reads_no_pack_data_and_metadata_changes_rewrite_only_metadata(
 /// both goes unseen — and `--verify` then reports it), and rewrites a file whose mtime differs.
 #[test]
 fn overwrite_if_changed_trusts_size_and_mtime_and_verify_catches_what_it_trusted() {
-    let env = Env::new(standard_tree, &SMALL_REPO, &[]);
+    let env = Fixture::backed_up(standard_tree, &SMALL_REPO, &[]);
     let t = env.path("t");
-    let first = env.restore(&t, &["--verify"]);
+    let first = env.restore_fetching(&t, &["--verify"]);
     assert_eq!(num(&first, "verified"), num(&first, "files"), "{first}");
     let r = env.restored(&t);
     let trusted = r.join("small/f002");
     let recorded = env.before[Path::new("small/f002")].clone();
     scribble(&trusted, 100, b"damage with the same size");
-    common::set_times(&trusted, recorded.atime, recorded.mtime);
+    support::set_times(&trusted, recorded.atime, recorded.mtime);
     let changed = r.join("small/f005");
     scribble(&changed, 0, b"changed");
 
-    let s = env.restore(&t, &["--overwrite", "if-changed"]);
+    let s = env.restore_fetching(&t, &["--overwrite", "if-changed"]);
     assert_eq!(num(&s, "bytes_written"), (70 * KIB) as u64, "only f005, whole: {s}");
     assert_eq!(read_noatime(&changed), read_noatime(&env.src.join("small/f005")));
     assert_ne!(read_noatime(&trusted), read_noatime(&env.src.join("small/f002")));
@@ -261,7 +210,7 @@ fn overwrite_if_changed_trusts_size_and_mtime_and_verify_catches_what_it_trusted
     assert_eq!(num(&summary, "failed"), 1, "{summary}");
 
     // The default mode finds the damage by content.
-    env.restore(&t, &[]);
+    env.restore_fetching(&t, &[]);
     env.assert_exact(&t);
 }
 
@@ -269,22 +218,22 @@ fn overwrite_if_changed_trusts_size_and_mtime_and_verify_catches_what_it_trusted
 /// every existing file alone; both create what is missing.
 #[test]
 fn overwrite_if_newer_and_never() {
-    let env = Env::new(standard_tree, &SMALL_REPO, &[]);
+    let env = Fixture::backed_up(standard_tree, &SMALL_REPO, &[]);
     for mode in ["if-newer", "never"] {
         let t = env.path(mode);
-        env.restore(&t, &[]);
+        env.restore_fetching(&t, &[]);
         let r = env.restored(&t);
         let newer = r.join("small/f001");
         scribble(&newer, 0, b"local edit, newer than the snapshot");
         let mtime = env.before[Path::new("small/f001")].mtime;
-        common::set_times(&newer, (mtime.0 + 1000, 0), (mtime.0 + 1000, 0));
+        support::set_times(&newer, (mtime.0 + 1000, 0), (mtime.0 + 1000, 0));
         let older = r.join("small/f003");
         fs::write(&older, b"an old local copy").expect("write");
-        common::set_times(&older, (1_000_000_000, 0), (1_000_000_000, 0));
+        support::set_times(&older, (1_000_000_000, 0), (1_000_000_000, 0));
         fs::remove_file(r.join("deep/er/notes.txt")).expect("rm");
         let newer_content = read_noatime(&newer);
 
-        let s = env.restore(&t, &["--overwrite", mode]);
+        let s = env.restore_fetching(&t, &["--overwrite", mode]);
         assert_eq!(read_noatime(&newer), newer_content, "{mode} replaced a newer file");
         assert_eq!(read_noatime(&r.join("deep/er/notes.txt")), b"some notes\n".repeat(1000), "{mode}");
         let src_older = read_noatime(&env.src.join("small/f003"));
@@ -325,9 +274,9 @@ fn fingerprint(s: &Scan) -> Fingerprint {
 /// and as text); `--delete` then removes exactly the entries the snapshot lacks.
 #[test]
 fn dry_run_lists_changes_and_delete_removes_extras() {
-    let env = Env::new(standard_tree, &SMALL_REPO, &[]);
+    let env = Fixture::backed_up(standard_tree, &SMALL_REPO, &[]);
     let t = env.path("t");
-    env.restore(&t, &[]);
+    env.restore_fetching(&t, &[]);
     let r = env.restored(&t);
     let rel = |p: &str| r.strip_prefix(&t).expect("inside").join(p);
     fs::write(r.join("extra.txt"), b"not in the snapshot").expect("write");
@@ -380,10 +329,10 @@ fn dry_run_lists_changes_and_delete_removes_extras() {
     assert_eq!(fingerprint(&scan(&t)), before, "--dry-run changed the target");
 
     // Without --delete the extras stay; with it they go, and the result is exact.
-    let kept = env.restore(&t, &[]);
+    let kept = env.restore_fetching(&t, &[]);
     assert_eq!(num(&kept, "deleted"), 0);
     assert!(r.join("extra.txt").exists() && r.join("small/extra_dir/sub/x").exists());
-    let deleted = env.restore(&t, &["--delete"]);
+    let deleted = env.restore_fetching(&t, &["--delete"]);
     assert_eq!(num(&deleted, "deleted"), 2, "{deleted}");
     env.assert_exact(&t);
 }
@@ -392,7 +341,7 @@ fn dry_run_lists_changes_and_delete_removes_extras() {
 /// select exactly the entries they name, restored exactly, with their parent directories.
 #[test]
 fn include_exclude_and_snapshot_path_select_exactly() {
-    let env = Env::new(
+    let env = Fixture::backed_up(
         |src| {
             for (p, n) in [
                 ("docs/a.txt", 5_000),
@@ -476,7 +425,7 @@ fn include_exclude_and_snapshot_path_select_exactly() {
 /// leave out — snapshot entries and local files alike — is never deleted.
 #[test]
 fn delete_with_filters_removes_only_selected_extras() {
-    let env = Env::new(
+    let env = Fixture::backed_up(
         |src| {
             for p in ["docs/a.txt", "code/main.rs", "code/target/big.o"] {
                 fs::create_dir_all(src.join(p).parent().expect("parent")).expect("mkdir");
@@ -487,7 +436,7 @@ fn delete_with_filters_removes_only_selected_extras() {
         &[],
     );
     let t = env.path("t");
-    env.restore(&t, &[]);
+    env.restore_fetching(&t, &[]);
     let r = env.restored(&t);
     let rel = |p: &str| r.strip_prefix(&t).expect("inside").join(p);
     for p in ["code/local.rs", "code/target/local.o", "docs/local.txt"] {
@@ -509,7 +458,7 @@ fn delete_with_filters_removes_only_selected_extras() {
     );
     assert_eq!(dry_delete(&[]), [rel("code/local.rs"), rel("code/target/local.o"), rel("docs/local.txt")]);
 
-    let s = env.restore(&t, &["--include", "*.rs", "--delete"]);
+    let s = env.restore_fetching(&t, &["--include", "*.rs", "--delete"]);
     assert_eq!(num(&s, "deleted"), 1, "{s}");
     assert!(!r.join("code/local.rs").exists());
     for p in ["docs/a.txt", "docs/local.txt", "code/target/big.o", "code/target/local.o", "code/main.rs"] {
@@ -522,7 +471,7 @@ fn delete_with_filters_removes_only_selected_extras() {
 /// `--preallocate` keeps the holes. Every variant is exact.
 #[test]
 fn sparse_files_keep_their_holes() {
-    let env = Env::new(
+    let env = Fixture::backed_up(
         |src| {
             // 8 MiB with data only in [1, 2) MiB and [5, 6) MiB.
             let f = fs::File::create(src.join("holes.img")).expect("create");
@@ -550,7 +499,7 @@ fn sparse_files_keep_their_holes() {
         ("prealloc", &["--preallocate"][..]),
     ] {
         let t = env.path(name);
-        let s = env.restore(&t, opts);
+        let s = env.restore_fetching(&t, opts);
         let r = env.restored(&t);
         let want_files: Scan = env.before.clone();
         let got = scan(&r);
@@ -583,7 +532,7 @@ fn sparse_files_keep_their_holes() {
 /// without its partners is a plain file with the same content.
 #[test]
 fn hard_links_are_restored_as_hard_links() {
-    let env = Env::new(
+    let env = Fixture::backed_up(
         |src| {
             fs::write(src.join("one"), Rng(9).bytes(300 * KIB)).expect("write");
             fs::create_dir(src.join("sub")).expect("mkdir");
@@ -595,7 +544,7 @@ fn hard_links_are_restored_as_hard_links() {
         &[],
     );
     let t = env.path("t");
-    let s = env.restore(&t, &[]);
+    let s = env.restore_fetching(&t, &[]);
     env.assert_exact(&t);
     let r = env.restored(&t);
     let i = ino(&r.join("one"));
@@ -605,11 +554,11 @@ fn hard_links_are_restored_as_hard_links() {
     // The shared content is written once.
     assert_eq!(num(&s, "bytes_written"), (300 * KIB + 10 * KIB) as u64, "{s}");
     // Restored again over itself it stays linked and exact.
-    env.restore(&t, &[]);
+    env.restore_fetching(&t, &[]);
     env.assert_exact(&t);
     // One name of the group alone.
     let t2 = env.path("t2");
-    env.restore(&t2, &["--include", "three"]);
+    env.restore_fetching(&t2, &["--include", "three"]);
     let three = env.restored(&t2).join("sub/three");
     assert_eq!(read_noatime(&three), read_noatime(&env.src.join("one")));
     assert_eq!(fs::metadata(&three).expect("stat").nlink(), 1);
@@ -620,7 +569,7 @@ fn hard_links_are_restored_as_hard_links() {
 #[test]
 fn a_blob_needed_at_many_places_is_fetched_once() {
     let block = Rng(11).bytes(64 * KIB);
-    let env = Env::new(
+    let env = Fixture::backed_up(
         |src| {
             for i in 0..6 {
                 fs::write(src.join(format!("copy{i}")), block.repeat(32)).expect("write");
@@ -630,7 +579,7 @@ fn a_blob_needed_at_many_places_is_fetched_once() {
         &["--chunker", "fixed:64K"],
     );
     let t = env.path("t");
-    let s = env.restore(&t, &[]);
+    let s = env.restore_fetching(&t, &[]);
     env.assert_exact(&t);
     assert_eq!(num(&s, "bytes_written"), (6 * 32 * 64 * KIB) as u64, "{s}");
     let fetched = num(&s, "bytes_fetched");
@@ -643,7 +592,7 @@ fn a_blob_needed_at_many_places_is_fetched_once() {
 /// an empty target and over an existing one.
 #[test]
 fn identical_directories_sharing_trees_all_restore() {
-    let env = Env::new(
+    let env = Fixture::backed_up(
         |src| {
             fs::write(src.join("orig"), b"linked bytes\n".repeat(500)).expect("write");
             for i in 0..3 {
@@ -663,11 +612,11 @@ fn identical_directories_sharing_trees_all_restore() {
     let dirs = env.before.values().filter(|e| e.kind == Kind::Dir).count() + env.src.ancestors().count() - 1;
     assert_eq!(trees.len() + 6, dirs, "{} trees for {dirs} directories: the copies share none", trees.len());
     let t = env.path("t");
-    env.restore(&t, &[]);
+    env.restore_fetching(&t, &[]);
     env.assert_exact(&t);
     fs::remove_dir(env.restored(&t).join("deep/e3")).expect("rm");
     fs::remove_file(env.restored(&t).join("h1/x")).expect("rm");
-    env.restore(&t, &[]);
+    env.restore_fetching(&t, &[]);
     env.assert_exact(&t);
 }
 
@@ -676,15 +625,16 @@ fn identical_directories_sharing_trees_all_restore() {
 /// the first listing). Both copies restore exactly.
 #[test]
 fn a_bind_mounted_copy_shares_nested_trees_and_both_restore() {
-    let base = tempfile::tempdir().expect("tempdir");
-    let src = base.path().join("src");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let src = base.as_path().join("src");
     let a = src.join("a");
     random_files(&a.join("sub/deeper"), 21, &[5 * KIB, 70 * KIB]);
     random_files(&a.join("sub/other"), 22, &[9 * KIB]);
     fs::write(a.join("top.txt"), b"top\n".repeat(100)).expect("write");
     fs::create_dir(src.join("b")).expect("mkdir");
-    let bound = BindMount::new(&a, &src.join("b"));
-    let cairn = Cairn::new(&base.path().join("repo"), PASSWORD);
+    let bound = support::BindMount::new(&a, &src.join("b"));
+    let cairn = fx.cairn.clone();
     cairn.init(&SMALL_REPO);
     cairn.backup(&[&src], &[]);
     drop(bound);
@@ -692,28 +642,11 @@ fn a_bind_mounted_copy_shares_nested_trees_and_both_restore() {
     // src, a = b, a/sub, a/sub/deeper, a/sub/other, and the directories above src.
     assert_eq!(trees, 5 + src.ancestors().count() - 1, "the bind-mounted copy does not share trees");
     let want = scan_source(&a);
-    for t in [base.path().join("t1"), base.path().join("t2")] {
+    for t in [base.as_path().join("t1"), base.as_path().join("t2")] {
         cairn.restore_with("latest", &t, &[]);
         let r = restored_path(&t, &src);
         assert_same(&want, &scan(&r.join("a")), true);
         assert_same(&want, &scan(&r.join("b")), true);
-    }
-}
-
-/// `mount --bind`, undone when dropped.
-struct BindMount(PathBuf);
-
-impl BindMount {
-    fn new(from: &Path, at: &Path) -> Self {
-        let st = Command::new("mount").arg("--bind").arg(from).arg(at).status().expect("mount");
-        assert!(st.success(), "mount --bind failed (the tests run as root)");
-        BindMount(at.to_path_buf())
-    }
-}
-
-impl Drop for BindMount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
     }
 }
 
@@ -725,7 +658,7 @@ fn missing_pack_fails_only_its_files_among_many() {
     // One directory (trees and data are packed apart, so its packs hold data only) of files
     // smaller than the smallest chunk: one blob each.
     let sizes: Vec<usize> = (0..200).map(|i| 4 * KIB + (i * 997) % (11 * KIB)).collect();
-    let env = Env::new(
+    let env = Fixture::backed_up(
         |src| {
             random_files(&src.join("many"), 20, &sizes);
             // many/f000 again under another name: one blob, two files.
@@ -788,9 +721,9 @@ fn missing_pack_fails_only_its_files_among_many() {
 #[test]
 fn missing_pack_leaves_existing_files_as_they_were() {
     let sizes: Vec<usize> = (0..120).map(|i| 4 * KIB + (i * 997) % (11 * KIB)).collect();
-    let env = Env::new(|src| random_files(&src.join("many"), 21, &sizes), &SMALL_REPO, &[]);
+    let env = Fixture::backed_up(|src| random_files(&src.join("many"), 21, &sizes), &SMALL_REPO, &[]);
     let t = env.path("t");
-    env.restore(&t, &[]);
+    env.restore_fetching(&t, &[]);
     let r = env.restored(&t);
     // The target holds an older version of every file: same size and times, other bytes.
     let old = |p: &Path| vec![b'o'; fs::metadata(env.src.join(p)).expect("stat").len() as usize];
@@ -832,7 +765,7 @@ fn missing_pack_leaves_existing_files_as_they_were() {
 /// name the stage that waits; the restore still completes exactly once the read returns.
 #[test]
 fn stalled_fetch_is_reported_by_the_watchdog() {
-    let env = Env::new(standard_tree, &SMALL_REPO, &[]);
+    let env = Fixture::backed_up(standard_tree, &SMALL_REPO, &[]);
     let pack = env.data_only_packs().pop().expect("a data-only pack");
     let name = pack.rsplit('/').next().expect("pack name").to_string();
     let faults = format!("stall={name},stall-for=3s");
@@ -854,31 +787,13 @@ fn stalled_fetch_is_reported_by_the_watchdog() {
     env.assert_exact(&t);
 }
 
-/// Mounts a tmpfs for the life of the guard.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, options: &str) -> Self {
-        fs::create_dir_all(at).expect("mkdir mount point");
-        let st = Command::new("mount").args(["-t", "tmpfs", "-o", options, "tmpfs"]).arg(at).status().expect("mount");
-        assert!(st.success(), "mount -t tmpfs -o {options} failed (the tests run as root)");
-        Tmpfs(at.to_path_buf())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
-
 /// A restore onto a full disk stops promptly with one clear line and a non-zero exit, and
 /// leaves nothing in the target but (partial) entries of the snapshot.
 #[test]
 fn disk_full_is_one_clear_line() {
-    let env = Env::new(standard_tree, &SMALL_REPO, &[]);
+    let env = Fixture::backed_up(standard_tree, &SMALL_REPO, &[]);
     let t = env.path("small-disk");
-    let _mount = Tmpfs::mount(&t, "size=1m");
+    let _mount = support::Tmpfs::mount(&t, "size=1m");
     let started = Instant::now();
     let out = env.run_restore(&[], &t, &[]);
     assert!(started.elapsed() < Duration::from_secs(60), "a full disk took {:?}", started.elapsed());
@@ -893,9 +808,9 @@ fn disk_full_is_one_clear_line() {
 /// A read-only target gives one clear line and a non-zero exit.
 #[test]
 fn read_only_target_is_one_clear_line() {
-    let env = Env::new(standard_tree, &SMALL_REPO, &[]);
+    let env = Fixture::backed_up(standard_tree, &SMALL_REPO, &[]);
     let t = env.path("ro");
-    let _mount = Tmpfs::mount(&t, "ro,size=1m");
+    let _mount = support::Tmpfs::mount(&t, "ro,size=1m");
     let out = env.run_restore(&[], &t, &[]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let err = stderr(&out);
@@ -909,7 +824,7 @@ fn read_only_target_is_one_clear_line() {
 /// fetches only what the first run had not written.
 #[test]
 fn sigint_stops_cleanly_and_a_rerun_finishes_the_job() {
-    let env = Env::new(
+    let env = Fixture::backed_up(
         |src| {
             let sizes: Vec<usize> = (0..24).map(|i| 300 * KIB + i * 7 * KIB).collect();
             random_files(&src.join("many"), 30, &sizes);
@@ -917,7 +832,7 @@ fn sigint_stops_cleanly_and_a_rerun_finishes_the_job() {
         &SMALL_REPO,
         &[],
     );
-    let full = env.restore(&env.path("reference"), &[]);
+    let full = env.restore_fetching(&env.path("reference"), &[]);
     let t = env.path("t");
     let mut cmd = env.cairn.command();
     cmd.env("CAIRN_INJECT_FAULTS", "latency=300ms")
@@ -948,7 +863,7 @@ fn sigint_stops_cleanly_and_a_rerun_finishes_the_job() {
         fs::read_dir(&many).expect("list").flatten().map(|e| e.metadata().expect("stat").len()).sum();
     assert!(done_before > 0);
 
-    let again = env.restore(&t, &[]);
+    let again = env.restore_fetching(&t, &[]);
     env.assert_exact(&t);
     let (total, fetched_all) = (num(&full, "bytes_total"), num(&full, "bytes_fetched"));
     assert!(num(&again, "bytes_in_place") > 0, "nothing of the first run was kept: {again}");
@@ -970,7 +885,7 @@ fn sigint_stops_cleanly_and_a_rerun_finishes_the_job() {
 fn stalled_tree_reads_are_reported_and_sigint_stops_them() {
     use std::io::BufRead;
     // One packer thread: every tree lands in one tree pack, whose reads are stalled.
-    let env = Env::new(|src| fs::write(src.join("f"), b"data").expect("write"), &[], &["--threads", "1"]);
+    let env = Fixture::backed_up(|src| fs::write(src.join("f"), b"data").expect("write"), &[], &["--threads", "1"]);
     let packs: Vec<String> =
         env.cairn.stored_blobs().into_iter().filter(|b| b.kind == BlobKind::Tree).map(|b| b.pack).collect();
     let pack = packs.first().expect("a tree pack").rsplit('/').next().expect("name").to_string();
@@ -1009,10 +924,10 @@ fn stalled_tree_reads_are_reported_and_sigint_stops_them() {
 /// exactly: a blob larger than the whole budget goes through on its own.
 #[test]
 fn memory_budget_smaller_than_a_pack_and_a_blob() {
-    let env = Env::new(standard_tree, &SMALL_REPO, &[]);
+    let env = Fixture::backed_up(standard_tree, &SMALL_REPO, &[]);
     for budget in ["512K", "16K", "1"] {
         let t = env.path(budget);
-        env.restore(&t, &["--max-memory", budget, "--fetch-concurrency", "4", "--decode-threads", "2"]);
+        env.restore_fetching(&t, &["--max-memory", budget, "--fetch-concurrency", "4", "--decode-threads", "2"]);
         env.assert_exact(&t);
     }
 }
@@ -1034,8 +949,11 @@ fn exit_and_peak_rss(cairn: &Cairn, args: &[&str]) -> (i32, u64) {
 /// budget peaks at most a few MiB above a restore that fetches nothing at all.
 #[test]
 fn memory_budget_bounds_peak_memory() {
-    let env =
-        Env::new(|src| fs::write(src.join("big.bin"), Rng(5).bytes(16 * MIB)).expect("write"), &SMALL_REPO[..2], &[]);
+    let env = Fixture::backed_up(
+        |src| fs::write(src.join("big.bin"), Rng(5).bytes(16 * MIB)).expect("write"),
+        &SMALL_REPO[..2],
+        &[],
+    );
     let t = env.path("t");
     let target = t.to_str().expect("UTF-8");
     let one_thread = ["--fetch-concurrency", "1", "--decode-threads", "1", "--write-threads", "1"];
@@ -1054,7 +972,7 @@ fn memory_budget_bounds_peak_memory() {
 /// matches the source.
 #[test]
 fn dump_of_a_file_and_a_directory_matches_the_source() {
-    let env = Env::new(standard_tree, &SMALL_REPO, &[]);
+    let env = Fixture::backed_up(standard_tree, &SMALL_REPO, &[]);
     let big = env.cairn.run(["dump", &format!("latest:{}", env.src.join("big.bin").display())]);
     assert!(big.status.success(), "{}", stderr(&big));
     assert!(big.stdout == read_noatime(&env.src.join("big.bin")), "dump of big.bin differs");
@@ -1086,7 +1004,7 @@ fn dump_of_a_file_and_a_directory_matches_the_source() {
 /// field; `--profile` prints busy / idle / blocked time of every stage.
 #[test]
 fn json_progress_summary_and_profile() {
-    let env = Env::new(standard_tree, &SMALL_REPO, &[]);
+    let env = Fixture::backed_up(standard_tree, &SMALL_REPO, &[]);
     let t = env.path("t");
     let out = env.run_restore(&[("CAIRN_INJECT_FAULTS", "latency=300ms")], &t, &["--fetch-concurrency", "1"]);
     assert!(out.status.success(), "{out:?}");
@@ -1170,7 +1088,7 @@ fn json_progress_summary_and_profile() {
 /// (mode and times), set after its contents, as any other restored directory.
 #[test]
 fn restoring_a_directory_path_gives_the_target_its_metadata() {
-    let env = Env::new(standard_tree, &SMALL_REPO, &[]);
+    let env = Fixture::backed_up(standard_tree, &SMALL_REPO, &[]);
     let t = env.path("t");
     let spec = format!("latest:{}", env.src.display());
     env.cairn.restore_with(&spec, &t, &[]);
@@ -1191,7 +1109,7 @@ fn restoring_a_directory_path_gives_the_target_its_metadata() {
 fn no_op_compare_replaces_non_files_and_fixes_only_what_differs() {
     const SIZE: usize = 5 * KIB;
     let names = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"];
-    let env = Env::new(
+    let env = Fixture::backed_up(
         |src| {
             let mut rng = Rng(17);
             for n in names {
@@ -1203,7 +1121,7 @@ fn no_op_compare_replaces_non_files_and_fixes_only_what_differs() {
         &[],
     );
     let t = env.path("t");
-    env.restore(&t, &[]);
+    env.restore_fetching(&t, &[]);
     let r = env.restored(&t);
     let p = |n: &str| r.join(format!("{n}.bin"));
     let inodes: BTreeMap<&str, u64> = names.iter().map(|&n| (n, ino(&p(n)))).collect();
@@ -1231,18 +1149,18 @@ fn no_op_compare_replaces_non_files_and_fixes_only_what_differs() {
     // f: 100 bytes changed, size and times put back (`--overwrite if-changed` would trust it).
     let f_meta = fs::metadata(p("f")).expect("stat f");
     scribble(&p("f"), 1000, &[0x5a; 100]);
-    common::set_times(&p("f"), (f_meta.atime(), f_meta.atime_nsec()), (f_meta.mtime(), f_meta.mtime_nsec()));
+    support::set_times(&p("f"), (f_meta.atime(), f_meta.atime_nsec()), (f_meta.mtime(), f_meta.mtime_nsec()));
     // g: its xattr's value changed; h: an xattr the snapshot does not have; i: another mode;
     // j (as root): another owner.
     xattr::set(p("g"), "user.color", b"red").expect("setxattr g");
     xattr::set(p("h"), "user.extra", b"1").expect("setxattr h");
     fs::set_permissions(p("i"), fs::Permissions::from_mode(0o604)).expect("chmod i");
-    if common::is_root() {
+    if support::is_root() {
         std::os::unix::fs::lchown(p("j"), Some(4321), Some(4321)).expect("chown j");
     }
     let outside_meta = fs::metadata(&outside).expect("stat outside");
 
-    let summary = env.restore(&t, &[]);
+    let summary = env.restore_fetching(&t, &[]);
     env.assert_exact(&t);
     assert_no_stray_files(&env, &t);
     // Five files replaced whole, one chunk of f rewritten in place (f is one chunk).
@@ -1261,7 +1179,7 @@ fn no_op_compare_replaces_non_files_and_fixes_only_what_differs() {
     assert_eq!(fs::read(&other_name).expect("read d-other"), fs::read(env.src.join("d.bin")).expect("read d"));
 
     // Now exact: a second restore finds nothing to do.
-    let again = env.restore(&t, &[]);
+    let again = env.restore_fetching(&t, &[]);
     assert_eq!(num(&again, "bytes_written"), 0, "{again}");
     assert_eq!(num(&again, "bytes_fetched"), 0, "{again}");
 }

@@ -3,78 +3,61 @@
 //! copies between repositories with the same and with different blob-ID keys, filters, SFTP, and
 //! one-line errors for bad input.
 
-mod common;
-mod servers;
+use crate::support;
+use crate::support::servers;
 
 use std::fs;
-use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use common::{assert_same, last_json, restored_path, scan, scan_source, Cairn, Rng, Scan};
 use serde_json::Value;
-use tempfile::TempDir;
+use support::{last_json, num, Cairn, Fixture, Rng, Tree};
 
 /// Small chunks and packs, so a few MiB make many blobs and packs.
 const INIT: [&str; 4] = ["--chunk-sizes", "65536,131072,524288", "--pack-size", "1"];
 
-/// The source's password (the destinations use [`common::PASSWORD`]).
+/// The source's password (the destinations use [`support::PASSWORD`]).
 const SOURCE_PASSWORD: &str = "source password";
 
 /// A tree of small files, files of many chunks, a symlink, a hard link and an empty directory.
 fn make_tree(root: &Path, seed: u64) {
-    let mut rng = Rng(seed);
-    fs::create_dir_all(root.join("a/b")).unwrap();
-    fs::create_dir_all(root.join("empty")).unwrap();
+    let mut t = Tree::new(root, seed);
+    t.dir("a/b").dir("empty");
     for (i, size) in [0usize, 1, 4095, 70_000].into_iter().enumerate() {
-        fs::write(root.join(format!("a/small-{i}")), rng.bytes(size)).unwrap();
+        t.random(&format!("a/small-{i}"), size);
     }
-    fs::write(root.join("a/b/big"), rng.bytes(3 << 20)).unwrap();
-    // Compressible: its blobs are stored compressed, and copied so.
-    fs::write(root.join("a/text"), "the same line again\n".repeat(100_000)).unwrap();
-    fs::hard_link(root.join("a/small-3"), root.join("a/b/link")).unwrap();
-    symlink("b/big", root.join("a/to-big")).unwrap();
+    t.random("a/b/big", 3 << 20)
+        // Compressible: its blobs are stored compressed, and copied so.
+        .file("a/text", "the same line again\n".repeat(100_000))
+        .hard_link("a/small-3", "a/b/link")
+        .symlink("b/big", "a/to-big");
 }
 
-/// A source repository (local) with two snapshots of a changing tree.
-struct Fx {
-    base: TempDir,
-    src: PathBuf,
-    source: Cairn,
-    /// The tree as the last backup saw it.
-    last: Scan,
-}
-
-impl Fx {
-    fn new() -> Fx {
-        let base = tempfile::tempdir().unwrap();
-        let src = base.path().join("src");
-        make_tree(&src, 1);
-        let source = Cairn::new(&base.path().join("source"), SOURCE_PASSWORD);
-        source.init(&INIT);
-        source.backup(&[&src], &["--tag", "first"]);
-        fs::write(src.join("a/b/new"), Rng(2).bytes(1 << 20)).unwrap();
-        fs::remove_file(src.join("a/small-1")).unwrap();
-        let last = scan_source(&src);
-        source.backup(&[&src], &["--tag", "second"]);
-        Fx { base, src, source, last }
+impl Fixture {
+    /// A source repository (local, `base/source`, [`SOURCE_PASSWORD`]) with two snapshots of a
+    /// changing tree; `before` is the tree as the last backup saw it.
+    fn copy_source() -> Fixture {
+        let mut fx = Fixture::new();
+        fx.cairn = Cairn::new(&fx.path("source"), SOURCE_PASSWORD);
+        make_tree(&fx.src, 1);
+        fx.cairn.init(&INIT);
+        fx.cairn.backup(&[&fx.src], &["--tag", "first"]);
+        fs::write(fx.src.join("a/b/new"), Rng(2).bytes(1 << 20)).unwrap();
+        fs::remove_file(fx.src.join("a/small-1")).unwrap();
+        fx.scan_source();
+        fx.cairn.backup(&[&fx.src], &["--tag", "second"]);
+        fx
     }
 
     fn source_location(&self) -> String {
-        self.source.repo.to_string_lossy().into_owned()
-    }
-
-    /// A local destination repository (not initialized).
-    fn local(&self, name: &str) -> Cairn {
-        Cairn::new(&self.base.path().join(name), common::PASSWORD)
+        self.cairn.repo.to_string_lossy().into_owned()
     }
 
     /// Restores `latest` of `cairn` and compares it with the tree of the last backup.
     fn restores_exactly(&self, cairn: &Cairn, name: &str) {
-        let target = self.base.path().join(name);
+        let target = self.path(name);
         cairn.restore("latest", &target);
-        assert_same(&self.last, &scan(&restored_path(&target, &self.src)), true);
+        self.assert_exact(&target);
     }
 }
 
@@ -89,14 +72,10 @@ fn copy(dst: &Cairn, from: &str, from_password: &str, args: &[&str]) -> Value {
     summary
 }
 
-fn num(v: &Value, field: &str) -> u64 {
-    v[field].as_u64().unwrap_or_else(|| panic!("no {field} in {v}"))
-}
-
 /// `init --copy-chunker-params --from-repo FROM`.
 fn init_like(dst: &Cairn, from: &str, from_password: &str) {
     let mut args = vec!["init"];
-    args.extend(common::KDF_ARGS);
+    args.extend(support::KDF_ARGS);
     args.extend(["--copy-chunker-params", "--from-repo", from]);
     dst.clone().with_env("CAIRN_FROM_PASSWORD", from_password).ok(args);
 }
@@ -131,8 +110,8 @@ fn minio_dir(location: &str) -> PathBuf {
 
 #[test]
 fn local_to_minio_to_local_restores_exactly_and_a_second_copy_transfers_nothing() {
-    let fx = Fx::new();
-    let cache = fx.base.path().join("cache");
+    let fx = Fixture::copy_source();
+    let cache = fx.base.join("cache");
     // Local → MinIO, into a repository that shares the source's blob IDs.
     let s3 = servers::cairn(&servers::s3_repo("copy"), &cache);
     init_like(&s3, &fx.source_location(), SOURCE_PASSWORD);
@@ -154,10 +133,10 @@ fn local_to_minio_to_local_restores_exactly_and_a_second_copy_transfers_nothing(
     assert_eq!(s3.snapshots().len(), 2);
 
     // MinIO → local, into an unrelated repository (other blob IDs): trees are rewritten.
-    let local = fx.local("back");
+    let local = fx.other_repo("back");
     local.init(&INIT);
     let s3_location = s3.repo.to_string_lossy().into_owned();
-    let back = copy(&local.clone().with_envs(&s3), &s3_location, common::PASSWORD, &[]);
+    let back = copy(&local.clone().with_envs(&s3), &s3_location, support::PASSWORD, &[]);
     assert_eq!(num(&back, "snapshots_copied"), 2, "{back}");
     assert_eq!(back["same_ids"], false, "{back}");
     fx.restores_exactly(&local, "from-local");
@@ -182,24 +161,12 @@ fn check_clean(cairn: &Cairn) {
     assert_eq!(s["errors"], 0, "{s}");
 }
 
-trait WithEnvs {
-    fn with_envs(self, other: &Cairn) -> Self;
-}
-
-impl WithEnvs for Cairn {
-    /// This runner with `other`'s environment added (a remote source's credentials).
-    fn with_envs(mut self, other: &Cairn) -> Self {
-        self.env.extend(other.env.iter().cloned());
-        self
-    }
-}
-
 #[test]
 fn different_ids_restore_exactly_and_same_ids_deduplicate_against_the_destinations_backups() {
-    let fx = Fx::new();
+    let fx = Fixture::copy_source();
     // A destination made with --copy-chunker-params: a backup of the same tree there, reading
     // every file (--force), stores (almost) nothing new.
-    let like = fx.local("like");
+    let like = fx.other_repo("like");
     init_like(&like, &fx.source_location(), SOURCE_PASSWORD);
     let c = copy(&like, &fx.source_location(), SOURCE_PASSWORD, &[]);
     assert_eq!(c["same_ids"], true, "{c}");
@@ -208,7 +175,7 @@ fn different_ids_restore_exactly_and_same_ids_deduplicate_against_the_destinatio
 
     // An unrelated destination: the copy restores exactly, but its data does not deduplicate
     // against the destination's own backups (other chunk boundaries, other IDs).
-    let other = fx.local("other");
+    let other = fx.other_repo("other");
     other.init(&INIT);
     let c = copy(&other, &fx.source_location(), SOURCE_PASSWORD, &[]);
     assert_eq!((c["same_ids"].clone(), num(&c, "snapshots_copied")), (Value::Bool(false), 2), "{c}");
@@ -219,9 +186,9 @@ fn different_ids_restore_exactly_and_same_ids_deduplicate_against_the_destinatio
     assert!(num(&b, "bytes_added") > 2 << 20, "unrelated chunking deduplicated anyway: {b}");
     // An incremental copy into an unrelated repository reads only what the earlier copy of its
     // parent does not name: the new file, not the whole snapshot again.
-    let step = fx.local("step");
+    let step = fx.other_repo("step");
     step.init(&INIT);
-    let ids: Vec<String> = fx.source.snapshots().iter().map(|s| s["id"].as_str().unwrap().to_string()).collect();
+    let ids: Vec<String> = fx.cairn.snapshots().iter().map(|s| s["id"].as_str().unwrap().to_string()).collect();
     let one = copy(&step, &fx.source_location(), SOURCE_PASSWORD, &[&ids[0]]);
     let two = copy(&step, &fx.source_location(), SOURCE_PASSWORD, &[&ids[1]]);
     assert_eq!((num(&one, "snapshots_copied"), num(&two, "snapshots_copied")), (1, 1), "{one} {two}");
@@ -237,13 +204,6 @@ fn different_ids_restore_exactly_and_same_ids_deduplicate_against_the_destinatio
     }
 }
 
-/// Starts `cairn ARGS` on `cairn` in the background with `env` added.
-fn spawn(cairn: &Cairn, env: &[(&str, &str)], args: &[&str]) -> Child {
-    let mut c = cairn.command();
-    c.envs(env.iter().copied()).args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
-    c.spawn().unwrap()
-}
-
 /// The moments a copy is killed at: a fault stall holds it at one request, then SIGKILL.
 const KILL_POINTS: [(&str, &str); 3] = [
     ("while storing packs", "stall-write=data/"),
@@ -253,18 +213,17 @@ const KILL_POINTS: [(&str, &str); 3] = [
 
 #[test]
 fn a_copy_killed_at_any_step_completes_when_run_again() {
-    let fx = Fx::new();
+    let fx = Fixture::copy_source();
     for (i, (moment, fault)) in KILL_POINTS.iter().enumerate() {
         for like_source in [false, true] {
-            let dst = fx.local(&format!("killed-{i}-{like_source}"));
+            let dst = fx.other_repo(&format!("killed-{i}-{like_source}"));
             if like_source {
                 init_like(&dst, &fx.source_location(), SOURCE_PASSWORD);
             } else {
                 dst.init(&INIT);
             }
             let spec = format!("{fault},stall-for=120s");
-            let mut child = spawn(
-                &dst,
+            let mut child = dst.spawn(
                 &[("CAIRN_INJECT_FAULTS", &spec), ("CAIRN_FROM_PASSWORD", SOURCE_PASSWORD)],
                 &["--json", "copy", "--from-repo", &fx.source_location(), "--max-memory", "128M"],
             );
@@ -280,7 +239,7 @@ fn a_copy_killed_at_any_step_completes_when_run_again() {
             // The killed copy's locks are stale (its process is gone); `cairn unlock` removes
             // them, as a user would (else the next copy warns that it ignores them).
             dst.ok(["unlock"]);
-            fx.source.ok(["unlock"]);
+            fx.cairn.ok(["unlock"]);
             let again = copy(&dst, &fx.source_location(), SOURCE_PASSWORD, &[]);
             assert_eq!(num(&again, "snapshots_copied"), 2, "{moment}: {again}");
             if *fault == "stall-write=snapshots/" && like_source {
@@ -295,11 +254,11 @@ fn a_copy_killed_at_any_step_completes_when_run_again() {
 
 #[test]
 fn filters_and_ids_choose_the_snapshots_copied() {
-    let fx = Fx::new();
-    let other_tree = fx.base.path().join("other");
+    let fx = Fixture::copy_source();
+    let other_tree = fx.base.join("other");
     make_tree(&other_tree, 9);
-    fx.source.backup(&[&other_tree], &["--host", "elsewhere", "--tag", "x", "--tag", "y"]);
-    let all = fx.source.snapshots();
+    fx.cairn.backup(&[&other_tree], &["--host", "elsewhere", "--tag", "x", "--tag", "y"]);
+    let all = fx.cairn.snapshots();
     assert_eq!(all.len(), 3);
     let id_of = |i: usize| all[i]["id"].as_str().unwrap().to_string();
     let copied = |v: &Value| -> Vec<String> {
@@ -315,7 +274,7 @@ fn filters_and_ids_choose_the_snapshots_copied() {
         (vec![id_of(0)[..10].to_string(), "--tag".into(), "second".into()], vec![]),
     ];
     for (i, (args, want)) in cases.iter().enumerate() {
-        let dst = fx.local(&format!("filter-{i}"));
+        let dst = fx.other_repo(&format!("filter-{i}"));
         dst.init(&INIT);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = copy(&dst, &fx.source_location(), SOURCE_PASSWORD, &args);
@@ -323,7 +282,7 @@ fn filters_and_ids_choose_the_snapshots_copied() {
         assert_eq!(dst.snapshots().len(), want.len(), "{args:?}");
     }
     // The table for people names each copy.
-    let dst = fx.local("table");
+    let dst = fx.other_repo("table");
     dst.init(&INIT);
     let text = dst.clone().with_env("CAIRN_FROM_PASSWORD", SOURCE_PASSWORD).ok([
         "copy",
@@ -337,30 +296,30 @@ fn filters_and_ids_choose_the_snapshots_copied() {
 
 #[test]
 fn local_to_sftp_and_back_restores_exactly() {
-    let fx = Fx::new();
-    let cache = fx.base.path().join("cache");
+    let fx = Fixture::copy_source();
+    let cache = fx.base.join("cache");
     let sftp = servers::cairn(&servers::sftp_repo("copy"), &cache);
     init_like(&sftp, &fx.source_location(), SOURCE_PASSWORD);
     let there = copy(&sftp, &fx.source_location(), SOURCE_PASSWORD, &[]);
     assert_eq!(num(&there, "snapshots_copied"), 2, "{there}");
     fx.restores_exactly(&sftp, "sftp");
-    let local = fx.local("from-sftp");
+    let local = fx.other_repo("from-sftp");
     local.init(&INIT);
-    let back = copy(&local.clone().with_envs(&sftp), &sftp.repo.to_string_lossy(), common::PASSWORD, &["latest"]);
+    let back = copy(&local.clone().with_envs(&sftp), &sftp.repo.to_string_lossy(), support::PASSWORD, &["latest"]);
     assert_eq!(num(&back, "snapshots_copied"), 1, "{back}");
     fx.restores_exactly(&local, "back");
 }
 
 #[test]
 fn bad_input_is_a_one_line_error() {
-    let fx = Fx::new();
-    let dst = fx.local("dst");
+    let fx = Fixture::copy_source();
+    let dst = fx.other_repo("dst");
     dst.init(&INIT);
     let from = fx.source_location();
-    let missing = fx.base.path().join("nothing-here").to_string_lossy().into_owned();
+    let missing = fx.base.join("nothing-here").to_string_lossy().into_owned();
     let cases: Vec<(Vec<&str>, &str, &str)> = vec![
         (vec!["copy", "--from-repo", &from], "wrong", "wrong password"),
-        (vec!["copy", "--from-repo", dst.repo.to_str().unwrap()], common::PASSWORD, "same repository"),
+        (vec!["copy", "--from-repo", dst.repo.to_str().unwrap()], support::PASSWORD, "same repository"),
         (vec!["copy", "--from-repo", &from, "0123abcd"], SOURCE_PASSWORD, "no snapshot matches \"0123abcd\""),
         (vec!["copy"], SOURCE_PASSWORD, "give --from-repo"),
         (vec!["copy", "--from-repo", &missing], SOURCE_PASSWORD, "source repository"),
@@ -377,7 +336,7 @@ fn bad_input_is_a_one_line_error() {
     }
     assert!(dst.snapshots().is_empty());
     // --from-repo without --copy-chunker-params, and --copy-chunker-params without a source.
-    let fresh = fx.local("fresh");
+    let fresh = fx.other_repo("fresh");
     let out = fresh.run(["init", "--from-repo", &from]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--copy-chunker-params"));

@@ -3,13 +3,13 @@
 //! largest directory and the blobs of the repository by a few dozen bytes each, not with a
 //! whole `Node` per file held until its directory is done.
 
-mod common;
+use crate::support;
 
 use std::fs;
 use std::path::Path;
 
-use common::{last_json, memory_tempdir, run_with_peak_rss, Cairn, Rng, PASSWORD};
 use serde_json::Value;
+use support::{last_json, memory_tempdir, num, run_with_peak_rss, Cairn, Rng, PASSWORD};
 
 /// Files in the test tree: most in one directory, as the `many` data set's top directory.
 const FILES: u64 = 200_000;
@@ -17,12 +17,6 @@ const IN_BIG_DIR: u64 = 150_000;
 const PACK_MIB: u64 = 4;
 const THREADS: u64 = 2;
 const UPLOADS: u64 = 2;
-
-/// One test of this file at a time: a snapshot records the source's parent directories too, and
-/// the other test making or removing its directory in `/dev/shm` between two backups changes
-/// `/dev/shm`'s times, so an unchanged backup would add its new tree (seen in CI: 182 bytes).
-/// Each test also measures its peak RSS, better without the other beside it.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The bound of docs/DESIGN.md, "Backup memory", in MiB: the packs being filled, queued and
 /// stored, the index, the largest directory's entries held encoded, the parent snapshot's tree
@@ -56,10 +50,6 @@ fn make_tree(root: &Path) {
     }
 }
 
-fn num(v: &Value, field: &str) -> u64 {
-    v[field].as_u64().unwrap_or_else(|| panic!("summary has no number {field}: {v}"))
-}
-
 /// Backs `src` up; returns the JSON summary and the peak RSS in MiB.
 fn backup(cairn: &Cairn, src: &Path) -> (Value, u64) {
     let mut c = cairn.command();
@@ -73,7 +63,8 @@ fn backup(cairn: &Cairn, src: &Path) -> (Value, u64) {
 /// nothing changed stay within the documented bound; both record every file.
 #[test]
 fn peak_rss_of_a_backup_of_200k_files_stays_within_the_bound() {
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // One such test at a time, and no other test in /dev/shm beside it (see support::shm_alone).
+    let _alone = support::shm_alone();
     let base = memory_tempdir();
     let src = base.path().join("src");
     make_tree(&src);
@@ -118,7 +109,8 @@ fn slow_backup(cairn: &Cairn, src: &Path, extra: &[&str]) -> (Option<Value>, Str
 /// to half of what the index leaves; a budget that cannot hold two packs is refused up front.
 #[test]
 fn backup_max_memory_bounds_the_packs_in_memory() {
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // One such test at a time, and no other test in /dev/shm beside it (see support::shm_alone).
+    let _alone = support::shm_alone();
     let base = memory_tempdir();
     let src = base.path().join("src");
     fs::create_dir_all(&src).expect("mkdir");

@@ -6,7 +6,8 @@
 //! names the damaged object, nothing panics, a restore never leaves a file with wrong content
 //! behind, and nothing is ever written outside the restore target.
 
-mod common;
+use crate::support;
+use crate::support::library;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
@@ -17,15 +18,15 @@ use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use cairn_core::engine::repository::Repository;
-use cairn_core::engine::storage::OpendalStorage;
-use cairn_format::compress::Codec;
-use cairn_format::id::{BlobId, PackId, SnapshotId};
-use cairn_format::layout::pack_path;
-use cairn_format::pack::BlobKind;
-use cairn_format::snapshot::{Snapshot, Summary};
-use cairn_format::tree::{Chunk, Node, NodeKind, Timestamp, Tree};
-use common::Cairn;
+use crate::support::library::compress::Codec;
+use crate::support::library::id::{BlobId, PackId, SnapshotId};
+use crate::support::library::layout::pack_path;
+use crate::support::library::pack::BlobKind;
+use crate::support::library::repository::Repository;
+use crate::support::library::snapshot::{Snapshot, Summary};
+use crate::support::library::storage::OpendalStorage;
+use crate::support::library::tree::{Chunk, Node, NodeKind, Timestamp, Tree};
+use support::{Cairn, Fixture};
 use tempfile::TempDir;
 
 const PASSWORD: &str = "bad-input test password";
@@ -89,9 +90,9 @@ fn cairn_cmd(repo: &Path) -> Command {
 }
 
 /// Runs `cmd` through the common harness, which fails the test if it runs longer than
-/// [`common::COMMAND_TIMEOUT`].
+/// [`support::COMMAND_TIMEOUT`].
 fn run_cmd(mut cmd: Command) -> Run {
-    let out = common::output_within_timeout(&mut cmd);
+    let out = support::output_within_timeout(&mut cmd);
     Run {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -137,7 +138,7 @@ fn backup(repo: &Path, path: &Path) -> String {
 }
 
 /// `restore SPEC --target TARGET --no-local-data`: the damage under test must not be
-/// repaired from the source files, which are still there (local_data.rs tests that).
+/// repaired from the source files, which are still there (`restore::local_data` tests that).
 fn restore(repo: &Path, spec: &str, target: &Path) -> Run {
     let mut cmd = cairn_cmd(repo);
     cmd.arg("restore").arg(spec).arg("--target").arg(target).arg("--no-local-data");
@@ -282,39 +283,34 @@ fn damages(len: usize) -> Vec<(String, Damage)> {
 // A repository with one backup, for the damage tests
 // ---------------------------------------------------------------------------------------------
 
-struct Fixture {
-    tmp: TempDir,
-    repo: PathBuf,
-    src: PathBuf,
-    target: PathBuf,
-    snapshot_id: String,
-}
-
 impl Fixture {
-    fn new() -> Self {
-        let tmp = TempDir::new().unwrap();
-        let repo = tmp.path().join("repo");
-        let src = tmp.path().join("src");
-        let target = tmp.path().join("target");
-        make_source(&src);
-        init_repo(&repo);
-        let snapshot_id = backup(&repo, &src);
-        let f = Fixture { repo, src, target, snapshot_id, tmp };
+    /// A repository (this file's password, tiny chunks, 1 MiB packs) with one backup of
+    /// [`make_source`]; the restore target `target` is empty.
+    fn damageable() -> Self {
+        let mut f = Fixture::new().with_password(PASSWORD);
+        make_source(&f.src);
+        init_repo(f.repo());
+        f.snapshot = backup(f.repo(), &f.src);
         // The fixture itself must restore perfectly.
-        let run = f.restore();
+        let run = f.restore_src();
         run.success();
-        assert!(check_restored(&f.src, &f.target).is_empty());
+        assert!(check_restored(&f.src, &f.target()).is_empty());
         f.clear_target();
         f
     }
 
-    fn restore(&self) -> Run {
-        restore_src(&self.repo, &self.src, &self.target)
+    /// Where the damage tests restore to.
+    fn target(&self) -> PathBuf {
+        self.path("target")
+    }
+
+    fn restore_src(&self) -> Run {
+        restore_src(self.repo(), &self.src, &self.target())
     }
 
     fn clear_target(&self) {
-        if self.target.exists() {
-            fs::remove_dir_all(&self.target).unwrap();
+        if self.target().exists() {
+            fs::remove_dir_all(self.target()).unwrap();
         }
     }
 
@@ -332,7 +328,7 @@ impl Fixture {
         let original = fs::read(file).unwrap();
         damage(file);
         let damaged = if rename { rename_to_hash(file) } else { file.to_path_buf() };
-        eprintln!("case: {} {what}", repo_rel(&self.repo, &damaged));
+        eprintln!("case: {} {what}", repo_rel(self.repo(), &damaged));
         check(what, &damaged);
         if damaged != file {
             fs::remove_file(&damaged).unwrap();
@@ -343,7 +339,7 @@ impl Fixture {
 
     /// Asserts that a restore fails at once with one line naming `name`, and writes nothing.
     fn assert_restore_fatal(&self, name: &str, what: &str) {
-        self.assert_fatal(&self.restore(), name, what);
+        self.assert_fatal(&self.restore_src(), name, what);
     }
 
     /// Asserts that `run` (a restore) failed at once with one line naming `name`, and wrote
@@ -351,7 +347,7 @@ impl Fixture {
     fn assert_fatal(&self, run: &Run, name: &str, what: &str) {
         let line = run.one_line_failure(1);
         assert!(line.contains(name), "{what}: error does not name {name}: {line}");
-        let missing = check_restored(&self.src, &self.target);
+        let missing = check_restored(&self.src, &self.target());
         assert_eq!(missing.len(), entries(&self.src).len(), "{what}: wrote files");
     }
 }
@@ -436,7 +432,7 @@ impl Layout {
 /// files that need it (each listed, naming the pack), everything else is restored exactly;
 /// damage outside every blob (header, trailer) is not seen by a restore at all.
 fn check_pack_damage(f: &Fixture, l: &Layout, pack: &str, hit: &BTreeSet<BlobId>, truncated: bool, what: &str) {
-    let run = f.restore();
+    let run = f.restore_src();
     if hit.iter().any(|id| l.trees.contains(id)) {
         eprintln!("  a tree is damaged: the restore stops");
         f.assert_fatal(&run, pack, what);
@@ -445,7 +441,7 @@ fn check_pack_damage(f: &Fixture, l: &Layout, pack: &str, hit: &BTreeSet<BlobId>
     let must_fail = l.files_needing(hit);
     eprintln!("  damaged blobs {}, needed by {must_fail:?}", hit.len());
     let in_pack = l.files_needing(&l.blobs_hit(pack, |_, _| true));
-    let missing = check_restored(&f.src, &f.target);
+    let missing = check_restored(&f.src, &f.target());
     let errors = run.restore_errors();
     let failed: BTreeSet<PathBuf> = errors.keys().cloned().collect();
     run.no_panic();
@@ -498,10 +494,10 @@ fn wrong_password_is_one_line_exit_1() {
 
 #[test]
 fn damaged_pack_fails_only_what_needs_it() {
-    let f = Fixture::new();
-    let l = layout(&f.repo, &f.src);
+    let f = Fixture::damageable();
+    let l = layout(f.repo(), &f.src);
     for pack in l.packs() {
-        let file = f.repo.join(&pack);
+        let file = f.repo().join(&pack);
         let len = fs::metadata(&file).unwrap().len() as usize;
         let mut cases: Vec<(String, usize)> =
             [0, 1, len / 2, len - 41, len - 1].into_iter().map(|p| (format!("flip byte {p}"), p)).collect();
@@ -534,15 +530,15 @@ fn damaged_pack_fails_only_what_needs_it() {
 
 #[test]
 fn flipped_data_blob_fails_exactly_its_files() {
-    let f = Fixture::new();
-    let l = layout(&f.repo, &f.src);
+    let f = Fixture::damageable();
+    let l = layout(f.repo(), &f.src);
     for victim in ["b.bin", "sub/c.txt", "sub/deep/d.bin"] {
         let ids = &l.files[Path::new(victim)];
         let (pack, off, len) = l.location[&ids[ids.len() / 2]].clone();
-        let file = f.repo.join(&pack);
+        let file = f.repo().join(&pack);
         let pos = (off + len / 2) as usize;
         f.with_damage(&file, victim, &|p| flip(p, pos), false, &mut |_, _| {
-            let run = f.restore();
+            let run = f.restore_src();
             run.no_panic();
             assert_eq!(run.code, 1, "{run:#?}");
             let errors = run.restore_errors();
@@ -550,7 +546,7 @@ fn flipped_data_blob_fails_exactly_its_files() {
             let why = &errors[Path::new(victim)];
             assert!(why.contains(&format!("{pack} is damaged")), "{why}");
             assert!(why.contains("failed authentication"), "{why}");
-            let missing = check_restored(&f.src, &f.target);
+            let missing = check_restored(&f.src, &f.target());
             assert_eq!(missing, BTreeSet::from([PathBuf::from(victim)]));
         });
     }
@@ -560,16 +556,16 @@ fn flipped_data_blob_fails_exactly_its_files() {
 /// never as a failure to write to stdout.
 #[test]
 fn dump_of_a_damaged_file_reports_the_damage() {
-    let f = Fixture::new();
-    let l = layout(&f.repo, &f.src);
+    let f = Fixture::damageable();
+    let l = layout(f.repo(), &f.src);
     let victim = "b.bin";
     let ids = &l.files[Path::new(victim)];
     let (pack, off, len) = l.location[&ids[ids.len() / 2]].clone();
-    let file = f.repo.join(&pack);
+    let file = f.repo().join(&pack);
     let pos = (off + len / 2) as usize;
     f.with_damage(&file, victim, &|p| flip(p, pos), false, &mut |_, _| {
         for spec in [format!("latest:{}", f.src.join(victim).display()), format!("latest:{}", f.src.display())] {
-            let mut cmd = cairn_cmd(&f.repo);
+            let mut cmd = cairn_cmd(f.repo());
             cmd.arg("dump").arg(&spec);
             let run = run_cmd(cmd);
             let line = run.one_line_failure(1);
@@ -581,22 +577,22 @@ fn dump_of_a_damaged_file_reports_the_damage() {
 
 #[test]
 fn deleted_pack_is_named() {
-    let f = Fixture::new();
-    let l = layout(&f.repo, &f.src);
+    let f = Fixture::damageable();
+    let l = layout(f.repo(), &f.src);
     assert!(l.packs().len() > 1, "the fixture should span several packs");
     let mut saw = (false, false);
     for pack in l.packs() {
-        let file = f.repo.join(&pack);
+        let file = f.repo().join(&pack);
         let original = fs::read(&file).unwrap();
         fs::remove_file(&file).unwrap();
-        let run = f.restore();
+        let run = f.restore_src();
         let all = l.blobs_hit(&pack, |_, _| true);
         if all.iter().any(|id| l.trees.contains(id)) {
             // A tree is lost: the restore cannot even be planned.
             saw.0 = true;
             let line = run.one_line_failure(1);
             assert!(line.contains(&format!("{pack} does not exist")), "{line}");
-            assert_eq!(check_restored(&f.src, &f.target).len(), entries(&f.src).len());
+            assert_eq!(check_restored(&f.src, &f.target()).len(), entries(&f.src).len());
         } else {
             // Only data is lost: exactly the files needing it fail, naming the pack.
             saw.1 = true;
@@ -608,7 +604,7 @@ fn deleted_pack_is_named() {
             for why in errors.values() {
                 assert!(why.contains(&format!("{pack} does not exist")), "{why}");
             }
-            assert_eq!(check_restored(&f.src, &f.target), failed);
+            assert_eq!(check_restored(&f.src, &f.target()), failed);
         }
         fs::write(&file, original).unwrap();
         f.clear_target();
@@ -618,52 +614,52 @@ fn deleted_pack_is_named() {
 
 #[test]
 fn damaged_index_is_named() {
-    let f = Fixture::new();
-    let file = only_file(&f.repo, "index");
+    let f = Fixture::damageable();
+    let file = only_file(f.repo(), "index");
     let len = fs::metadata(&file).unwrap().len() as usize;
     for (what, damage) in damages(len) {
         for rename in [false, true] {
             f.with_damage(&file, &what, &*damage, rename, &mut |what, damaged| {
-                let name = repo_rel(&f.repo, damaged);
-                let run = f.restore();
+                let name = repo_rel(f.repo(), damaged);
+                let run = f.restore_src();
                 f.assert_fatal(&run, &name, what);
                 // Renamed, it passes the name check and fails decryption or parsing instead.
                 let why = if rename { "is damaged: " } else { "is damaged: content does not match its name" };
                 assert!(run.stderr.contains(&format!("{name} {why}")), "{run:#?}");
-                let run = cairn(&f.repo, &["ls", "latest"]);
+                let run = cairn(f.repo(), &["ls", "latest"]);
                 assert!(run.one_line_failure(1).contains(&name), "{run:#?}");
             });
         }
     }
     // A sealed file of another kind passed off as an index file.
-    let snap = only_file(&f.repo, "snapshots");
-    let fake = f.repo.join("index").join(PackId::hash_of(&fs::read(&snap).unwrap()).to_hex());
+    let snap = only_file(f.repo(), "snapshots");
+    let fake = f.repo().join("index").join(PackId::hash_of(&fs::read(&snap).unwrap()).to_hex());
     fs::copy(&snap, &fake).unwrap();
-    let run = f.restore();
+    let run = f.restore_src();
     let line = run.one_line_failure(1);
-    assert!(line.contains(&repo_rel(&f.repo, &fake)), "{line}");
+    assert!(line.contains(&repo_rel(f.repo(), &fake)), "{line}");
     assert!(line.contains("where Index was expected"), "{line}");
     fs::remove_file(&fake).unwrap();
-    f.restore().success();
+    f.restore_src().success();
 }
 
 #[test]
 fn damaged_snapshot_is_named() {
-    let f = Fixture::new();
-    let file = only_file(&f.repo, "snapshots");
-    assert_eq!(file.file_name().unwrap().to_str().unwrap(), f.snapshot_id);
+    let f = Fixture::damageable();
+    let file = only_file(f.repo(), "snapshots");
+    assert_eq!(file.file_name().unwrap().to_str().unwrap(), f.snapshot);
     let len = fs::metadata(&file).unwrap().len() as usize;
     for (what, damage) in damages(len) {
         for rename in [false, true] {
             f.with_damage(&file, &what, &*damage, rename, &mut |what, damaged| {
-                let name = repo_rel(&f.repo, damaged);
+                let name = repo_rel(f.repo(), damaged);
                 f.assert_restore_fatal(&name, what);
-                let run = cairn(&f.repo, &["snapshots"]);
+                let run = cairn(f.repo(), &["snapshots"]);
                 let line = run.one_line_failure(1);
                 assert!(line.contains(&format!("{name} is damaged")), "{what}: {line}");
                 if !rename {
                     // The damaged snapshot asked for by its (old) ID prefix.
-                    let run = restore(&f.repo, &f.snapshot_id[..8], &f.target);
+                    let run = restore(f.repo(), &f.snapshot[..8], &f.target());
                     let line = run.one_line_failure(1);
                     assert!(line.contains(&format!("{name} is damaged")), "{what}: {line}");
                 }
@@ -674,29 +670,29 @@ fn damaged_snapshot_is_named() {
 
 #[test]
 fn damaged_snapshot_does_not_hide_other_snapshots() {
-    let f = Fixture::new();
-    let other_src = f.tmp.path().join("other");
+    let f = Fixture::damageable();
+    let other_src = f.base.join("other");
     fs::create_dir(&other_src).unwrap();
     fs::write(other_src.join("x"), b"other snapshot\n").unwrap();
-    let other = backup(&f.repo, &other_src);
-    let file = f.repo.join("snapshots").join(&f.snapshot_id);
+    let other = backup(f.repo(), &other_src);
+    let file = f.repo().join("snapshots").join(&f.snapshot);
     flip(&file, 60);
-    let target = f.tmp.path().join("other-target");
-    let run = restore(&f.repo, &format!("{}:{}", &other[..12], other_src.display()), &target);
+    let target = f.base.join("other-target");
+    let run = restore(f.repo(), &format!("{}:{}", &other[..12], other_src.display()), &target);
     run.success();
     assert_eq!(fs::read(target.join("x")).unwrap(), b"other snapshot\n");
 }
 
 #[test]
 fn damaged_key_file_is_named() {
-    let f = Fixture::new();
-    let file = only_file(&f.repo, "keys");
+    let f = Fixture::damageable();
+    let file = only_file(f.repo(), "keys");
     let len = fs::metadata(&file).unwrap().len() as usize;
     for (what, damage) in damages(len) {
         f.with_damage(&file, &what, &*damage, false, &mut |what, damaged| {
-            let name = repo_rel(&f.repo, damaged);
+            let name = repo_rel(f.repo(), damaged);
             for args in [&["snapshots"][..], &["ls", "latest"][..]] {
-                let run = cairn(&f.repo, args);
+                let run = cairn(f.repo(), args);
                 let line = run.one_line_failure(1);
                 assert!(
                     line.contains(&format!("{name} is damaged: content does not match its name")),
@@ -710,8 +706,8 @@ fn damaged_key_file_is_named() {
     for keep in [0, 1, len / 2, len - 1] {
         let what = format!("truncate to {keep} bytes, renamed");
         f.with_damage(&file, &what, &|p| truncate(p, keep), true, &mut |what, damaged| {
-            let name = repo_rel(&f.repo, damaged);
-            let run = cairn(&f.repo, &["snapshots"]);
+            let name = repo_rel(f.repo(), damaged);
+            let run = cairn(f.repo(), &["snapshots"]);
             let line = run.one_line_failure(1);
             assert!(line.contains(&format!("{name} is damaged: not a key file")), "{what}: {line}");
             f.assert_restore_fatal(&name, what);
@@ -721,22 +717,22 @@ fn damaged_key_file_is_named() {
 
 #[test]
 fn damaged_key_file_is_skipped_when_another_key_opens() {
-    let f = Fixture::new();
-    let damaged = only_file(&f.repo, "keys");
+    let f = Fixture::damageable();
+    let damaged = only_file(f.repo(), "keys");
     {
-        let repo = open_repo(&f.repo);
+        let repo = open_repo(f.repo());
         repo.add_key(
             PASSWORD.as_bytes(),
-            cairn_format::keyfile::KdfParams { memory_kib: 1024, iterations: 1, parallelism: 1 },
+            library::keyfile::KdfParams { memory_kib: 1024, iterations: 1, parallelism: 1 },
         )
         .unwrap();
     }
     for pos in [0, 100] {
         flip(&damaged, pos);
-        cairn(&f.repo, &["snapshots"]).success();
-        let run = f.restore();
+        cairn(f.repo(), &["snapshots"]).success();
+        let run = f.restore_src();
         run.success();
-        assert!(check_restored(&f.src, &f.target).is_empty());
+        assert!(check_restored(&f.src, &f.target()).is_empty());
         f.clear_target();
         flip(&damaged, pos);
     }
@@ -744,8 +740,8 @@ fn damaged_key_file_is_skipped_when_another_key_opens() {
 
 #[test]
 fn damaged_config_is_named() {
-    let f = Fixture::new();
-    let file = f.repo.join("config");
+    let f = Fixture::damageable();
+    let file = f.repo().join("config");
     let len = fs::metadata(&file).unwrap().len() as usize;
     let mut cases = damages(len);
     for pos in [4, 5, 6, 8, 40, 41] {
@@ -754,7 +750,7 @@ fn damaged_config_is_named() {
     for (what, damage) in cases {
         f.with_damage(&file, &what, &*damage, false, &mut |what, _| {
             for args in [&["snapshots"][..], &["ls", "latest"][..]] {
-                let run = cairn(&f.repo, args);
+                let run = cairn(f.repo(), args);
                 let line = run.one_line_failure(1);
                 assert!(line.starts_with("cairn: config is damaged: "), "{what}: {line}");
             }
@@ -762,7 +758,7 @@ fn damaged_config_is_named() {
         });
     }
     // A snapshot (a valid sealed file of this repository) in place of the config.
-    let snap = only_file(&f.repo, "snapshots");
+    let snap = only_file(f.repo(), "snapshots");
     let what = "snapshot copied over config";
     f.with_damage(
         &file,
@@ -772,14 +768,14 @@ fn damaged_config_is_named() {
         },
         false,
         &mut |what, _| {
-            let run = cairn(&f.repo, &["snapshots"]);
+            let run = cairn(f.repo(), &["snapshots"]);
             let line = run.one_line_failure(1);
             assert!(line.contains("config is damaged"), "{what}: {line}");
             assert!(line.contains("where Config was expected"), "{what}: {line}");
         },
     );
     // Another repository's config: authentication fails.
-    let other = f.tmp.path().join("other-repo");
+    let other = f.base.join("other-repo");
     init_repo(&other);
     let what = "config of another repository";
     let foreign = other.join("config");
@@ -791,11 +787,11 @@ fn damaged_config_is_named() {
         },
         false,
         &mut |what, _| {
-            let line = cairn(&f.repo, &["snapshots"]).one_line_failure(1).to_string();
+            let line = cairn(f.repo(), &["snapshots"]).one_line_failure(1).to_string();
             assert!(line.contains("config is damaged: authentication failed"), "{what}: {line}");
         },
     );
-    f.restore().success();
+    f.restore_src().success();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -805,7 +801,7 @@ fn damaged_config_is_named() {
 /// A parent directory holding `repo`, an empty restore `target`, and an empty `sentinel`
 /// directory next to it that a restore must never touch.
 struct Hostile {
-    tmp: TempDir,
+    fx: Fixture,
     repo_dir: PathBuf,
     target: PathBuf,
     sentinel: PathBuf,
@@ -816,16 +812,16 @@ struct Hostile {
 
 impl Hostile {
     fn new() -> Self {
-        let tmp = TempDir::new().unwrap();
-        let repo_dir = tmp.path().join("repo");
-        let target = tmp.path().join("target");
-        let sentinel = tmp.path().join("sentinel");
+        let fx = Fixture::new().with_password(PASSWORD);
+        let repo_dir = fx.repo().to_path_buf();
+        let target = fx.path("target");
+        let sentinel = fx.path("sentinel");
         init_repo(&repo_dir);
         fs::create_dir(&target).unwrap();
         fs::create_dir(&sentinel).unwrap();
         let repo = open_repo(&repo_dir);
         repo.load_index().unwrap();
-        Hostile { repo_dir, target, sentinel, repo, tmp, clock: std::cell::Cell::new(1_700_000_000) }
+        Hostile { repo_dir, target, sentinel, repo, fx, clock: std::cell::Cell::new(1_700_000_000) }
     }
 
     fn data(&self, bytes: &[u8]) -> BlobId {
@@ -891,7 +887,7 @@ impl Hostile {
     /// Asserts that nothing exists next to the target but what the test made, and that the
     /// sentinel directory is still empty.
     fn assert_nothing_outside(&self, extra: &[&str]) {
-        let mut names: Vec<String> = fs::read_dir(self.tmp.path())
+        let mut names: Vec<String> = fs::read_dir(&self.fx.base)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
@@ -1020,7 +1016,7 @@ fn preexisting_symlink_over_same_named_files_is_replaced() {
     // names: one with the snapshot's content, one with other content. The restore must
     // replace the symlink with a real directory holding both files, and leave them alone.
     let h = Hostile::new();
-    let outside = h.tmp.path().join("outside");
+    let outside = h.fx.base.join("outside");
     fs::create_dir(&outside).unwrap();
     fs::write(outside.join("same"), b"same content\n").unwrap();
     fs::write(outside.join("other"), b"outside content\n").unwrap();
@@ -1043,7 +1039,7 @@ fn preexisting_file_links_in_target_are_not_written_through() {
     // link of another outside file (mode 0600). Restoring must replace both entries, and
     // change neither outside file: not its content, not its mode, not its link count.
     let h = Hostile::new();
-    let outside = h.tmp.path().join("outside");
+    let outside = h.fx.base.join("outside");
     fs::create_dir(&outside).unwrap();
     fs::write(outside.join("victim1"), b"original 1\n").unwrap();
     fs::write(outside.join("victim2"), b"original 2\n").unwrap();
@@ -1302,59 +1298,59 @@ fn source_file_shorter_than_its_size_is_stored_as_read() {
 
 #[test]
 fn restore_of_unknown_snapshot_is_one_line_exit_1() {
-    let f = Fixture::new();
+    let f = Fixture::damageable();
     // A prefix no snapshot ID starts with.
-    let first = f.snapshot_id.as_bytes()[0];
+    let first = f.snapshot.as_bytes()[0];
     let other = if first == b'0' { "1" } else { "0" };
-    let prefix = format!("{other}{}", &f.snapshot_id[1..6]);
+    let prefix = format!("{other}{}", &f.snapshot[1..6]);
     for spec in [prefix.as_str(), "zzzz", "latestx"] {
-        let run = restore(&f.repo, spec, &f.target);
+        let run = restore(f.repo(), spec, &f.target());
         let line = run.one_line_failure(1);
         assert!(line.contains(&format!("no snapshot matches {spec:?}")), "{line}");
-        assert!(!f.target.exists(), "target created for {spec}");
+        assert!(!f.target().exists(), "target created for {spec}");
     }
-    let run = restore(&f.repo, &format!("{prefix}:/x"), &f.target);
+    let run = restore(f.repo(), &format!("{prefix}:/x"), &f.target());
     assert!(run.one_line_failure(1).contains(&prefix));
     // With no snapshots at all, `latest` says so.
     let tmp = TempDir::new().unwrap();
     init_repo(tmp.path());
-    let run = restore(tmp.path(), "latest", &f.target);
+    let run = restore(tmp.path(), "latest", &f.target());
     assert!(run.one_line_failure(1).contains("no snapshots"), "{run:#?}");
 }
 
 #[test]
 fn restore_of_missing_path_is_one_line_exit_1() {
-    let f = Fixture::new();
+    let f = Fixture::damageable();
     let inside = format!("{}/sub/no such file", f.src.display());
     let through_file = format!("{}/a.txt/below", f.src.display());
     for path in ["/no/such/path", inside.as_str(), through_file.as_str()] {
-        let run = restore(&f.repo, &format!("latest:{path}"), &f.target);
+        let run = restore(f.repo(), &format!("latest:{path}"), &f.target());
         let line = run.one_line_failure(1);
         assert!(line.contains(&format!("path {path:?} not found")), "{line}");
-        assert!(entries(&f.target).is_empty());
+        assert!(entries(&f.target()).is_empty());
     }
 }
 
 #[test]
 fn restore_into_a_file_is_one_line_exit_1() {
-    let f = Fixture::new();
-    fs::write(&f.target, b"not a directory\n").unwrap();
-    let run = f.restore();
+    let f = Fixture::damageable();
+    fs::write(f.target(), b"not a directory\n").unwrap();
+    let run = f.restore_src();
     let line = run.one_line_failure(1);
-    assert!(line.contains(&f.target.display().to_string()), "{line}");
+    assert!(line.contains(&f.target().display().to_string()), "{line}");
     assert!(line.contains("cannot create restore target"), "{line}");
-    assert_eq!(fs::read_to_string(&f.target).unwrap(), "not a directory\n");
+    assert_eq!(fs::read_to_string(f.target()).unwrap(), "not a directory\n");
 }
 
 #[test]
 fn missing_path_error_names_the_snapshot() {
-    let f = Fixture::new();
-    let run = restore(&f.repo, "latest:/no/such/path", &f.target);
+    let f = Fixture::damageable();
+    let run = restore(f.repo(), "latest:/no/such/path", &f.target());
     let line = run.one_line_failure(1);
     assert!(
-        line.contains(&format!("not found in snapshot {}", &f.snapshot_id[..8])),
+        line.contains(&format!("not found in snapshot {}", &f.snapshot[..8])),
         "error does not name snapshot {}: {line}",
-        &f.snapshot_id[..8]
+        &f.snapshot[..8]
     );
 }
 
@@ -1362,16 +1358,16 @@ fn missing_path_error_names_the_snapshot() {
 fn output_into_a_closed_pipe_ends_quietly() {
     use std::os::unix::process::ExitStatusExt;
     use std::process::Stdio;
-    let f = Fixture::new();
+    let f = Fixture::damageable();
     // `cairn ls | head -0`: the reader is gone before cairn prints anything (opening the
     // repository takes far longer than closing a pipe); cairn must stop without a panic
     // message, by SIGPIPE, as `ls` or `cat` would.
-    let mut cmd = cairn_cmd(&f.repo);
+    let mut cmd = cairn_cmd(f.repo());
     cmd.args(["ls", "latest"]).stdout(Stdio::piped()).stderr(Stdio::piped());
     let shown = format!("{cmd:?}");
     let mut child = cmd.spawn().expect("spawn cairn ls");
     drop(child.stdout.take());
-    let out = common::wait_within_timeout(child, &shown);
+    let out = support::wait_within_timeout(child, &shown);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{stderr}");
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "ls into a closed pipe: {:?}, {stderr}", out.status);
@@ -1419,19 +1415,22 @@ fn a_location_without_a_repository_is_left_untouched() {
 /// writes nothing, and points to recovery rather than to another `init` (issue 16, 4).
 #[test]
 fn init_refuses_a_location_holding_repository_objects() {
-    let f = Fixture::new();
-    fs::remove_file(f.repo.join("config")).unwrap();
-    let before: Vec<PathBuf> = entries(&f.repo).into_keys().collect();
-    let count =
-        |dir: &str, one: &str, many: &str| match entries(&f.repo.join(dir)).values().filter(|m| m.is_file()).count() {
-            1 => format!("1 {one}"),
-            n => format!("{n} {many}"),
-        };
+    let f = Fixture::damageable();
+    fs::remove_file(f.repo().join("config")).unwrap();
+    let before: Vec<PathBuf> = entries(f.repo()).into_keys().collect();
+    let count = |dir: &str, one: &str, many: &str| match entries(&f.repo().join(dir))
+        .values()
+        .filter(|m| m.is_file())
+        .count()
+    {
+        1 => format!("1 {one}"),
+        n => format!("{n} {many}"),
+    };
     let (indexes, packs) = (count("index", "index file", "index files"), count("data", "pack", "packs"));
     let mut args = vec!["init", "--kdf-memory", "1024", "--kdf-iterations", "1"];
-    let run = cairn(&f.repo, &args);
+    let run = cairn(f.repo(), &args);
     let line = run.one_line_failure(1);
-    let shown = f.repo.display().to_string();
+    let shown = f.repo().display().to_string();
     for want in [
         &format!("{shown} already holds repository objects") as &str,
         "1 key file",
@@ -1444,11 +1443,11 @@ fn init_refuses_a_location_holding_repository_objects() {
         assert!(line.contains(want), "the error does not say {want:?}: {line}");
     }
     assert!(!line.contains("cairn init"), "the error suggests another init: {line}");
-    assert_eq!(entries(&f.repo).into_keys().collect::<Vec<_>>(), before, "init wrote something");
+    assert_eq!(entries(f.repo()).into_keys().collect::<Vec<_>>(), before, "init wrote something");
 
     // Any one kind of object is enough.
     for dir in ["keys", "index", "snapshots", "data", "locks"] {
-        let other = f.tmp.path().join(format!("only-{dir}"));
+        let other = f.base.join(format!("only-{dir}"));
         fs::create_dir_all(other.join(dir).join("ab")).unwrap();
         fs::write(other.join(dir).join("ab/abcdef"), b"an object").unwrap();
         let before: Vec<PathBuf> = entries(&other).into_keys().collect();
@@ -1458,7 +1457,7 @@ fn init_refuses_a_location_holding_repository_objects() {
         assert_eq!(entries(&other).into_keys().collect::<Vec<_>>(), before, "{dir}: init wrote something");
     }
     // An empty directory, or one with other files only, is fine.
-    let other = f.tmp.path().join("unrelated");
+    let other = f.base.join("unrelated");
     fs::create_dir(&other).unwrap();
     fs::write(other.join("README"), b"not a repository object").unwrap();
     args.push("--pack-size");
@@ -1470,27 +1469,24 @@ fn init_refuses_a_location_holding_repository_objects() {
 /// what is wrong, and a key file is damaged (issue 16, 7).
 #[test]
 fn wrong_password_and_a_damaged_key_file_are_both_reported() {
-    let f = Fixture::new();
-    let first = only_file(&f.repo, "keys");
-    open_repo(&f.repo)
-        .add_key(
-            b"another password",
-            cairn_format::keyfile::KdfParams { memory_kib: 1024, iterations: 1, parallelism: 1 },
-        )
+    let f = Fixture::damageable();
+    let first = only_file(f.repo(), "keys");
+    open_repo(f.repo())
+        .add_key(b"another password", library::keyfile::KdfParams { memory_kib: 1024, iterations: 1, parallelism: 1 })
         .unwrap();
     flip(&first, 100);
-    let name = repo_rel(&f.repo, &first);
+    let name = repo_rel(f.repo(), &first);
     for password in [PASSWORD, "not the password"] {
-        let mut cmd = cairn_cmd(&f.repo);
+        let mut cmd = cairn_cmd(f.repo());
         cmd.env("CAIRN_PASSWORD", password).arg("snapshots");
         let run = run_cmd(cmd);
         let line = run.one_line_failure(1);
-        assert!(line.contains(&format!("wrong password for {}", f.repo.display())), "{password}: {line}");
+        assert!(line.contains(&format!("wrong password for {}", f.repo().display())), "{password}: {line}");
         assert!(line.contains(&format!("key file {name} is damaged")), "{password}: {line}");
         assert!(line.contains("content does not match its name"), "{password}: {line}");
     }
     // The intact key still opens the repository with its own password.
-    let mut cmd = cairn_cmd(&f.repo);
+    let mut cmd = cairn_cmd(f.repo());
     cmd.env("CAIRN_PASSWORD", "another password").arg("snapshots");
     run_cmd(cmd).success();
 }

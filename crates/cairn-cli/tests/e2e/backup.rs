@@ -2,7 +2,7 @@
 //! fixed-size chunking of a sparse image, the parent snapshot, in-flight dedup, a backup killed
 //! with SIGKILL, and two backups into one repository at the same time.
 
-mod common;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -12,9 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use cairn_format::pack::BlobKind;
-use common::{assert_same, last_json, reset_times, restored_path, scan, scan_source, Cairn, Rng, PASSWORD};
+use crate::support::library::pack::BlobKind;
 use serde_json::Value;
+use support::{
+    assert_same, last_json, reset_times, restored_path, scan, scan_source, snapshot_id, Cairn, Fixture, Rng, PASSWORD,
+};
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * 1024;
@@ -22,14 +24,10 @@ const MIB: usize = 1024 * 1024;
 /// Small chunks and 1 MiB packs, so small trees make many chunks and packs.
 const SMALL: [&str; 4] = ["--chunk-sizes", "16384,65536,262144", "--pack-size", "1"];
 
-fn new_repo(base: &Path) -> Cairn {
-    let cairn = Cairn::new(&base.join("repo"), PASSWORD);
-    cairn.init(&SMALL);
-    cairn
-}
-
-fn id(summary: &Value) -> String {
-    summary["snapshot_id"].as_str().unwrap_or_else(|| panic!("no snapshot id: {summary}")).to_string()
+/// The fixture's repository, initialised with [`SMALL`].
+fn new_repo(fx: &Fixture) -> Cairn {
+    fx.cairn.init(&SMALL);
+    fx.cairn.clone()
 }
 
 /// Every path in snapshot `spec` below `under`, relative to it.
@@ -49,15 +47,16 @@ fn set(paths: &[&str]) -> BTreeSet<PathBuf> {
 }
 
 /// Restores `spec` and checks it against `want`, a scan of the source as it was backed up.
-fn restore_exact(cairn: &Cairn, spec: &str, src: &Path, want: &common::Scan, target: &Path) {
+fn restore_exact(cairn: &Cairn, spec: &str, src: &Path, want: &support::Scan, target: &Path) {
     cairn.restore_with(spec, target, &["--verify"]);
     assert_same(want, &scan(&restored_path(target, src)), true);
 }
 
 #[test]
 fn exclusions_files_from_and_dry_run() {
-    let base = tempfile::tempdir().expect("tempdir");
-    let src = base.path().join("src");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let src = base.as_path().join("src");
     for d in ["build", "cache", "skip", "deep/er"] {
         fs::create_dir_all(src.join(d)).expect("mkdir");
     }
@@ -69,10 +68,10 @@ fn exclusions_files_from_and_dry_run() {
     // A tag without the signature does not count.
     fs::create_dir(src.join("fake-cache")).expect("mkdir");
     fs::write(src.join("fake-cache/CACHEDIR.TAG"), "no signature").expect("tag");
-    let excludes = base.path().join("excludes");
+    let excludes = base.as_path().join("excludes");
     fs::write(&excludes, "# build output\n*/build\n\n*.log\n").expect("write");
 
-    let cairn = new_repo(base.path());
+    let cairn = new_repo(&fx);
     let ex = excludes.to_str().expect("utf-8");
     let args = [
         "--exclude",
@@ -86,7 +85,7 @@ fn exclusions_files_from_and_dry_run() {
         ".nobackup",
     ];
     // A dry run reports what would be added and stores nothing.
-    let packs_before = fs::read_dir(base.path().join("repo/data")).map(|d| d.count()).unwrap_or(0);
+    let packs_before = fs::read_dir(base.as_path().join("repo/data")).map(|d| d.count()).unwrap_or(0);
     let mut dry_args = args.to_vec();
     dry_args.push("--dry-run");
     let dry = cairn.backup(&[&src], &dry_args);
@@ -94,15 +93,15 @@ fn exclusions_files_from_and_dry_run() {
     assert_eq!(dry["dry_run"], true, "{dry}");
     assert!(dry["bytes_added"].as_u64().expect("bytes_added") > 0, "{dry}");
     assert!(cairn.snapshots().is_empty(), "a dry run wrote a snapshot");
-    assert_eq!(fs::read_dir(base.path().join("repo/data")).map(|d| d.count()).unwrap_or(0), packs_before);
+    assert_eq!(fs::read_dir(base.as_path().join("repo/data")).map(|d| d.count()).unwrap_or(0), packs_before);
 
     let summary = cairn.backup(&[&src], &args);
     assert_eq!(summary["files_new"], 3, "{summary}");
     let want = set(&["keep.txt", "deep", "deep/er", "deep/er/y.txt", "fake-cache", "fake-cache/CACHEDIR.TAG"]);
-    assert_eq!(listed(&cairn, &id(&summary), &src), want);
+    assert_eq!(listed(&cairn, &snapshot_id(&summary), &src), want);
 
     // --files-from: the listed paths (and only they) are backed up and recorded.
-    let list = base.path().join("list");
+    let list = base.as_path().join("list");
     fs::write(&list, format!("# two paths\n{}\n{}\n", src.join("keep.txt").display(), src.join("deep").display()))
         .expect("write");
     let summary = cairn.backup(&[], &["--files-from", list.to_str().expect("utf-8")]);
@@ -113,16 +112,17 @@ fn exclusions_files_from_and_dry_run() {
     let deep = src.join("deep").display().to_string();
     assert_eq!(recorded, BTreeSet::from([keep.as_str(), deep.as_str()]));
     assert_eq!(
-        listed(&cairn, &id(&summary), &src),
+        listed(&cairn, &snapshot_id(&summary), &src),
         set(&["keep.txt", "deep", "deep/er", "deep/er/y.txt", "deep/z.log"])
     );
 }
 
 #[test]
 fn bad_exclude_pattern_is_one_line_error() {
-    let base = tempfile::tempdir().expect("tempdir");
-    let cairn = new_repo(base.path());
-    let out = cairn.run(["backup", base.path().to_str().expect("utf-8"), "--exclude", "a[b"]);
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let cairn = new_repo(&fx);
+    let out = cairn.run(["backup", base.as_path().to_str().expect("utf-8"), "--exclude", "a[b"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -131,29 +131,31 @@ fn bad_exclude_pattern_is_one_line_error() {
 
 #[test]
 fn one_file_system_keeps_mount_points_empty() {
+    let _shm = support::shm_shared();
     // /dev/shm is a separate file system (tmpfs) below /dev on Linux.
     let dev = fs::metadata("/dev").expect("/dev").dev();
     assert_ne!(fs::metadata("/dev/shm").expect("/dev/shm").dev(), dev, "this test needs /dev/shm mounted on its own");
     let marker = tempfile::Builder::new().prefix("cairn-x-").tempfile_in("/dev/shm").expect("file in /dev/shm");
     let name = marker.path().file_name().expect("name").to_owned();
-    let base = tempfile::tempdir().expect("tempdir");
-    let cairn = new_repo(base.path());
+    let fx = Fixture::new();
+    let cairn = new_repo(&fx);
     let out = cairn.run(["--json", "backup", "/dev", "--one-file-system", "--exclude", "/dev/pts"]);
     assert!(matches!(out.status.code(), Some(0 | 3)), "{out:?}");
     let summary = last_json(&String::from_utf8_lossy(&out.stdout));
-    let all = listed(&cairn, &id(&summary), Path::new("/dev"));
+    let all = listed(&cairn, &snapshot_id(&summary), Path::new("/dev"));
     assert!(all.contains(Path::new("shm")), "the mount point itself is kept");
     assert!(!all.iter().any(|p| p.starts_with("shm") && p != Path::new("shm")), "nothing below /dev/shm: {all:?}");
     let out = cairn.run(["--json", "backup", "/dev/shm"]);
     assert!(out.status.success(), "{out:?}");
     let summary = last_json(&String::from_utf8_lossy(&out.stdout));
-    assert!(listed(&cairn, &id(&summary), Path::new("/dev/shm")).contains(Path::new(&name)));
+    assert!(listed(&cairn, &snapshot_id(&summary), Path::new("/dev/shm")).contains(Path::new(&name)));
 }
 
 #[test]
 fn stdin_round_trips() {
-    let base = tempfile::tempdir().expect("tempdir");
-    let cairn = new_repo(base.path());
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let cairn = new_repo(&fx);
     let mut data = Rng(7).bytes(3 * MIB);
     data.extend(vec![0u8; 2 * MIB]);
     data.extend(Rng(8).bytes(100 * KIB + 17));
@@ -178,7 +180,7 @@ fn stdin_round_trips() {
     let dumped = cairn.command().args(["dump", "latest:/db.sql"]).output().expect("dump");
     assert!(dumped.status.success(), "{dumped:?}");
     assert!(dumped.stdout == data, "dumped {} bytes, backed up {}", dumped.stdout.len(), data.len());
-    let target = base.path().join("restore");
+    let target = base.as_path().join("restore");
     cairn.restore("latest", &target);
     assert!(fs::read(target.join("db.sql")).expect("restored file") == data);
     assert_eq!(cairn.snapshots()[0]["paths"], serde_json::json!(["/db.sql"]));
@@ -190,8 +192,9 @@ fn stdin_round_trips() {
 
 #[test]
 fn fixed_chunked_image_with_holes_round_trips() {
-    let base = tempfile::tempdir().expect("tempdir");
-    let img = base.path().join("disk.img");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let img = base.as_path().join("disk.img");
     let f = fs::File::create(&img).expect("create");
     f.set_len(64 * MIB as u64).expect("size"); // all hole
     f.write_all_at(&Rng(1).bytes(MIB), 0).expect("write");
@@ -199,11 +202,11 @@ fn fixed_chunked_image_with_holes_round_trips() {
     f.write_all_at(&Rng(2).bytes(3 * MIB), 40 * MIB as u64).expect("write");
     f.sync_all().expect("sync");
     drop(f);
-    let before = scan_source(base.path());
+    let before = scan_source(base.as_path());
 
-    let cairn = Cairn::new(&base.path().join("repo"), PASSWORD);
+    let cairn = Cairn::new(&base.as_path().join("repo"), PASSWORD);
     cairn.init(&[]);
-    reset_times(base.path(), &before);
+    reset_times(base.as_path(), &before);
     let summary = cairn.backup(&[&img], &["--chunker", "fixed:1M", "--compression", "none"]);
     // Holes are never read; zero chunks are read but never stored.
     assert_eq!(summary["bytes_read"], 6 * MIB, "{summary}");
@@ -211,18 +214,19 @@ fn fixed_chunked_image_with_holes_round_trips() {
     assert_eq!(data.len(), 4, "{data:?}");
     assert!(data.iter().all(|b| b.raw_length as usize == MIB), "{data:?}");
 
-    let target = base.path().join("restore");
+    let target = base.as_path().join("restore");
     cairn.restore_with("latest", &target, &["--verify"]);
     let restored = restored_path(&target, &img);
-    assert_eq!(common::content_digest(&restored), before[Path::new("disk.img")].digest.expect("digest"));
+    assert_eq!(support::content_digest(&restored), before[Path::new("disk.img")].digest.expect("digest"));
     let blocks = fs::metadata(&restored).expect("restored").blocks() * 512;
     assert!(blocks < 8 * MIB as u64, "the restored image is not sparse: {blocks} bytes allocated");
 }
 
 #[test]
 fn parent_snapshot_reuses_unchanged_files() {
-    let base = tempfile::tempdir().expect("tempdir");
-    let src = base.path().join("src");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let src = base.as_path().join("src");
     fs::create_dir_all(src.join("a/b")).expect("mkdir");
     fs::create_dir_all(src.join("quiet")).expect("mkdir");
     let mut rng = Rng(3);
@@ -232,7 +236,7 @@ fn parent_snapshot_reuses_unchanged_files() {
         fs::write(src.join(n), rng.bytes(s)).expect("write");
     }
     let total: usize = sizes.iter().sum();
-    let cairn = new_repo(base.path());
+    let cairn = new_repo(&fx);
 
     let first = cairn.backup(&[&src], &[]);
     assert_eq!(first["parent"], Value::Null, "{first}");
@@ -258,7 +262,10 @@ fn parent_snapshot_reuses_unchanged_files() {
     assert_eq!(third["bytes_read"], 70 * KIB + 8, "only the touched and the new file are read: {third}");
     assert_eq!(third["bytes_added"].as_u64().map(|n| n < 8 * KIB as u64), Some(true), "{third}");
     // A directory in which nothing changed keeps its tree.
-    assert_eq!(cairn.subtree_id(&id(&second), &src.join("quiet")), cairn.subtree_id(&id(&third), &src.join("quiet")));
+    assert_eq!(
+        cairn.subtree_id(&snapshot_id(&second), &src.join("quiet")),
+        cairn.subtree_id(&snapshot_id(&third), &src.join("quiet"))
+    );
     assert!(third["dirs_unmodified"].as_u64().expect("dirs") >= 1, "{third}");
     assert!(third["dirs_changed"].as_u64().expect("dirs") >= 2, "{third}");
 
@@ -266,7 +273,7 @@ fn parent_snapshot_reuses_unchanged_files() {
     let forced = cairn.backup(&[&src], &["--force"]);
     assert_eq!(forced["parent"], Value::Null, "{forced}");
     assert_eq!(forced["bytes_read"], total + 8, "{forced}");
-    let given = cairn.backup(&[&src], &["--parent", &id(&first)[..12]]);
+    let given = cairn.backup(&[&src], &["--parent", &snapshot_id(&first)[..12]]);
     assert_eq!(given["parent"], first["snapshot_id"], "{given}");
     assert_eq!(given["files_changed"], 1, "{given}");
     // Other paths: no parent.
@@ -274,20 +281,21 @@ fn parent_snapshot_reuses_unchanged_files() {
     assert_eq!(other["parent"], Value::Null, "{other}");
 
     let before = scan(&src);
-    let target = base.path().join("restore");
-    restore_exact(&cairn, &id(&given), &src, &before, &target);
+    let target = base.as_path().join("restore");
+    restore_exact(&cairn, &snapshot_id(&given), &src, &before, &target);
 }
 
 #[test]
 fn identical_chunks_met_at_once_are_stored_once() {
-    let base = tempfile::tempdir().expect("tempdir");
-    let src = base.path().join("src");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let src = base.as_path().join("src");
     fs::create_dir(&src).expect("mkdir");
     let data = Rng(11).bytes(2 * MIB);
     for i in 0..24 {
         fs::write(src.join(format!("copy{i:02}")), &data).expect("write");
     }
-    let cairn = new_repo(base.path());
+    let cairn = new_repo(&fx);
     let summary = cairn.backup(&[&src], &["--read-concurrency", "8", "--threads", "4"]);
     assert_eq!(summary["bytes_read"], 24 * 2 * MIB, "{summary}");
     let stored: u64 =
@@ -324,10 +332,11 @@ fn indexed_data_bytes(cairn: &Cairn) -> u64 {
 
 #[test]
 fn killed_backup_leaves_a_consistent_repository_and_is_reused() {
-    let base = tempfile::tempdir().expect("tempdir");
-    let src = base.path().join("src");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let src = base.as_path().join("src");
     random_files(&src.join("old"), "f", 8, 256 * KIB, 21);
-    let cairn = new_repo(base.path());
+    let cairn = new_repo(&fx);
     let before_first = scan_source(&src);
     let first = cairn.backup(&[&src], &[]);
     let after_first = indexed_data_bytes(&cairn);
@@ -335,7 +344,7 @@ fn killed_backup_leaves_a_consistent_repository_and_is_reused() {
     // 48 MiB more, written slowly (every storage request waits), killed once a few index
     // files of it are stored.
     random_files(&src.join("new"), "g", 48, MIB, 22);
-    let index_dir = base.path().join("repo/index");
+    let index_dir = base.as_path().join("repo/index");
     let indexes_before = count_files(&index_dir);
     let mut child = cairn
         .command()
@@ -367,7 +376,7 @@ fn killed_backup_leaves_a_consistent_repository_and_is_reused() {
             repo.read_blob(&b.id).unwrap_or_else(|e| panic!("indexed blob {:?} unreadable: {e}", b.id));
         }
     }
-    restore_exact(&cairn, &id(&first), &src, &before_first, &base.path().join("r1"));
+    restore_exact(&cairn, &snapshot_id(&first), &src, &before_first, &base.as_path().join("r1"));
     let reused = indexed_data_bytes(&cairn) - after_first;
     assert!(reused >= 8 * MIB as u64, "the killed backup indexed only {reused} bytes");
 
@@ -380,21 +389,22 @@ fn killed_backup_leaves_a_consistent_repository_and_is_reused() {
         added <= new_bytes - reused + 64 * KIB as u64,
         "added {added} of {new_bytes}, {reused} were stored: {again}"
     );
-    restore_exact(&cairn, &id(&again), &src, &now, &base.path().join("r2"));
-    restore_exact(&cairn, &id(&first), &src, &before_first, &base.path().join("r3"));
+    restore_exact(&cairn, &snapshot_id(&again), &src, &now, &base.as_path().join("r2"));
+    restore_exact(&cairn, &snapshot_id(&first), &src, &before_first, &base.as_path().join("r3"));
 }
 
 #[test]
 fn two_backups_into_one_repository_at_once() {
-    let base = tempfile::tempdir().expect("tempdir");
-    let (a, b) = (base.path().join("a"), base.path().join("b"));
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let (a, b) = (base.as_path().join("a"), base.as_path().join("b"));
     random_files(&a, "a", 12, 700 * KIB, 31);
     random_files(&b, "b", 12, 700 * KIB, 32);
     // Content both trees share: each backup may store it, both must restore it.
     let shared = Rng(33).bytes(3 * MIB);
     fs::write(a.join("shared"), &shared).expect("write");
     fs::write(b.join("shared"), &shared).expect("write");
-    let cairn = new_repo(base.path());
+    let cairn = new_repo(&fx);
     let (scan_a, scan_b) = (scan_source(&a), scan_source(&b));
     let spawn = |dir: &Path| -> std::process::Child {
         cairn
@@ -411,18 +421,19 @@ fn two_backups_into_one_repository_at_once() {
     assert!(oa.status.success() && ob.status.success(), "{oa:?}\n{ob:?}");
     let (sa, sb) = (last_json(&String::from_utf8_lossy(&oa.stdout)), last_json(&String::from_utf8_lossy(&ob.stdout)));
     assert_eq!(cairn.snapshots().len(), 2);
-    restore_exact(&cairn, &id(&sa), &a, &scan_a, &base.path().join("ra"));
-    restore_exact(&cairn, &id(&sb), &b, &scan_b, &base.path().join("rb"));
+    restore_exact(&cairn, &snapshot_id(&sa), &a, &scan_a, &base.as_path().join("ra"));
+    restore_exact(&cairn, &snapshot_id(&sb), &b, &scan_b, &base.as_path().join("rb"));
 }
 
 #[test]
 fn failing_storage_stops_the_pipeline_with_one_error() {
-    let base = tempfile::tempdir().expect("tempdir");
-    let src = base.path().join("src");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let src = base.as_path().join("src");
     random_files(&src, "f", 6, MIB, 41);
-    let cairn = new_repo(base.path());
+    let cairn = new_repo(&fx);
     // Packs cannot be stored: `data` is a file.
-    let data = base.path().join("repo/data");
+    let data = base.as_path().join("repo/data");
     let _ = fs::remove_dir_all(&data);
     fs::write(&data, b"not a directory").expect("write");
     let out = cairn.run(["backup", src.to_str().expect("utf-8")]);
@@ -436,10 +447,11 @@ fn failing_storage_stops_the_pipeline_with_one_error() {
 
 #[test]
 fn json_progress_reports_totals_from_the_pre_scan() {
-    let base = tempfile::tempdir().expect("tempdir");
-    let src = base.path().join("src");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let src = base.as_path().join("src");
     random_files(&src, "f", 8, MIB, 51);
-    let cairn = new_repo(base.path());
+    let cairn = new_repo(&fx);
     // Slow storage keeps the backup running for a few status intervals.
     let out = cairn
         .command()
@@ -468,10 +480,11 @@ fn json_progress_reports_totals_from_the_pre_scan() {
 
 #[test]
 fn backups_killed_at_different_moments_never_damage_the_repository() {
-    let base = tempfile::tempdir().expect("tempdir");
-    let src = base.path().join("src");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let src = base.as_path().join("src");
     random_files(&src.join("old"), "f", 4, 300 * KIB, 61);
-    let cairn = new_repo(base.path());
+    let cairn = new_repo(&fx);
     let before = scan_source(&src);
     let first = cairn.backup(&[&src], &[]);
     random_files(&src.join("new"), "g", 16, MIB, 62);
@@ -500,14 +513,14 @@ fn backups_killed_at_different_moments_never_damage_the_repository() {
             }
         }
         for snap in cairn.snapshots() {
-            let target = base.path().join(format!("check-{delay_ms}-{}", snap["short_id"].as_str().expect("id")));
+            let target = base.as_path().join(format!("check-{delay_ms}-{}", snap["short_id"].as_str().expect("id")));
             cairn.restore_with(snap["id"].as_str().expect("id"), &target, &["--verify"]);
         }
     }
-    restore_exact(&cairn, &id(&first), &src, &before, &base.path().join("first"));
+    restore_exact(&cairn, &snapshot_id(&first), &src, &before, &base.as_path().join("first"));
     let now = scan_source(&src);
     let last = cairn.backup(&[&src], &[]);
-    restore_exact(&cairn, &id(&last), &src, &now, &base.path().join("last"));
+    restore_exact(&cairn, &snapshot_id(&last), &src, &now, &base.as_path().join("last"));
 }
 
 /// A tree 200 directories deep backs up with only 64 file descriptors allowed: the walker looks
@@ -515,8 +528,9 @@ fn backups_killed_at_different_moments_never_damage_the_repository() {
 /// descriptor per level. The restore is exact.
 #[test]
 fn a_deep_tree_backs_up_with_few_file_descriptors() {
-    let base = tempfile::tempdir().expect("tempdir");
-    let src = base.path().join("src");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let src = base.as_path().join("src");
     let mut dir = src.clone();
     for level in 0..200 {
         dir.push("d");
@@ -527,12 +541,12 @@ fn a_deep_tree_backs_up_with_few_file_descriptors() {
         }
     }
     let want = scan_source(&src);
-    let cairn = new_repo(base.path());
+    let cairn = new_repo(&fx);
     let out = std::process::Command::new("prlimit")
         .arg("--nofile=64")
         .arg(env!("CARGO_BIN_EXE_cairn"))
         .args(["--json", "-r"])
-        .arg(base.path().join("repo"))
+        .arg(base.as_path().join("repo"))
         .arg("backup")
         .arg(&src)
         .env("CAIRN_PASSWORD", PASSWORD)
@@ -541,29 +555,7 @@ fn a_deep_tree_backs_up_with_few_file_descriptors() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let summary = last_json(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(summary["errors"], 0, "{summary}");
-    restore_exact(&cairn, "latest", &src, &want, &base.path().join("t"));
-}
-
-/// Mounts a tmpfs for the life of the guard (the tests run as root).
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, options: &str) -> Self {
-        fs::create_dir_all(at).expect("mkdir mount point");
-        let st = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
-            .arg(at)
-            .status()
-            .expect("mount");
-        assert!(st.success(), "mount -t tmpfs -o {options} failed (the tests run as root)");
-        Tmpfs(at.to_path_buf())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
+    restore_exact(&cairn, "latest", &src, &want, &base.as_path().join("t"));
 }
 
 /// The names in the repository's `.tmp/` (none if it does not exist).
@@ -578,13 +570,14 @@ fn temporaries(repo: &Path) -> Vec<String> {
 /// next small backup succeeds without anyone cleaning up by hand (issue 16, 5).
 #[test]
 fn a_backup_failing_on_a_full_disk_leaves_no_temporary_objects() {
-    let base = tempfile::tempdir().expect("tempdir");
-    let disk = base.path().join("disk");
-    let _mount = Tmpfs::mount(&disk, "size=4m");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let disk = base.as_path().join("disk");
+    let _mount = support::Tmpfs::mount(&disk, "size=4m");
     let repo = disk.join("repo");
     let cairn = Cairn::new(&repo, PASSWORD);
     cairn.init(&["--pack-size", "1", "--compression", "none"]);
-    let big = base.path().join("big");
+    let big = base.as_path().join("big");
     fs::create_dir(&big).unwrap();
     fs::write(big.join("noise"), Rng(16).bytes(12 * MIB)).unwrap();
     let out = cairn.run([std::ffi::OsStr::new("backup"), big.as_os_str()]);
@@ -593,12 +586,12 @@ fn a_backup_failing_on_a_full_disk_leaves_no_temporary_objects() {
     assert!(stderr.contains("No space left on device"), "{stderr}");
     assert_eq!(temporaries(&repo), Vec::<String>::new(), "the failed backup left temporary objects");
 
-    let small = base.path().join("small");
+    let small = base.as_path().join("small");
     fs::create_dir(&small).unwrap();
     fs::write(small.join("note"), b"a small file after a full disk\n").unwrap();
     let want = scan_source(&small);
     cairn.backup(&[&small], &[]);
-    restore_exact(&cairn, "latest", &small, &want, &base.path().join("t"));
+    restore_exact(&cairn, "latest", &small, &want, &base.as_path().join("t"));
     assert_eq!(temporaries(&repo), Vec::<String>::new());
 }
 
@@ -606,9 +599,10 @@ fn a_backup_failing_on_a_full_disk_leaves_no_temporary_objects() {
 /// more than an hour old; younger ones may belong to a process still writing and are kept.
 #[test]
 fn stale_temporary_objects_are_removed_by_a_later_backup() {
-    let base = tempfile::tempdir().expect("tempdir");
-    let cairn = new_repo(base.path());
-    let repo = base.path().join("repo");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let cairn = new_repo(&fx);
+    let repo = base.as_path().join("repo");
     fs::create_dir_all(repo.join(".tmp")).unwrap();
     let old = repo.join(".tmp/0123abcd.killed");
     let young = repo.join(".tmp/4567cdef.writing");
@@ -622,7 +616,7 @@ fn stale_temporary_objects_are_removed_by_a_later_backup() {
     // Reading commands leave them alone.
     cairn.snapshots();
     assert!(old.exists());
-    let src = base.path().join("src");
+    let src = base.as_path().join("src");
     fs::create_dir(&src).unwrap();
     fs::write(src.join("f"), b"f").unwrap();
     cairn.backup(&[&src], &[]);

@@ -5,20 +5,19 @@
 //! repositories, and one on the real MinIO server to show the bytes fetched drop. Bytes
 //! fetched are the restore's own JSON `bytes_fetched`.
 
-mod common;
-mod servers;
+use crate::support;
+use crate::support::servers;
 
 use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use cairn_format::id::BlobId;
-use cairn_format::pack::BlobKind;
-use cairn_format::tree::Chunk;
-use common::{assert_same, last_json, read_noatime, restored_path, scan, scan_source, Cairn, Rng, Scan, PASSWORD};
+use crate::support::library::id::BlobId;
+use crate::support::library::pack::BlobKind;
+use crate::support::library::tree::Chunk;
 use serde_json::Value;
-use tempfile::TempDir;
+use support::{assert_same, last_json, num, read_noatime, restored_path, scan, scan_source, Fixture, Rng};
 
 const KIB: usize = 1024;
 
@@ -67,41 +66,18 @@ fn change_a_tenth(files: &[PathBuf], seed: u64) -> Vec<PathBuf> {
     changed
 }
 
-/// A source tree backed up into a fresh local repository.
-struct Env {
-    base: TempDir,
-    src: PathBuf,
-    files: Vec<PathBuf>,
-    cairn: Cairn,
-    /// The snapshot of the source as it was.
-    snapshot: String,
-    before: Scan,
-}
-
-impl Env {
-    fn new() -> Env {
-        let base = tempfile::tempdir().unwrap();
-        let src = base.path().join("src");
-        let files = make_tree(&src, 18);
-        let before = scan_source(&src);
-        let cairn = Cairn::new(&base.path().join("repo"), PASSWORD);
-        cairn.init(&SMALL_REPO);
-        let snapshot = cairn.backup(&[&src], &[])["snapshot_id"].as_str().unwrap().to_string();
-        Env { base, src, files, cairn, snapshot, before }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.base.path().join(name)
+impl Fixture {
+    /// A source tree of [`make_tree`] backed up into a fresh local repository (small chunks);
+    /// also returns the tree's files.
+    fn for_local_data() -> (Fixture, Vec<PathBuf>) {
+        let mut files = Vec::new();
+        let fx = Fixture::backed_up(|src| files = make_tree(src, 18), &SMALL_REPO, &[]);
+        (fx, files)
     }
 
     /// `--json restore SNAPSHOT --target TARGET EXTRA...`, which must succeed; the summary.
-    fn restore(&self, target: &Path, extra: &[&str]) -> Value {
+    fn restore_snapshot(&self, target: &Path, extra: &[&str]) -> Value {
         self.cairn.restore_with(&self.snapshot, target, extra)
-    }
-
-    /// Asserts that the source as backed up is exactly what `target` holds.
-    fn assert_exact(&self, target: &Path) {
-        assert_same(&self.before, &scan(&restored_path(target, &self.src)), true);
     }
 
     /// The data chunks of snapshot `id`.
@@ -132,10 +108,6 @@ impl Env {
     }
 }
 
-fn num(v: &Value, key: &str) -> u64 {
-    v[key].as_u64().unwrap_or_else(|| panic!("no {key} in {v}"))
-}
-
 fn file_bytes(files: &[PathBuf]) -> u64 {
     files.iter().map(|f| fs::metadata(f).unwrap().len()).sum()
 }
@@ -146,15 +118,15 @@ fn file_bytes(files: &[PathBuf]) -> u64 {
 /// `--no-local-data` fetches everything.
 #[test]
 fn source_with_a_tenth_changed_fetches_only_the_changed_chunks() {
-    let env = Env::new();
-    let changed = change_a_tenth(&env.files, 7);
+    let (env, files) = Fixture::for_local_data();
+    let changed = change_a_tenth(&files, 7);
     // The chunks the source no longer holds: the snapshot's, less those of a backup of the
     // source as it is now.
     let now = env.cairn.backup(&[&env.src], &[])["snapshot_id"].as_str().unwrap().to_string();
     let gone: BTreeSet<BlobId> = env.chunks_of(&env.snapshot).difference(&env.chunks_of(&now)).copied().collect();
     assert!(!gone.is_empty());
     let gone_stored = env.stored_size(&gone);
-    let total = file_bytes(&env.files);
+    let total = file_bytes(&files);
 
     let dry_target = env.path("dry");
     let dry = last_json(&env.cairn.ok([
@@ -169,7 +141,7 @@ fn source_with_a_tenth_changed_fetches_only_the_changed_chunks() {
     assert!(!dry_target.exists(), "a dry run writes nothing");
 
     let target = env.path("elsewhere");
-    let out = env.restore(&target, &[]);
+    let out = env.restore_snapshot(&target, &[]);
     env.assert_exact(&target);
     let fetched = num(&out, "bytes_fetched");
     assert!(fetched > 0, "the changed chunks are fetched: {out}");
@@ -186,7 +158,7 @@ fn source_with_a_tenth_changed_fetches_only_the_changed_chunks() {
     assert_eq!(num(&dry, "bytes_to_fetch"), fetched, "{dry}");
 
     // Without local data, everything is fetched.
-    let all = env.restore(&env.path("fetched"), &["--no-local-data"]);
+    let all = env.restore_snapshot(&env.path("fetched"), &["--no-local-data"]);
     env.assert_exact(&env.path("fetched"));
     assert_eq!(num(&all, "bytes_reused_source") + num(&all, "bytes_reused_target"), 0, "{all}");
     assert!(num(&all, "bytes_fetched") >= env.stored_size(&env.chunks_of(&env.snapshot)), "{all}");
@@ -197,9 +169,9 @@ fn source_with_a_tenth_changed_fetches_only_the_changed_chunks() {
 /// copied from the target's own files, verified. With `--delete` the target is then exact.
 #[test]
 fn renamed_and_moved_files_in_the_target_cost_no_fetch() {
-    let env = Env::new();
+    let (env, _) = Fixture::for_local_data();
     let target = env.path("t");
-    let first = env.restore(&target, &["--no-local-data"]);
+    let first = env.restore_snapshot(&target, &["--no-local-data"]);
     assert!(num(&first, "bytes_fetched") > 0);
     // The source is gone: only the target holds the data.
     fs::remove_dir_all(&env.src).unwrap();
@@ -212,7 +184,7 @@ fn renamed_and_moved_files_in_the_target_cost_no_fetch() {
     fs::rename(root.join("c/f05"), root.join("c/f02")).unwrap();
     fs::rename(root.join("tmp"), root.join("c/f05")).unwrap();
 
-    let again = env.restore(&target, &["--delete"]);
+    let again = env.restore_snapshot(&target, &["--delete"]);
     env.assert_exact(&target);
     assert_eq!(num(&again, "bytes_fetched"), 0, "{again}");
     assert_eq!(num(&again, "bytes_reused_source"), 0, "{again}");
@@ -224,8 +196,8 @@ fn renamed_and_moved_files_in_the_target_cost_no_fetch() {
 /// the restore is exact.
 #[test]
 fn a_source_file_changed_during_the_restore_is_not_trusted() {
-    let env = Env::new();
-    let victim = &env.files[40]; // c/big, 3 MiB: many chunks
+    let (env, files) = Fixture::for_local_data();
+    let victim = &files[40]; // c/big, 3 MiB: many chunks
     let cmd = format!(
         "printf 'changed after the scan' | dd of='{}' bs=1 seek=1000000 conv=notrunc 2>/dev/null",
         victim.display()
@@ -240,7 +212,7 @@ fn a_source_file_changed_during_the_restore_is_not_trusted() {
     assert_eq!(out["failed"], 0, "{out}");
     assert_ne!(read_noatime(victim), read_noatime(&restored_path(&target, victim)), "the hook ran");
     env.assert_exact(&target);
-    let total = file_bytes(&env.files);
+    let total = file_bytes(&files);
     let reused = num(&out, "bytes_reused_source");
     let fetched = num(&out, "bytes_fetched");
     // Exactly the chunk the hook changed was fetched: one chunk of at most 256 KiB.
@@ -252,7 +224,7 @@ fn a_source_file_changed_during_the_restore_is_not_trusted() {
 /// replaced by symlinks to identical copies elsewhere are not read, their chunks are fetched.
 #[test]
 fn symlinks_in_the_source_are_not_followed() {
-    let env = Env::new();
+    let (env, _) = Fixture::for_local_data();
     let outside = env.path("outside");
     fs::create_dir(&outside).unwrap();
     fs::rename(env.src.join("a/b"), outside.join("b")).unwrap();
@@ -263,19 +235,19 @@ fn symlinks_in_the_source_are_not_followed() {
         .before
         .iter()
         .filter(|(p, _)| p.starts_with("a/b") || p.as_path() == Path::new("c/big"))
-        .map(|(_, m)| if m.kind == common::Kind::File { m.size } else { 0 })
+        .map(|(_, m)| if m.kind == support::Kind::File { m.size } else { 0 })
         .sum();
     assert!(hidden_len > 3 * 1024 * KIB as u64);
 
     let target = env.path("t");
-    let out = env.restore(&target, &[]);
+    let out = env.restore_snapshot(&target, &[]);
     env.assert_exact(&target);
     assert_eq!(num(&out, "bytes_reused_source"), file_bytes_before(&env) - hidden_len, "{out}");
     assert!(num(&out, "bytes_fetched") >= hidden_len, "{out}");
 }
 
-fn file_bytes_before(env: &Env) -> u64 {
-    env.before.values().filter(|m| m.kind == common::Kind::File).map(|m| m.size).sum()
+fn file_bytes_before(env: &Fixture) -> u64 {
+    env.before.values().filter(|m| m.kind == support::Kind::File).map(|m| m.size).sum()
 }
 
 /// Restoring into the source itself reads no "source" copies (the compare stage fixes what
@@ -283,7 +255,7 @@ fn file_bytes_before(env: &Env) -> u64 {
 /// and `--use-source` with `--no-local-data` is refused.
 #[test]
 fn in_place_restores_and_other_source_paths() {
-    let env = Env::new();
+    let (env, files) = Fixture::for_local_data();
     // Elsewhere: a copy of the source stands for the original paths.
     let copy = env.path("copy");
     fs::rename(&env.src, &copy).unwrap();
@@ -306,7 +278,7 @@ fn in_place_restores_and_other_source_paths() {
     // In place: the source is the target.
     fs::rename(&copy, &env.src).unwrap();
     fs::rename(env.path("f02-elsewhere"), env.src.join("c/f02")).unwrap();
-    let f = fs::OpenOptions::new().write(true).open(&env.files[3]).unwrap();
+    let f = fs::OpenOptions::new().write(true).open(&files[3]).unwrap();
     f.write_all_at(b"damage", 100).unwrap();
     let out = env.cairn.restore_with(&dir_spec, &env.src, &[]);
     assert_same(&env.before, &scan(&env.src), false);
@@ -322,18 +294,19 @@ fn in_place_restores_and_other_source_paths() {
 /// fetches about what changed, not the whole tree.
 #[test]
 fn s3_restore_with_the_source_present_fetches_only_what_changed() {
-    let base = tempfile::tempdir().unwrap();
-    let src = base.path().join("src");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let src = base.as_path().join("src");
     let files = make_tree(&src, 81);
     let before = scan_source(&src);
-    let cairn = servers::cairn(&servers::s3_repo("localdata"), &base.path().join("cache"));
+    let cairn = servers::cairn(&servers::s3_repo("localdata"), &base.as_path().join("cache"));
     cairn.init(&SMALL_REPO);
     cairn.backup(&[&src], &[]);
     let changed = change_a_tenth(&files, 3);
-    let target = base.path().join("t");
+    let target = base.as_path().join("t");
     let out = cairn.restore("latest", &target);
     assert_same(&before, &scan(&restored_path(&target, &src)), true);
-    let everything = cairn.restore_with("latest", &base.path().join("all"), &["--no-local-data"]);
+    let everything = cairn.restore_with("latest", &base.as_path().join("all"), &["--no-local-data"]);
     let fetched = num(&out, "bytes_fetched");
     // Random content: a changed file's chunks are stored at their size plus 28 bytes each.
     assert!(fetched > 0 && fetched as f64 <= 1.2 * file_bytes(&changed) as f64, "{out}");
@@ -346,12 +319,12 @@ fn s3_restore_with_the_source_present_fetches_only_what_changed() {
 /// fail, named.
 #[test]
 fn a_lost_pack_is_replaced_by_the_source() {
-    let env = Env::new();
+    let (env, _) = Fixture::for_local_data();
     let packs: Vec<String> =
         env.cairn.stored_blobs().iter().filter(|b| b.kind == BlobKind::Data).map(|b| b.pack.clone()).collect();
     let lost = &packs[packs.len() / 2];
     fs::remove_file(env.path("repo").join(lost)).unwrap();
-    let out = env.restore(&env.path("t"), &[]);
+    let out = env.restore_snapshot(&env.path("t"), &[]);
     env.assert_exact(&env.path("t"));
     assert_eq!(num(&out, "bytes_reused_source"), file_bytes_before(&env), "{out}");
     let run =

@@ -4,17 +4,16 @@
 //! random offsets; unmounting on SIGTERM and SIGINT (the mount point usable again, the lock
 //! gone); one-line errors for bad input; and one mount of an S3 (MinIO) repository.
 
-mod common;
-mod servers;
+use crate::support;
+use crate::support::servers;
 
 use std::fs;
-use std::os::unix::fs::{symlink, FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{assert_same, restored_path, scan, scan_source, set_times, wait_within_timeout, Cairn, Rng, Scan};
-use tempfile::TempDir;
+use support::{assert_same, restored_path, scan, wait_within_timeout, Cairn, Fixture, Rng, Scan, Tree};
 
 /// Small chunks and packs: a few MiB make many blobs and packs.
 const INIT: [&str; 4] = ["--chunk-sizes", "65536,131072,524288", "--pack-size", "1"];
@@ -23,32 +22,29 @@ const INIT: [&str; 4] = ["--chunk-sizes", "65536,131072,524288", "--pack-size", 
 /// file, an empty one, symlinks, hard links across directories, extended attributes, a FIFO,
 /// directories with their own modes and times.
 fn make_tree(root: &Path, seed: u64) -> Scan {
-    let mut rng = Rng(seed);
-    fs::create_dir_all(root.join("a/b/c")).unwrap();
-    fs::create_dir_all(root.join("empty")).unwrap();
+    let mut t = Tree::new(root, seed);
+    t.dir("a/b/c").dir("empty");
     for (i, size) in [0usize, 1, 4095, 65_536, 300_000].into_iter().enumerate() {
-        fs::write(root.join(format!("a/small-{i}")), rng.bytes(size)).unwrap();
+        t.random(&format!("a/small-{i}"), size);
     }
-    fs::write(root.join("a/b/big"), rng.bytes(6 << 20)).unwrap();
+    t.random("a/b/big", 6 << 20);
     // A sparse file: data, a 3 MiB hole, data.
-    let sparse = fs::File::create(root.join("a/sparse")).unwrap();
-    sparse.write_all_at(&rng.bytes(100_000), 0).unwrap();
-    sparse.write_all_at(&rng.bytes(50_000), 3 << 20).unwrap();
+    let sparse = fs::File::create(t.path("a/sparse")).unwrap();
+    sparse.write_all_at(&t.rng.bytes(100_000), 0).unwrap();
+    sparse.write_all_at(&t.rng.bytes(50_000), 3 << 20).unwrap();
     drop(sparse);
-    fs::write(root.join("a/b/c/deep"), b"deep").unwrap();
-    fs::hard_link(root.join("a/b/c/deep"), root.join("a/deep-link")).unwrap();
-    fs::hard_link(root.join("a/small-3"), root.join("empty-sibling-link")).unwrap();
-    symlink("b/big", root.join("a/link-to-big")).unwrap();
-    symlink("/nowhere/at/all", root.join("dangling")).unwrap();
-    xattr::set(root.join("a/small-2"), "user.comment", b"hello mount").unwrap();
-    xattr::set(root.join("a/b"), "user.dir", b"").unwrap();
-    let fifo = std::ffi::CString::new(root.join("fifo").as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0);
-    fs::set_permissions(root.join("a/small-1"), fs::Permissions::from_mode(0o600)).unwrap();
-    fs::set_permissions(root.join("a/b"), fs::Permissions::from_mode(0o750)).unwrap();
-    set_times(&root.join("a/small-2"), (1_600_000_000, 5), (1_500_000_000, 123_456_789));
-    scan_source(root)
+    t.file("a/b/c/deep", b"deep")
+        .hard_link("a/b/c/deep", "a/deep-link")
+        .hard_link("a/small-3", "empty-sibling-link")
+        .symlink("b/big", "a/link-to-big")
+        .symlink("/nowhere/at/all", "dangling")
+        .xattr("a/small-2", "user.comment", b"hello mount")
+        .xattr("a/b", "user.dir", b"")
+        .fifo("fifo", 0o640)
+        .mode("a/small-1", 0o600)
+        .mode("a/b", 0o750)
+        .times("a/small-2", (1_600_000_000, 5), (1_500_000_000, 123_456_789));
+    t.scan()
 }
 
 /// A running `cairn mount`: unmounted (SIGTERM, then a lazy unmount if it still is) when
@@ -107,30 +103,22 @@ impl Drop for Mount {
     }
 }
 
-/// A repository of `make_tree` backed up twice (the second tagged), its source and scan.
-struct Fixture {
-    base: TempDir,
-    src: PathBuf,
-    before: Scan,
-    cairn: Cairn,
-}
-
 impl Fixture {
-    fn new(cairn: impl FnOnce(&Path) -> Cairn) -> Fixture {
-        let base = tempfile::tempdir().unwrap();
-        let src = base.path().join("src");
-        let before = make_tree(&src, 11);
-        let cairn = cairn(base.path());
-        cairn.init(&INIT);
-        Fixture { base, src, before, cairn }
+    /// `fx` with its repository initialised and a source of [`make_tree`] (not backed up).
+    fn for_mount(fx: Fixture) -> Fixture {
+        let mut fx = fx.init(&INIT);
+        fx.before = make_tree(&fx.src, 11);
+        fx
     }
 
+    /// [`Fixture::for_mount`] with a local repository.
     fn local() -> Fixture {
-        Fixture::new(|base| Cairn::new(&base.join("repo"), common::PASSWORD))
+        Fixture::for_mount(Fixture::new())
     }
 
+    /// The mount point.
     fn point(&self) -> PathBuf {
-        self.base.path().join("mnt")
+        self.path("mnt")
     }
 
     /// The short IDs of the snapshots, oldest first.
@@ -150,7 +138,7 @@ fn mounted_snapshots_match_the_source_in_every_place_of_the_layout() {
     let fx = Fixture::local();
     fx.cairn.backup(&[&fx.src], &[]);
     // The first backup read the symlinks, which moved their access times: put them back.
-    common::reset_times(&fx.src, &fx.before);
+    support::reset_times(&fx.src, &fx.before);
     fx.cairn.backup(&[&fx.src], &["--tag", "second"]);
     let ids = fx.short_ids();
     let host = fx.cairn.snapshots()[0]["hostname"].as_str().unwrap().to_string();
@@ -215,18 +203,19 @@ fn mounted_snapshots_match_the_source_in_every_place_of_the_layout() {
 
 #[test]
 fn a_large_file_reads_in_order_and_at_random_offsets() {
-    let base = tempfile::tempdir().unwrap();
-    let src = base.path().join("src");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let src = base.as_path().join("src");
     fs::create_dir_all(&src).unwrap();
     let mut rng = Rng(5);
     // Incompressible and compressible halves: blobs stored as they are and compressed.
     let mut data = rng.bytes(12 << 20);
     data.extend((0..(12u32 << 20)).map(|i| (i / 4096) as u8));
     fs::write(src.join("large"), &data).unwrap();
-    let cairn = Cairn::new(&base.path().join("repo"), common::PASSWORD);
+    let cairn = fx.cairn.clone();
     cairn.init(&INIT);
     cairn.backup(&[&src], &[]);
-    let point = base.path().join("mnt");
+    let point = base.as_path().join("mnt");
     // A small budget: the cache holds only part of the file, so read-ahead and eviction both
     // happen.
     let mount = Mount::start(&cairn, &point, &["--max-memory", "32M"]);
@@ -282,13 +271,14 @@ fn many_small_files(root: &Path, rng: &mut Rng) -> Vec<(PathBuf, Vec<u8>)> {
 
 #[test]
 fn many_small_files_across_directories_read_concurrently_return_the_right_bytes() {
-    let base = tempfile::tempdir().unwrap();
-    let src = base.path().join("src");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let src = base.as_path().join("src");
     let files = many_small_files(&src, &mut Rng(23));
-    let cairn = Cairn::new(&base.path().join("repo"), common::PASSWORD);
+    let cairn = fx.cairn.clone();
     cairn.init(&INIT);
     cairn.backup(&[&src], &[]);
-    let point = base.path().join("mnt");
+    let point = base.as_path().join("mnt");
     // A budget small enough that read-ahead walks evict each other's blobs.
     let mount = Mount::start(&cairn, &point, &["--max-memory", "24M"]);
     let root = restored_path(&point.join("snapshots/latest"), &src);
@@ -363,7 +353,7 @@ fn fails_in_one_line(cairn: &Cairn, args: &[&std::ffi::OsStr]) -> String {
 fn bad_input_gets_a_one_line_error() {
     let fx = Fixture::local();
     fx.cairn.backup(&[&fx.src], &[]);
-    let missing = fx.base.path().join("no-such-dir");
+    let missing = fx.base.join("no-such-dir");
     let err = fails_in_one_line(&fx.cairn, &[missing.as_os_str()]);
     assert!(err.contains("does not exist"), "{err}");
     let file = fx.src.join("a/small-1");
@@ -390,7 +380,7 @@ fn sftp_repository_mounts_and_reads_exactly() {
 }
 
 fn remote_repository_mounts_and_reads_exactly(location: &str) {
-    let fx = Fixture::new(|base| servers::cairn(location, &base.join("cache")));
+    let fx = Fixture::for_mount(Fixture::remote(location));
     fx.cairn.backup(&[&fx.src], &[]);
     let point = fx.point();
     let mount = Mount::start(&fx.cairn, &point, &[]);

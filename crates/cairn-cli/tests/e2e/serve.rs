@@ -1,8 +1,6 @@
 //! `cairn serve` end to end: a real server process over loopback TLS, the real `cairn` binary
 //! as its client, and raw HTTPS requests for what no `cairn` command sends (issue 34).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -10,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
-use common::{Cairn, KDF_ARGS};
+use crate::support::{self as common, Cairn, KDF_ARGS};
 
 /// A `cairn serve` process on a free loopback port, its storage directory, credentials and
 /// request log; killed when dropped.

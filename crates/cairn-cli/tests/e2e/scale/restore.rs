@@ -3,16 +3,14 @@
 //! boundaries, and peak RSS must stay within `--max-memory` plus a fixed overhead whatever the
 //! number of files.
 
-mod common;
+use crate::support;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 
-use common::{assert_same, reset_times, restored_path, scan, scan_source, Cairn, Rng, PASSWORD};
-use serde_json::Value;
-use tempfile::TempDir;
+use support::{assert_same, num, restored_path, scan, scan_source, Cairn, Fixture, Rng, PASSWORD};
 
 /// The smallest batch is 4 MiB of entries (about 6,000 small files): a 1 MiB budget cuts a
 /// tree of this many files into several batches.
@@ -54,46 +52,11 @@ fn make_tree(root: &Path, files: usize) {
     fs::set_permissions(&ro, fs::Permissions::from_mode(0o555)).expect("chmod");
 }
 
-/// A temporary directory in memory when the machine has one (`/dev/shm`): hundreds of
-/// thousands of files are made and removed there in seconds, not minutes.
-fn scratch() -> TempDir {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        tempfile::tempdir_in(shm).expect("tempdir in /dev/shm")
-    } else {
-        tempfile::tempdir().expect("tempdir")
+impl Fixture {
+    /// A tree of `files` files ([`make_tree`]) in memory, backed up into a fresh repository.
+    fn many_files(files: usize) -> Fixture {
+        Fixture::in_memory().with_backup_of(|src| make_tree(src, files), &[], &[])
     }
-}
-
-struct Env {
-    base: TempDir,
-    src: PathBuf,
-    cairn: Cairn,
-    /// The source as backed up.
-    before: common::Scan,
-}
-
-impl Env {
-    fn new(files: usize) -> Self {
-        let base = scratch();
-        let src = base.path().join("src");
-        fs::create_dir(&src).expect("mkdir");
-        make_tree(&src, files);
-        let cairn = Cairn::new(&base.path().join("repo"), PASSWORD);
-        cairn.init(&[]);
-        let before = scan_source(&src);
-        reset_times(&src, &before);
-        cairn.backup(&[&src], &[]);
-        Env { base, src, cairn, before }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.base.path().join(name)
-    }
-}
-
-fn num(v: &Value, field: &str) -> u64 {
-    v[field].as_u64().unwrap_or_else(|| panic!("summary has no number {field}: {v}"))
 }
 
 /// A restore cut into batches is exact: contents, hard links (across batches), symlinks,
@@ -101,7 +64,7 @@ fn num(v: &Value, field: &str) -> u64 {
 /// snapshot lacks in every batch's directories; the JSON summary counts the batches.
 #[test]
 fn a_restore_in_many_batches_is_exact_and_repairs_and_deletes() {
-    let env = Env::new(FILES);
+    let env = Fixture::many_files(FILES);
     let src_scan = &env.before;
     let t = env.path("t");
     let first = env.cairn.restore_with("latest", &t, &["--max-memory", "1M", "--no-local-data"]);
@@ -148,7 +111,7 @@ fn a_restore_in_many_batches_is_exact_and_repairs_and_deletes() {
 fn a_dump_of_a_directory_in_many_batches_extracts_to_the_tree() {
     use std::io::Write;
     use std::os::unix::fs::MetadataExt;
-    let env = Env::new(FILES);
+    let env = Fixture::many_files(FILES);
     let out = env.cairn.run(["dump", "--max-memory", "1M", &format!("latest:{}", env.src.display())]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let x = env.path("x");
@@ -180,7 +143,7 @@ fn a_dump_of_a_directory_in_many_batches_extracts_to_the_tree() {
 /// parents) are restored, across batches, and parents the filter leaves empty are not made.
 #[test]
 fn a_filtered_restore_in_batches_makes_only_the_selected_directories() {
-    let env = Env::new(FILES);
+    let env = Fixture::many_files(FILES);
     let t = env.path("t");
     let summary = env.cairn.restore_with(
         "latest",
@@ -206,7 +169,8 @@ fn a_filtered_restore_in_batches_makes_only_the_selected_directories() {
 #[test]
 fn peak_rss_of_a_restore_of_200k_files_stays_within_the_budget() {
     const MANY: usize = 200_000;
-    let base = scratch();
+    let _shm = support::shm_shared();
+    let base = support::memory_tempdir();
     let src = base.path().join("src");
     let mut rng = Rng(5);
     for d in 0..200 {
@@ -229,9 +193,9 @@ fn peak_rss_of_a_restore_of_200k_files_stays_within_the_budget() {
         // The source is still here; this measures the fetching restore (the local-data stage's
         // own memory is not bounded by batches yet: docs/DESIGN.md, "Restore in batches").
         .args(["--max-memory", &format!("{budget_mib}M"), "--no-local-data"]);
-    let (out, _, peak_kib) = common::run_with_peak_rss(&mut restore);
+    let (out, _, peak_kib) = support::run_with_peak_rss(&mut restore);
     let peak_mib = peak_kib / 1024;
-    let summary = common::last_json(&out);
+    let summary = support::last_json(&out);
     assert_eq!(num(&summary, "files"), MANY as u64, "{summary}");
     assert_eq!(num(&summary, "failed"), 0, "{summary}");
     assert!(num(&summary, "batches") > 1, "{summary}");
@@ -262,7 +226,7 @@ fn peak_rss_of_a_restore_of_200k_files_stays_within_the_budget() {
     let walk = |args: &[&str]| {
         let mut c = cairn.command();
         c.args(args).args(["--max-memory", &format!("{walk_mib}M")]);
-        let (out, _, peak_kib) = common::run_with_peak_rss(&mut c);
+        let (out, _, peak_kib) = support::run_with_peak_rss(&mut c);
         assert!(
             peak_kib / 1024 <= walk_mib + 64,
             "{args:?}: peak RSS {} MiB over {walk_mib}M + 64 MiB",
@@ -270,7 +234,7 @@ fn peak_rss_of_a_restore_of_200k_files_stays_within_the_budget() {
         );
         out
     };
-    let stats = common::last_json(&walk(&["--json", "stats"]));
+    let stats = support::last_json(&walk(&["--json", "stats"]));
     assert_eq!(stats["restore_size"]["files"], MANY as u64, "{stats}");
     let listed = walk(&["ls", "latest"]);
     assert_eq!(listed.lines().filter(|l| l.contains("/file-with-a-longer-name-")).count(), MANY, "ls lists every file");
@@ -287,8 +251,8 @@ fn peak_rss_of_a_restore_of_200k_files_stays_within_the_budget() {
     let check_mib: u64 = err.split("give at least ").nth(1).and_then(|t| t.split(' ').next()).unwrap().parse().unwrap();
     let mut check = cairn.command();
     check.args(["--json", "check", "--read-data", "--max-memory", &format!("{check_mib}M")]);
-    let (out, _, peak_kib) = common::run_with_peak_rss(&mut check);
-    let summary = common::last_json(&out);
+    let (out, _, peak_kib) = support::run_with_peak_rss(&mut check);
+    let summary = support::last_json(&out);
     assert_eq!(summary["errors"], 0, "{summary}");
     // Every file of 1-199 bytes is a blob, the identical ones one (and the empty ones none).
     assert!(num(&summary, "blobs") as usize > MANY / 2, "{summary}");
@@ -310,9 +274,9 @@ fn peak_rss_of_a_restore_of_200k_files_stays_within_the_budget() {
         .args(["--json", "copy", "--from-repo"])
         .arg(&cairn.repo)
         .args(["--max-memory", &format!("{copy_mib}M")]);
-    let (out, _, peak_kib) = common::run_with_peak_rss(&mut copy);
+    let (out, _, peak_kib) = support::run_with_peak_rss(&mut copy);
     let peak_mib = peak_kib / 1024;
-    let summary = common::last_json(&out);
+    let summary = support::last_json(&out);
     assert_eq!(num(&summary, "snapshots_copied"), 1, "{summary}");
     assert!(
         peak_mib <= copy_mib + 64,
@@ -334,9 +298,9 @@ fn peak_rss_of_a_restore_of_200k_files_stays_within_the_budget() {
     let prune_mib = 48;
     let mut prune = dst.command();
     prune.args(["--json", "prune", "--max-unused", "0", "--max-memory", &format!("{prune_mib}M")]);
-    let (out, _, peak_kib) = common::run_with_peak_rss(&mut prune);
+    let (out, _, peak_kib) = support::run_with_peak_rss(&mut prune);
     let peak_mib = peak_kib / 1024;
-    let summary = common::last_json(&out);
+    let summary = support::last_json(&out);
     assert!(num(&summary["plan"], "repack_packs") > 1, "{summary}");
     assert!(
         peak_mib <= prune_mib + 64,

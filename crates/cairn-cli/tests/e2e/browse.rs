@@ -3,16 +3,16 @@
 //! test computes, `snapshots` filters and groups, `ls --long`, and the generated completion
 //! scripts and manual pages.
 
-mod common;
-mod servers;
+use crate::support;
+use crate::support::servers;
 
 use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use common::{set_times, Cairn, Rng, PASSWORD};
 use serde_json::Value;
+use support::{set_times, Cairn, Fixture, Rng};
 
 /// Every line of `out` parsed as JSON.
 fn json_lines(out: &str) -> Vec<Value> {
@@ -306,35 +306,31 @@ fn common_count(n: u64) -> String {
 
 #[test]
 fn local_browse() {
-    let base = tempfile::tempdir().unwrap();
-    let cairn = Cairn::new(&base.path().join("repo"), PASSWORD);
-    browse(&cairn, base.path(), true);
+    let fx = Fixture::new();
+    browse(&fx.cairn, &fx.base, true);
 }
 
 #[test]
 fn s3_browse() {
-    let base = tempfile::tempdir().unwrap();
-    let cairn = servers::cairn(&servers::s3_repo("browse"), &base.path().join("cache"));
-    browse(&cairn, base.path(), false);
+    let fx = Fixture::remote(&servers::s3_repo("browse"));
+    browse(&fx.cairn, &fx.base, false);
 }
 
 #[test]
 fn sftp_browse() {
-    let base = tempfile::tempdir().unwrap();
-    let cairn = servers::cairn(&servers::sftp_repo("browse"), &base.path().join("cache"));
-    browse(&cairn, base.path(), false);
+    let fx = Fixture::remote(&servers::sftp_repo("browse"));
+    browse(&fx.cairn, &fx.base, false);
 }
 
 /// Bad snapshot names and paths are one-line errors.
 #[test]
 fn diff_bad_input() {
-    let base = tempfile::tempdir().unwrap();
-    let cairn = Cairn::new(&base.path().join("repo"), PASSWORD);
-    cairn.init(&[]);
-    let src = first_version(&base.path().join("src"));
+    let fx = Fixture::new().init(&[]);
+    let cairn = &fx.cairn;
+    let src = first_version(&fx.src);
     cairn.backup(&[&src.root], &[]);
-    fails(&cairn, &["diff", "latest", "deadbeef"], "no snapshot matches \"deadbeef\"");
-    fails(&cairn, &["diff", "latest", &format!("latest:{}", src.p("nothing"))], "nothing");
+    fails(cairn, &["diff", "latest", "deadbeef"], "no snapshot matches \"deadbeef\"");
+    fails(cairn, &["diff", "latest", &format!("latest:{}", src.p("nothing"))], "nothing");
     let out = cairn.run(["diff", "latest"]);
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 }
@@ -343,19 +339,19 @@ fn diff_bad_input() {
 /// command, including the newest.
 #[test]
 fn completions_and_man_pages() {
-    let base = tempfile::tempdir().unwrap();
-    let cairn = Cairn::new(&base.path().join("repo"), PASSWORD);
+    let fx = Fixture::new();
+    let cairn = &fx.cairn;
     let bash = cairn.ok(["completions", "bash"]);
     assert!(bash.contains("_cairn()") && bash.contains("cairn__subcmd__diff"), "{}", &bash[..200.min(bash.len())]);
     let zsh = cairn.ok(["completions", "zsh"]);
     assert!(zsh.starts_with("#compdef cairn") && zsh.contains("find"), "{}", &zsh[..200.min(zsh.len())]);
     let fish = cairn.ok(["completions", "fish"]);
     assert!(fish.contains("__fish_cairn") && fish.contains("stats"));
-    refused(&cairn, &["completions", "tcsh"], "invalid value 'tcsh'");
+    refused(cairn, &["completions", "tcsh"], "invalid value 'tcsh'");
     let man = cairn.ok(["man"]);
     assert!(man.starts_with(".ie") || man.contains(".TH cairn 1"), "{}", &man[..200.min(man.len())]);
     assert!(man.contains("diff") && man.contains("completions"));
-    let dir = base.path().join("man1");
+    let dir = fx.base.join("man1");
     cairn.ok(["man".as_ref(), dir.as_os_str()]);
     for page in ["cairn.1", "cairn-diff.1", "cairn-find.1", "cairn-stats.1", "cairn-key-passwd.1"] {
         let text = fs::read_to_string(dir.join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));

@@ -3,19 +3,19 @@
 //! fault layer's request trace (a count of round trips, not a timing); and it holds its shared
 //! lock until it ends.
 
-mod common;
+use crate::support;
+use crate::support::library;
 
 use std::fs;
-use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{assert_same, restored_path, scan, scan_source, Cairn, PASSWORD};
 use serde_json::Value;
+use support::{assert_same, restored_path, scan, scan_source, Cairn, Fixture};
 
 /// A small tree several directories deep, backed up into a fresh repository.
-fn backed_up(base: &Path) -> (Cairn, std::path::PathBuf) {
-    let src = base.join("src");
+fn backed_up(fx: &Fixture) -> (Cairn, std::path::PathBuf) {
+    let src = fx.src.clone();
     let deep = src.join("a/b/c/d");
     fs::create_dir_all(&deep).unwrap();
     fs::write(src.join("top.txt"), b"top").unwrap();
@@ -23,7 +23,7 @@ fn backed_up(base: &Path) -> (Cairn, std::path::PathBuf) {
     for i in 0..20 {
         fs::write(src.join("a/b").join(format!("f{i}")), format!("file {i}").repeat(100)).unwrap();
     }
-    let cairn = Cairn::new(&base.join("repo"), PASSWORD);
+    let cairn = fx.cairn.clone();
     cairn.init(&[]);
     // Two snapshots: `latest` has more than one to choose from. One packer thread: each backup
     // writes its trees into one tree pack, so the walk of `latest` leads through two (its own
@@ -74,12 +74,13 @@ fn serial_chain(stdout: &str) -> Vec<String> {
 
 #[test]
 fn a_restore_waits_for_at_most_five_round_trips_before_its_first_data_fetch() {
-    let base = tempfile::tempdir().unwrap();
-    let (cairn, src) = backed_up(base.path());
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let (cairn, src) = backed_up(&fx);
     let before = scan_source(&src);
     let slow = cairn.clone().with_env("CAIRN_INJECT_FAULTS", "latency=20ms");
     for spec in ["latest", &cairn.snapshots()[0]["id"].as_str().unwrap()[..8]] {
-        let target = base.path().join(format!("target-{spec}"));
+        let target = base.as_path().join(format!("target-{spec}"));
         let out =
             slow.ok(["--json", "restore", spec, "--target", target.to_str().unwrap(), "--profile", "--no-local-data"]);
         let chain = serial_chain(&out);
@@ -104,10 +105,11 @@ fn a_restore_waits_for_at_most_five_round_trips_before_its_first_data_fetch() {
 /// another however many files and directories there are.
 #[test]
 fn a_check_waits_for_a_handful_of_round_trips_one_after_another() {
-    let base = tempfile::tempdir().unwrap();
-    let (cairn, _src) = backed_up(base.path());
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let (cairn, _src) = backed_up(&fx);
     let slow = cairn.clone().with_env("CAIRN_INJECT_FAULTS", "latency=20ms");
-    for cache in [None, Some(base.path().join("cache"))] {
+    for cache in [None, Some(base.as_path().join("cache"))] {
         let mut args = vec!["--json".to_string()];
         match &cache {
             None => args.push("--no-cache".into()),
@@ -128,9 +130,10 @@ fn a_check_waits_for_a_handful_of_round_trips_one_after_another() {
 
 #[test]
 fn a_restore_holds_its_shared_lock_until_it_ends() {
-    let base = tempfile::tempdir().unwrap();
-    let (cairn, _src) = backed_up(base.path());
-    let target = base.path().join("target");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let (cairn, _src) = backed_up(&fx);
+    let target = base.as_path().join("target");
     // Every pack read hangs 2 s: the restore is still reading long after it opened.
     let child = cairn
         .command()
@@ -148,7 +151,7 @@ fn a_restore_holds_its_shared_lock_until_it_ends() {
     }
     std::thread::sleep(Duration::from_millis(1000).saturating_sub(started.elapsed()));
     assert_eq!(locks(), 1, "a restore still reading holds its lock");
-    let out = common::wait_within_timeout(child, "restore");
+    let out = support::wait_within_timeout(child, "restore");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(locks(), 0, "the lock is removed when the restore ends");
 }
@@ -158,11 +161,12 @@ fn a_restore_holds_its_shared_lock_until_it_ends() {
 /// last writes; a restore that fetches nothing keeps it to the end. Either way no lock is left.
 #[test]
 fn a_restore_lets_its_lock_go_once_its_reads_are_over() {
-    let base = tempfile::tempdir().unwrap();
-    let (cairn, src) = backed_up(base.path());
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let (cairn, src) = backed_up(&fx);
     let before = scan_source(&src);
     let slow = cairn.clone().with_env("CAIRN_INJECT_FAULTS", "latency=20ms");
-    let target = base.path().join("target");
+    let target = base.as_path().join("target");
     let let_go = |out: &str| {
         let record = out
             .lines()
@@ -189,19 +193,20 @@ fn a_restore_lets_its_lock_go_once_its_reads_are_over() {
 /// with a non-zero exit; nothing is restored beyond what it had verified by then.
 #[test]
 fn a_restore_that_cannot_have_its_lock_stops_and_says_why() {
-    let base = tempfile::tempdir().unwrap();
-    let (cairn, src) = backed_up(base.path());
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let (cairn, src) = backed_up(&fx);
     let before = scan_source(&src);
     // An exclusive lock (a repair's) of a live process on this host: this test's own.
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let info = serde_json::json!({
-        "version": 1, "exclusive": true, "hostname": cairn_core::engine::platform::hostname(),
+        "version": 1, "exclusive": true, "hostname": library::platform::hostname(),
         "username": "tester", "pid": std::process::id(), "created": now, "refreshed": now,
     });
     let planted = cairn.repo.join("locks").join(format!("{:032x}", 0xfeed_u64));
     fs::create_dir_all(planted.parent().unwrap()).unwrap();
     fs::write(&planted, info.to_string()).unwrap();
-    let target = base.path().join("target");
+    let target = base.as_path().join("target");
     for latency in ["0ms", "50ms"] {
         let out = cairn
             .command()
@@ -231,11 +236,12 @@ fn a_restore_that_cannot_have_its_lock_stops_and_says_why() {
 /// it read.
 #[test]
 fn a_manifest_stored_while_a_reader_takes_its_lock_is_seen() {
-    let base = tempfile::tempdir().unwrap();
-    let (cairn, _src) = backed_up(base.path());
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let (cairn, _src) = backed_up(&fx);
     let deletions = cairn.repo.join("deletions");
     fs::create_dir_all(&deletions).unwrap();
-    let target = base.path().join("target");
+    let target = base.as_path().join("target");
     for (i, args) in [vec!["check"], vec!["restore", "latest", "--no-local-data", "--target", target.to_str().unwrap()]]
         .into_iter()
         .enumerate()
@@ -253,7 +259,7 @@ fn a_manifest_stored_while_a_reader_takes_its_lock_is_seen() {
         std::thread::sleep(Duration::from_millis(700));
         let name = format!("{:064x}", 0xd0_u64 + i as u64);
         fs::write(deletions.join(&name), b"a manifest stored meanwhile").unwrap();
-        let out = common::wait_within_timeout(child, args[0]);
+        let out = support::wait_within_timeout(child, args[0]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains(&format!("a prune stored deletions/{name}")) && err.contains("run it again"), "{err}");
@@ -265,19 +271,20 @@ fn a_manifest_stored_while_a_reader_takes_its_lock_is_seen() {
 
 #[test]
 fn over_a_slow_link_the_fetch_concurrency_rises_unless_it_was_given() {
-    let base = tempfile::tempdir().unwrap();
-    let src = base.path().join("src");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let src = base.as_path().join("src");
     fs::create_dir_all(&src).unwrap();
     // 24 MiB that does not compress, in 1 MiB packs: two dozen ranged reads or more.
-    let mut rng = common::Rng(7);
+    let mut rng = support::Rng(7);
     for i in 0..12 {
         fs::write(src.join(format!("f{i}")), rng.bytes(2 << 20)).unwrap();
     }
-    let cairn = Cairn::new(&base.path().join("repo"), PASSWORD);
+    let cairn = fx.cairn.clone();
     cairn.init(&["--pack-size", "1"]);
     cairn.backup(&[&src], &[]);
     let slow = cairn.with_env("CAIRN_INJECT_FAULTS", "latency=100ms");
-    let target = base.path().join("auto");
+    let target = base.as_path().join("auto");
     let summary = slow.restore_with("latest", &target, &["--max-memory", "64M", "--no-local-data"]);
     let steps = summary["fetch_tuning"].as_array().unwrap();
     let limits: Vec<u64> = steps.iter().map(|s| s["limit"].as_u64().unwrap()).collect();
@@ -290,7 +297,7 @@ fn over_a_slow_link_the_fetch_concurrency_rises_unless_it_was_given() {
     assert_same(&scan_source(&src), &scan(&restored_path(&target, &src)), true);
     // An explicit --fetch-concurrency is kept as given.
     let fixed =
-        slow.restore_with("latest", &base.path().join("fixed"), &["--fetch-concurrency", "4", "--no-local-data"]);
+        slow.restore_with("latest", &base.as_path().join("fixed"), &["--fetch-concurrency", "4", "--no-local-data"]);
     assert_eq!(fixed["fetch_tuning"].as_array().unwrap().len(), 0, "{fixed}");
 }
 
@@ -301,19 +308,20 @@ fn over_a_slow_link_the_fetch_concurrency_rises_unless_it_was_given() {
 /// come in a few large reads. Both restores are exact.
 #[test]
 fn writes_that_wait_get_more_writers_and_an_explicit_count_is_kept() {
-    let base = tempfile::tempdir().unwrap();
-    let src = base.path().join("src");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let src = base.as_path().join("src");
     fs::create_dir_all(&src).unwrap();
     // 96 files of 256 KiB that do not compress: 96 writes or more, 30 ms each.
-    let mut rng = common::Rng(11);
+    let mut rng = support::Rng(11);
     for i in 0..96 {
         fs::write(src.join(format!("f{i:02}")), rng.bytes(256 << 10)).unwrap();
     }
-    let cairn = Cairn::new(&base.path().join("repo"), PASSWORD);
+    let cairn = fx.cairn.clone();
     cairn.init(&[]);
     cairn.backup(&[&src], &[]);
     let slow = cairn.clone().with_env("CAIRN_INJECT_WRITE_LATENCY", "30ms");
-    let target = base.path().join("auto");
+    let target = base.as_path().join("auto");
     let summary = slow.restore_with("latest", &target, &["--no-local-data"]);
     let steps = summary["write_tuning"].as_array().unwrap();
     let limits: Vec<u64> = steps.iter().map(|s| s["limit"].as_u64().unwrap()).collect();
@@ -324,7 +332,7 @@ fn writes_that_wait_get_more_writers_and_an_explicit_count_is_kept() {
     assert!(limits.iter().all(|&l| l <= 4 * cores.max(4)), "within the most writers started: {steps:?}");
     assert_same(&scan_source(&src), &scan(&restored_path(&target, &src)), true);
     // An explicit --write-threads is kept as given.
-    let fixed = base.path().join("fixed");
+    let fixed = base.as_path().join("fixed");
     let summary = slow.restore_with("latest", &fixed, &["--write-threads", "4", "--no-local-data", "--profile"]);
     assert_eq!(summary["write_tuning"].as_array().unwrap().len(), 0, "{summary}");
     // The 96 files come in three reads of 8 MiB, and the writers share each read's files: the
@@ -338,7 +346,7 @@ fn writes_that_wait_get_more_writers_and_an_explicit_count_is_kept() {
     assert!(at_once > 2.0, "writers at work on average: {at_once:.2} of 4; {summary}");
     assert_same(&scan_source(&src), &scan(&restored_path(&fixed, &src)), true);
     // A bad duration is refused in one line, before anything is written.
-    let bad_target = base.path().join("bad");
+    let bad_target = base.as_path().join("bad");
     let out = cairn.with_env("CAIRN_INJECT_WRITE_LATENCY", "-5s").run([
         "restore",
         "latest",
@@ -357,11 +365,12 @@ fn writes_that_wait_get_more_writers_and_an_explicit_count_is_kept() {
 /// pack's read then waits for the index, which says where the trees are).
 #[test]
 fn the_start_hint_reads_the_tree_packs_beside_the_index_files() {
-    let base = tempfile::tempdir().unwrap();
-    let src = base.path().join("src");
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let src = base.as_path().join("src");
     fs::create_dir_all(src.join("a/b")).unwrap();
     fs::write(src.join("a/b/file"), vec![3u8; 200_000]).unwrap();
-    let cairn = Cairn::new(&base.path().join("repo"), PASSWORD);
+    let cairn = fx.cairn.clone();
     cairn.init(&[]);
     cairn.backup(&[&src], &["--threads", "1"]);
     let before = scan_source(&src);
@@ -381,7 +390,7 @@ fn the_start_hint_reads_the_tree_packs_beside_the_index_files() {
     let faults = format!("latency=5ms,stall-read=index/,stall={tree_pack},stall-for=1s");
     let slow = cairn.clone().with_env("CAIRN_INJECT_FAULTS", &faults);
     let first_data_ms = |name: &str| {
-        let target = base.path().join(name);
+        let target = base.as_path().join(name);
         let out = slow.ok([
             "--json",
             "restore",
@@ -406,8 +415,9 @@ fn the_start_hint_reads_the_tree_packs_beside_the_index_files() {
 /// a damaged hint in a notice.
 #[test]
 fn a_stale_or_damaged_start_hint_costs_time_never_the_restore() {
-    let base = tempfile::tempdir().unwrap();
-    let (cairn, src) = backed_up(base.path());
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let (cairn, src) = backed_up(&fx);
     let hint = cairn.repo.join("hint");
     let old = fs::read(&hint).unwrap();
     fs::create_dir_all(src.join("new/deeper")).unwrap();
@@ -415,7 +425,7 @@ fn a_stale_or_damaged_start_hint_costs_time_never_the_restore() {
     cairn.backup(&[&src], &["--threads", "1"]);
     let before = scan_source(&src);
     let exact = |name: &str| {
-        let target = base.path().join(name);
+        let target = base.as_path().join(name);
         cairn.restore_with("latest", &target, &["--no-local-data"]);
         assert_same(&before, &scan(&restored_path(&target, &src)), true);
     };

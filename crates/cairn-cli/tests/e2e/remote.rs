@@ -1,73 +1,50 @@
 //! Remote repositories against real servers on loopback: MinIO (S3) and OpenSSH's sshd (SFTP),
-//! started by `servers/`. Round trips, two backups at once, fault injection around the real
+//! started by `support::servers`. Round trips, two backups at once, fault injection around the real
 //! backend, the metadata cache, locks, and clear errors for wrong locations and credentials.
 
-mod common;
-mod servers;
+use crate::support;
+use crate::support::servers;
 
 use std::fs;
-use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use common::{assert_same, restored_path, scan, scan_source, set_times, Cairn, Rng, Scan};
-use tempfile::TempDir;
+use support::{assert_same, restored_path, scan, scan_source, Cairn, Fixture, Scan, Tree};
 
 /// A source tree of a few small and one multi-chunk file, a symlink, a hard link, nested
 /// directories with their own modes and times.
 fn make_tree(root: &Path, seed: u64) -> Scan {
-    let mut rng = Rng(seed);
-    fs::create_dir_all(root.join("a/b/c")).unwrap();
-    fs::create_dir_all(root.join("empty")).unwrap();
+    let mut t = Tree::new(root, seed);
+    t.dir("a/b/c").dir("empty");
     for (i, size) in [0usize, 1, 4095, 65_536, 300_000].into_iter().enumerate() {
-        fs::write(root.join(format!("a/small-{i}")), rng.bytes(size)).unwrap();
+        t.random(&format!("a/small-{i}"), size);
     }
     // Several chunks (the tests init with small chunk sizes) so a file spans blobs and packs.
-    fs::write(root.join("a/b/big"), rng.bytes(3 << 20)).unwrap();
-    fs::write(root.join("a/b/c/deep"), b"deep").unwrap();
-    fs::hard_link(root.join("a/b/c/deep"), root.join("a/deep-link")).unwrap();
-    symlink("b/big", root.join("a/link-to-big")).unwrap();
-    fs::set_permissions(root.join("a/small-1"), fs::Permissions::from_mode(0o600)).unwrap();
-    fs::set_permissions(root.join("a/b"), fs::Permissions::from_mode(0o750)).unwrap();
-    set_times(&root.join("a/small-2"), (1_600_000_000, 5), (1_500_000_000, 123_456_789));
-    scan_source(root)
+    t.random("a/b/big", 3 << 20)
+        .file("a/b/c/deep", b"deep")
+        .hard_link("a/b/c/deep", "a/deep-link")
+        .symlink("b/big", "a/link-to-big")
+        .mode("a/small-1", 0o600)
+        .mode("a/b", 0o750)
+        .times("a/small-2", (1_600_000_000, 5), (1_500_000_000, 123_456_789));
+    t.scan()
 }
 
 /// Small chunks and packs, so a few MiB make many objects and ranged reads.
 const INIT: [&str; 4] = ["--chunk-sizes", "65536,131072,524288", "--pack-size", "1"];
 
-struct Fixture {
-    base: TempDir,
-    src: PathBuf,
-    before: Scan,
-    cairn: Cairn,
-}
-
 impl Fixture {
-    fn new(location: &str) -> Fixture {
-        let base = tempfile::tempdir().unwrap();
-        let src = base.path().join("src");
-        let before = make_tree(&src, 7);
-        let cairn = servers::cairn(location, &base.path().join("cache"));
-        cairn.init(&INIT);
-        Fixture { base, src, before, cairn }
-    }
-
-    fn cache(&self) -> PathBuf {
-        self.base.path().join("cache")
-    }
-
-    /// Restores `latest` into a new directory and checks it byte- and metadata-exact.
-    fn restore_exact(&self, name: &str) {
-        let target = self.base.path().join(name);
-        self.cairn.restore("latest", &target);
-        assert_same(&self.before, &scan(&restored_path(&target, &self.src)), true);
+    /// A repository at the remote `location` and a source of [`make_tree`] (not backed up).
+    fn at_remote(location: &str) -> Fixture {
+        let mut fx = Fixture::remote(location).init(&INIT);
+        fx.before = make_tree(&fx.src, 7);
+        fx
     }
 }
 
 fn round_trip(location: &str) {
-    let mut fx = Fixture::new(location);
+    let mut fx = Fixture::at_remote(location);
     fx.cairn.backup(&[&fx.src], &[]);
-    fx.restore_exact("restore");
+    fx.restore_exact("latest", "restore");
     // `dump` reads through the same backend.
     let out = fx.cairn.run(["dump", &format!("latest:{}/a/b/big", fx.src.display())]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -78,7 +55,7 @@ fn round_trip(location: &str) {
     let second = fx.cairn.backup(&[&fx.src], &[]);
     assert!(second["bytes_added"].as_u64().unwrap() < 64 * 1024, "{second}");
     assert_eq!(fx.cairn.snapshots().len(), 2);
-    fx.restore_exact("restore-2");
+    fx.restore_exact("latest", "restore-2");
 }
 
 #[test]
@@ -94,8 +71,8 @@ fn sftp_round_trip_is_exact() {
 /// Two `cairn backup` processes write into one repository at the same time (sharing one
 /// metadata cache); both snapshots restore exactly.
 fn concurrent_backups(location: &str) {
-    let fx = Fixture::new(location);
-    let other = fx.base.path().join("other");
+    let fx = Fixture::at_remote(location);
+    let other = fx.base.join("other");
     let other_before = make_tree(&other, 99);
     std::thread::scope(|s| {
         let a = s.spawn(|| fx.cairn.backup(&[&fx.src], &["--tag", "one"]));
@@ -108,7 +85,7 @@ fn concurrent_backups(location: &str) {
     for (tag, src, before) in [("one", &fx.src, &fx.before), ("two", &other, &other_before)] {
         let snap = snaps.iter().find(|s| s["tags"][0] == tag).expect("snapshot by tag");
         let id = snap["id"].as_str().unwrap();
-        let target = fx.base.path().join(format!("restore-{tag}"));
+        let target = fx.base.join(format!("restore-{tag}"));
         fx.cairn.restore(&id[..12], &target);
         assert_same(before, &scan(&restored_path(&target, src)), true);
     }
@@ -130,13 +107,13 @@ fn sftp_two_backups_at_once() {
 /// requests either are survived or make the restore fail with a clear error naming the object.
 /// Afterwards nothing stored is lost: a restore without faults is exact.
 fn faults(location: &str) {
-    let fx = Fixture::new(location);
+    let fx = Fixture::at_remote(location);
     fx.cairn.backup(&[&fx.src], &[]);
     for (i, spec) in ["latency=20ms", "truncate-every=5", "corrupt-every=4", "truncate-every=7,corrupt-every=3"]
         .into_iter()
         .enumerate()
     {
-        let target = fx.base.path().join(format!("exact-{i}"));
+        let target = fx.base.join(format!("exact-{i}"));
         let out = fx.cairn.clone().with_env("CAIRN_INJECT_FAULTS", spec).run([
             "--no-cache",
             "restore",
@@ -149,7 +126,7 @@ fn faults(location: &str) {
     }
     for every in [3, 7, 19] {
         let spec = format!("fail-every={every}");
-        let target = fx.base.path().join(format!("fail-{every}"));
+        let target = fx.base.join(format!("fail-{every}"));
         let out = fx.cairn.clone().with_env("CAIRN_INJECT_FAULTS", &spec).run([
             "--no-cache",
             "restore",
@@ -171,13 +148,13 @@ fn faults(location: &str) {
         if restored.exists() {
             for (rel, m) in scan(&restored) {
                 let want = fx.before.get(&rel).unwrap_or_else(|| panic!("{spec}: unexpected {rel:?}"));
-                if m.kind == common::Kind::File {
+                if m.kind == support::Kind::File {
                     assert_eq!(m.size, want.size, "{spec}: {rel:?} restored partially");
                 }
             }
         }
     }
-    fx.restore_exact("after-faults");
+    fx.restore_exact("latest", "after-faults");
 }
 
 #[test]
@@ -196,13 +173,13 @@ fn sftp_fault_injection() {
 #[test]
 fn metadata_cache_is_used_verified_and_repaired() {
     let location = servers::sftp_repo("cache");
-    let fx = Fixture::new(&location);
+    let fx = Fixture::at_remote(&location);
     fx.cairn.backup(&[&fx.src], &[]);
     let listing = fx.cairn.ok(["ls", "latest"]);
     fx.cairn.ok(["snapshots"]);
     let repo_dir = PathBuf::from(location.rsplit_once(':').unwrap().1);
     // The repository's directory, named by its ID (`key-hints/` beside it is not one).
-    let cache_dir = fs::read_dir(fx.cache())
+    let cache_dir = fs::read_dir(fx.path("cache"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .find(|p| p.file_name().is_some_and(|n| n != "key-hints"))
@@ -237,7 +214,7 @@ fn metadata_cache_is_used_verified_and_repaired() {
         }
     }
     assert_eq!(fx.cairn.ok(["ls", "latest"]), listing);
-    fx.restore_exact("restore");
+    fx.restore_exact("latest", "restore");
     for (p, bad) in cached_trees {
         assert_ne!(fs::read(&p).unwrap(), bad, "{p:?} was not replaced");
     }
@@ -266,7 +243,7 @@ fn damage_index_and_snapshots(repo_dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 #[test]
 fn metadata_a_backup_and_a_prune_write_is_cached_as_it_is_written() {
     let location = servers::sftp_repo("write-through");
-    let fx = Fixture::new(&location);
+    let fx = Fixture::at_remote(&location);
     fx.cairn.backup(&[&fx.src], &[]);
     fs::write(fx.src.join("a/b/c/later"), b"later").unwrap();
     fx.cairn.backup(&[&fx.src], &[]);
@@ -274,7 +251,7 @@ fn metadata_a_backup_and_a_prune_write_is_cached_as_it_is_written() {
     // used pack writes the second snapshot's trees again, sealed anew, which the cache must
     // take too (the copies the backups left there no longer authenticate at their new place).
     fx.cairn.ok(["forget", "--keep-last", "1"]);
-    let pruned = common::last_json(&fx.cairn.ok(["--json", "prune", "--max-unused", "0"]));
+    let pruned = support::last_json(&fx.cairn.ok(["--json", "prune", "--max-unused", "0"]));
     assert!(pruned["plan"]["repack_packs"].as_u64().unwrap() >= 1, "nothing repacked: {pruned}");
     let listing = fx.cairn.ok(["--no-cache", "ls", "latest"]);
     assert!(listing.contains("later"), "{listing}");
@@ -294,7 +271,7 @@ fn metadata_a_backup_and_a_prune_write_is_cached_as_it_is_written() {
 #[test]
 fn stale_lock_of_a_killed_backup_is_reported_and_removed() {
     let location = servers::s3_repo("locks");
-    let fx = Fixture::new(&location);
+    let fx = Fixture::at_remote(&location);
     // MinIO keeps each object as a directory of its drive: BUCKET/PREFIX/locks/<id>/.
     let prefix = location.rsplit_once(&format!("/{}/", servers::BUCKET)).unwrap().1;
     let locks = servers::servers().dir.join("minio").join(servers::BUCKET).join(prefix).join("locks");
@@ -324,7 +301,7 @@ fn stale_lock_of_a_killed_backup_is_reported_and_removed() {
     let removed = fx.cairn.ok(["unlock"]);
     assert!(removed.contains("no longer runs") && removed.ends_with("1 locks removed\n"), "{removed}");
     assert_eq!(fs::read_dir(&locks).map_or(0, |d| d.count()), 0);
-    fx.restore_exact("restore");
+    fx.restore_exact("latest", "restore");
 }
 
 /// Wrong locations and credentials fail with one line naming what failed.
@@ -346,7 +323,7 @@ fn wrong_locations_and_credentials_fail_with_one_clear_line() {
     ];
     for (cairn, names) in cases {
         let mut args = vec!["init"];
-        args.extend(common::KDF_ARGS);
+        args.extend(support::KDF_ARGS);
         let out = cairn.run(&args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{}: init succeeded", cairn.repo.display());
@@ -377,7 +354,7 @@ fn sftp_key_from_the_agent() {
     let cairn = servers::cairn(&servers::sftp_repo("agent"), &dir.path().join("cache"));
     let init = |agent_sock: Option<&Path>| {
         let mut c = cairn.command();
-        c.env_remove("CAIRN_SFTP_KEY").env_remove("SSH_AUTH_SOCK").arg("init").args(common::KDF_ARGS);
+        c.env_remove("CAIRN_SFTP_KEY").env_remove("SSH_AUTH_SOCK").arg("init").args(support::KDF_ARGS);
         if let Some(sock) = agent_sock {
             c.env("SSH_AUTH_SOCK", sock);
         }
@@ -400,28 +377,15 @@ fn sftp_key_from_the_agent() {
 /// `init` over a remote location whose config was lost but whose other objects remain refuses,
 /// naming them, and writes nothing (issue 16, 4).
 fn init_refuses_leftover_objects(location: &str) {
-    let fx = Fixture::new(location);
+    let fx = Fixture::at_remote(location);
     fx.cairn.backup(&[&fx.src], &[]);
-    // The servers' credentials, for the library's own S3 and SFTP clients in this process.
-    for (k, v) in &fx.cairn.env {
-        std::env::set_var(k, v);
-    }
-    let s = servers::servers();
-    let remote = cairn_core::engine::storage::RemoteOptions {
-        sftp_key: Some(s.ssh_key.to_string_lossy().into_owned()),
-        sftp_known_hosts: Some("accept".into()),
-    };
-    let storage = cairn_core::engine::storage::OpendalStorage::open(
-        &cairn_core::engine::storage::Location::parse(location).unwrap(),
-        &remote,
-    )
-    .unwrap();
-    use cairn_core::engine::storage::Storage;
-    storage.delete("config").unwrap();
-    let objects = |dir: &str| storage.list(dir).unwrap().len();
+    // The library's own S3 and SFTP clients run in a child process with the servers'
+    // credentials (this process's environment is shared with every other test).
+    servers::remote_storage(&fx.cairn, "delete", "config");
+    let objects = |dir: &str| servers::remote_storage(&fx.cairn, "list", dir).len();
     let before: Vec<usize> = ["keys", "index", "snapshots", "data"].iter().map(|d| objects(d)).collect();
     let mut args = vec!["init"];
-    args.extend(common::KDF_ARGS);
+    args.extend(support::KDF_ARGS);
     let out = fx.cairn.run(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -429,7 +393,7 @@ fn init_refuses_leftover_objects(location: &str) {
     for want in ["already holds repository objects", "1 key file", "1 snapshot", "not initializing over them"] {
         assert!(stderr.contains(want), "the error does not say {want:?}: {stderr}");
     }
-    assert!(!storage.exists("config").unwrap(), "init wrote a config");
+    assert!(servers::remote_storage(&fx.cairn, "exists", "config").is_empty(), "init wrote a config");
     let after: Vec<usize> = ["keys", "index", "snapshots", "data"].iter().map(|d| objects(d)).collect();
     assert_eq!(before, after, "init wrote objects");
 }
@@ -450,8 +414,9 @@ fn sftp_init_refuses_leftover_objects() {
 fn sftp_location_without_a_repository_is_left_untouched() {
     let location = servers::sftp_repo("typo");
     let dir = PathBuf::from(location.rsplit_once(':').unwrap().1);
-    let base = tempfile::tempdir().unwrap();
-    let cairn = servers::cairn(&location, &base.path().join("cache"));
+    let fx = Fixture::new();
+    let base = &fx.base;
+    let cairn = servers::cairn(&location, &base.as_path().join("cache"));
     for args in [&["snapshots"][..], &["ls", "latest"][..]] {
         let out = cairn.run(args);
         let stderr = String::from_utf8_lossy(&out.stderr);

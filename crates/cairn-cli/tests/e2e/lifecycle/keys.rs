@@ -2,17 +2,12 @@
 //! password work, `key passwd` replaces the key in use (the old password is then refused),
 //! `key remove` refuses the key in use and the last key, and `key list` marks the key in use.
 
-mod common;
-mod servers;
+use crate::support;
+use crate::support::library;
+use crate::support::servers;
 
-use common::{Cairn, PASSWORD};
 use serde_json::Value;
-
-fn with_password(cairn: &Cairn, pw: &str) -> Cairn {
-    let mut c = cairn.clone();
-    c.password = pw.to_string();
-    c
-}
+use support::{Cairn, Fixture};
 
 /// `key list --json` as (short ID, in use).
 fn keys(cairn: &Cairn) -> Vec<(String, bool)> {
@@ -51,7 +46,7 @@ fn rotation(first: &Cairn, dir: &std::path::Path) {
     // add: a second password opens the same repository.
     let out = first.run_env(&[("CAIRN_NEW_PASSWORD", "second password")], ["key", "add"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let second = with_password(first, "second password");
+    let second = first.with_password("second password");
     assert_eq!(second.snapshots().len(), 1);
     assert_eq!(keys(first).len(), 2);
     let k2 = in_use(&second);
@@ -69,7 +64,7 @@ fn rotation(first: &Cairn, dir: &std::path::Path) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(said.contains(&format!("removed key {k2}")), "{said}");
     fails(&second, &["snapshots"], "wrong password");
-    let third = with_password(first, "third password");
+    let third = first.with_password("third password");
     assert_eq!(third.snapshots().len(), 1);
     let k3 = in_use(&third);
     let ids: Vec<String> = keys(first).into_iter().map(|(id, _)| id).collect();
@@ -91,15 +86,14 @@ fn rotation(first: &Cairn, dir: &std::path::Path) {
 
 #[test]
 fn local_key_rotation() {
-    let dir = tempfile::tempdir().unwrap();
-    rotation(&Cairn::new(&dir.path().join("repo"), PASSWORD), dir.path());
+    let fx = Fixture::new();
+    rotation(&fx.cairn, &fx.base);
 }
 
 #[test]
 fn s3_key_rotation() {
-    let dir = tempfile::tempdir().unwrap();
-    let cairn = servers::cairn(&servers::s3_repo("keys"), &dir.path().join("cache"));
-    rotation(&cairn, dir.path());
+    let fx = Fixture::remote(&servers::s3_repo("keys"));
+    rotation(&fx.cairn, &fx.base);
 }
 
 /// The key file that opened a repository is remembered in the cache directory
@@ -108,9 +102,9 @@ fn s3_key_rotation() {
 /// the listing of `keys/`, and the errors stay what they were.
 #[test]
 fn the_key_that_opened_last_is_tried_first_and_a_wrong_hint_costs_only_time() {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = dir.path().join("cache");
-    let first = Cairn::new(&dir.path().join("repo"), PASSWORD).with_env("XDG_CACHE_HOME", cache.to_str().unwrap());
+    let fx = Fixture::new();
+    let cache = fx.path("cache");
+    let first = fx.cairn.clone().with_env("XDG_CACHE_HOME", cache.to_str().unwrap());
     first.init(&[]);
     let hints = cache.join("cairn").join("key-hints");
     let hint = || -> String {
@@ -126,14 +120,14 @@ fn the_key_that_opened_last_is_tried_first_and_a_wrong_hint_costs_only_time() {
     // the hint; the first password then opens past that one.
     let out = first.run_env(&[("CAIRN_NEW_PASSWORD", "second password")], ["key", "add"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let second = with_password(&first, "second password");
+    let second = first.with_password("second password");
     let k2 = in_use(&second);
     assert!(hint().starts_with(&k2), "{} names {k2}", hint());
     assert_eq!(in_use(&first), k1);
     assert!(hint().starts_with(&k1));
 
     // A wrong password is still called one, with the hinted key refusing it counted once.
-    fails(&with_password(&first, "no such password"), &["snapshots"], "wrong password");
+    fails(&first.with_password("no such password"), &["snapshots"], "wrong password");
 
     // The hinted key file removed: the open lists the keys and finds the other.
     let second_hint = hint();
@@ -163,26 +157,26 @@ fn the_key_that_opened_last_is_tried_first_and_a_wrong_hint_costs_only_time() {
 /// password sends the open on to the other key files.
 #[test]
 fn a_key_file_the_start_hint_carries_opens_only_while_it_is_listed() {
-    let dir = tempfile::tempdir().unwrap();
-    let first = Cairn::new(&dir.path().join("repo"), "first password");
+    let fx = Fixture::new().with_password("first password");
+    let first = fx.cairn.clone();
     first.init(&[]);
     let out = first.run_env(&[("CAIRN_NEW_PASSWORD", "second password")], ["key", "add"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let second = with_password(&first, "second password");
-    let src = dir.path().join("src");
+    let second = first.with_password("second password");
+    let src = fx.path("src");
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("file"), b"hint").unwrap();
     // Backed up with the second key: the hint carries it.
     second.backup(&[&src], &[]);
-    let hint = std::fs::read(dir.path().join("repo/hint")).unwrap();
+    let hint = std::fs::read(fx.path("repo/hint")).unwrap();
     let k2 = in_use(&second);
-    let carried = cairn_format::hint::split(&hint).unwrap().key_id().to_hex();
+    let carried = library::hint::split(&hint).unwrap().key_id().to_hex();
     assert!(carried.starts_with(&k2), "the hint carries {carried}, not the key in use {k2}");
 
     // The first password opens past the hint's key (which refuses it).
     assert_eq!(first.snapshots().len(), 1);
     first.ok(["key", "remove", &k2]);
-    assert_eq!(std::fs::read(dir.path().join("repo/hint")).unwrap(), hint, "the hint is unchanged");
+    assert_eq!(std::fs::read(fx.path("repo/hint")).unwrap(), hint, "the hint is unchanged");
     fails(&second, &["--no-cache", "snapshots"], "wrong password");
     assert_eq!(first.snapshots().len(), 1);
 }

@@ -7,45 +7,31 @@
 //! holds it just before its manifest is stored, and so on): a real prune on a real repository,
 //! paused at a chosen request.
 
-mod common;
-mod servers;
+use crate::support;
+use crate::support::library;
+use crate::support::servers;
 
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use common::{assert_same, last_json, restored_path, scan, scan_source, Cairn, Rng, Scan, PASSWORD};
 use serde_json::Value;
-use tempfile::TempDir;
+use support::{assert_same, last_json, restored_path, scan, scan_source, Cairn, Fixture, Rng};
 
 /// Small chunks and 1 MiB packs: a few MiB make many packs and blobs.
 const INIT: [&str; 4] = ["--chunk-sizes", "65536,131072,524288", "--pack-size", "1"];
 
-/// One test's directory: the repository, the source files, restore targets.
-struct Fx {
-    _dir: TempDir,
-    base: PathBuf,
-    src: PathBuf,
-    cairn: Cairn,
-    /// Each snapshot's ID and the scan of what it backed up.
-    snaps: Vec<(String, Scan)>,
-}
-
-impl Fx {
-    fn new() -> Fx {
-        let dir = tempfile::tempdir().unwrap();
-        let base = dir.path().canonicalize().unwrap();
-        let cairn =
-            Cairn::new(&base.join("repo"), PASSWORD).with_env("XDG_CACHE_HOME", base.join("xdg").to_str().unwrap());
-        Fx::with(dir, base, cairn)
+impl Fixture {
+    /// A local repository (small chunks, 1 MiB packs, a cache of its own) and an empty source.
+    fn for_prune() -> Fixture {
+        Fixture::new().isolated_cache().with_prune_repository()
     }
 
-    fn with(dir: TempDir, base: PathBuf, cairn: Cairn) -> Fx {
-        let src = base.join("src");
-        fs::create_dir_all(&src).unwrap();
-        cairn.init(&INIT);
-        Fx { _dir: dir, base, src, cairn, snaps: Vec::new() }
+    /// This fixture with its repository initialised for the prune tests and an empty source.
+    fn with_prune_repository(self) -> Fixture {
+        fs::create_dir_all(&self.src).unwrap();
+        self.init(&INIT)
     }
 
     /// Writes files `0..n` of generation `gen` (file `i` gets new random content when
@@ -58,11 +44,11 @@ impl Fx {
                 fs::write(&path, Rng(gen * 1000 + i + 1).bytes(200_000 + (i as usize % 5) * 37_000)).unwrap();
             }
         }
-        self.backup()
+        self.remember_backup()
     }
 
-    /// Backs up the source; remembers and returns the snapshot's ID.
-    fn backup(&mut self) -> String {
+    /// Backs up the source; remembers (in `snaps`) and returns the snapshot's ID.
+    fn remember_backup(&mut self) -> String {
         let before = scan_source(&self.src);
         let s = self.cairn.backup(&[&self.src], &[]);
         let id = s["snapshot_id"].as_str().unwrap().to_string();
@@ -70,17 +56,22 @@ impl Fx {
         id
     }
 
-    /// Forgets snapshot `id`.
-    fn forget(&mut self, id: &str) {
+    /// Forgets snapshot `id` (and no longer remembers it).
+    fn forget_remembered(&mut self, id: &str) {
         self.cairn.ok(["forget", id]);
         self.snaps.retain(|(s, _)| s != id);
     }
 
     /// Every remembered snapshot restores exactly what was backed up.
     fn all_restore(&self, tag: &str) {
+        self.all_restore_from(&self.cairn, tag);
+    }
+
+    /// [`Fixture::all_restore`] from `cairn`'s repository (a copy of this one).
+    fn all_restore_from(&self, cairn: &Cairn, tag: &str) {
         for (i, (id, want)) in self.snaps.iter().enumerate() {
             let target = self.base.join(format!("restore-{tag}-{i}"));
-            self.cairn.restore(id, &target);
+            cairn.restore(id, &target);
             assert_same(want, &scan(&restored_path(&target, &self.src)), false);
             fs::remove_dir_all(&target).unwrap();
         }
@@ -146,16 +137,9 @@ fn assert_checks(cairn: &Cairn, clean: bool) {
     }
 }
 
-/// Starts `cairn ARGS` in the background with `env` added.
-fn spawn(cairn: &Cairn, env: &[(&str, &str)], args: &[&str]) -> Child {
-    let mut c = cairn.command();
-    c.envs(env.iter().copied()).args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
-    c.spawn().unwrap()
-}
-
 /// Waits for `child` (at most five minutes) and returns its output.
 fn finish(child: Child, what: &str) -> std::process::Output {
-    common::wait_within_timeout(child, what)
+    support::wait_within_timeout(child, what)
 }
 
 /// Waits until `cond` holds (at most `within`).
@@ -169,14 +153,14 @@ fn wait_until(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
 
 /// A repository with four generations of 12 files, the first two forgotten: about half of its
 /// data is needed by no snapshot.
-fn forgotten_half() -> Fx {
-    let mut fx = Fx::new();
+fn forgotten_half() -> Fixture {
+    let mut fx = Fixture::for_prune();
     let first = fx.generation(0, 12);
     let second = fx.generation(1, 12);
     fx.generation(2, 12);
     fx.generation(3, 12);
-    fx.forget(&first);
-    fx.forget(&second);
+    fx.forget_remembered(&first);
+    fx.forget_remembered(&second);
     fx
 }
 
@@ -228,7 +212,7 @@ fn prune_frees_what_forgotten_snapshots_held_and_the_rest_restores() {
 
 #[test]
 fn forget_with_prune_forgets_then_frees_the_space() {
-    let mut fx = Fx::new();
+    let mut fx = Fixture::for_prune();
     for gen in 0..4 {
         fx.generation(gen, 9);
     }
@@ -249,13 +233,10 @@ fn forget_with_prune_forgets_then_frees_the_space() {
 
 #[test]
 fn prune_on_s3_frees_space_and_the_rest_restores() {
-    let dir = tempfile::tempdir().unwrap();
-    let base = dir.path().canonicalize().unwrap();
-    let cairn = servers::cairn(&servers::s3_repo("prune"), &base.join("cache"));
-    let mut fx = Fx::with(dir, base, cairn);
+    let mut fx = Fixture::remote(&servers::s3_repo("prune")).with_prune_repository();
     let first = fx.generation(0, 9);
     fx.generation(1, 9);
-    fx.forget(&first);
+    fx.forget_remembered(&first);
     let s = prune(&fx.cairn, &[]);
     let freed = s["freed_bytes"].as_u64().unwrap();
     assert!(freed > 0, "{s}");
@@ -270,19 +251,18 @@ fn prune_on_s3_frees_space_and_the_rest_restores() {
 /// decides, it finishes after; the prune waits for it and keeps what its snapshot needs.
 #[test]
 fn a_backup_running_while_prune_decides_keeps_what_it_deduplicated() {
-    let mut fx = Fx::new();
+    let mut fx = Fixture::for_prune();
     let first = fx.generation(0, 9);
     fx.generation(1, 9);
     // The next backup brings back generation 0's files 1, 4 and 7, which only the first
     // snapshot holds (generation 1 changed them); then that snapshot is forgotten.
     let old = |i: u64| Rng(i + 1).bytes(200_000 + (i as usize % 5) * 37_000);
-    fx.forget(&first);
+    fx.forget_remembered(&first);
     for i in [1, 4, 7] {
         fs::write(fx.src.join(format!("f{i:02}")), old(i)).unwrap();
     }
     let want = scan_source(&fx.src);
-    let held = spawn(
-        &fx.cairn,
+    let held = fx.cairn.spawn(
         &[("CAIRN_INJECT_FAULTS", "stall-write=snapshots/,stall-for=6s")],
         &["--json", "backup", fx.src.to_str().unwrap()],
     );
@@ -313,15 +293,15 @@ fn a_backup_running_while_prune_decides_keeps_what_it_deduplicated() {
 /// the repository checks clean.
 #[test]
 fn backups_beside_prunes_finish_and_every_snapshot_restores() {
-    let mut fx = Fx::new();
+    let mut fx = Fixture::for_prune();
     fx.generation(0, 12);
     let mut finished_during = 0;
     for round in 1..=3u64 {
         let old = fx.snaps[0].0.clone();
         fx.generation(round, 12);
-        fx.forget(&old);
+        fx.forget_remembered(&old);
         // A slow prune (every request 10 ms later) and backups beside it.
-        let running = spawn(&fx.cairn, &[("CAIRN_INJECT_FAULTS", "latency=10ms")], &["--json", "prune"]);
+        let running = fx.cairn.spawn(&[("CAIRN_INJECT_FAULTS", "latency=10ms")], &["--json", "prune"]);
         let mut pruning = Some(running);
         for step in 0..2u64 {
             // Bring back a file as the first, forgotten generation had it (it dedups against
@@ -329,7 +309,7 @@ fn backups_beside_prunes_finish_and_every_snapshot_restores() {
             let i = (round * 2 + step) % 12;
             fs::write(fx.src.join(format!("f{i:02}")), Rng(i + 1).bytes(200_000 + (i as usize % 5) * 37_000)).unwrap();
             fs::write(fx.src.join(format!("new{round}-{step}")), Rng(77 + round * 10 + step).bytes(100_000)).unwrap();
-            fx.backup();
+            fx.remember_backup();
             if let Some(p) = pruning.as_mut() {
                 if p.try_wait().unwrap().is_none() {
                     finished_during += 1;
@@ -338,7 +318,7 @@ fn backups_beside_prunes_finish_and_every_snapshot_restores() {
         }
         let out = finish(pruning.take().unwrap(), "prune");
         assert!(out.status.success(), "prune failed: {}", String::from_utf8_lossy(&out.stderr));
-        fx.backup();
+        fx.remember_backup();
     }
     assert!(finished_during > 0, "no backup finished while a prune ran: prunes block backups?");
     assert_checks(&fx.cairn, false);
@@ -373,7 +353,7 @@ fn a_prune_killed_at_any_step_leaves_every_snapshot_restorable_and_the_next_fini
         copy_dir(&template.cairn.repo, &repo);
         let cairn = Cairn { repo: repo.clone(), ..template.cairn.clone() };
         let spec = format!("{fault},stall-for=120s");
-        let mut child = spawn(&cairn, &[("CAIRN_INJECT_FAULTS", &spec)], &["--json", "prune"]);
+        let mut child = cairn.spawn(&[("CAIRN_INJECT_FAULTS", &spec)], &["--json", "prune"]);
         // Let it reach the stall (it stalls for two minutes there).
         std::thread::sleep(Duration::from_millis(2500));
         assert!(child.try_wait().unwrap().is_none(), "{moment}: the prune ended before it was killed");
@@ -384,18 +364,11 @@ fn a_prune_killed_at_any_step_leaves_every_snapshot_restorable_and_the_next_fini
 
         let (code, s) = check(&cairn, &["--read-data"]);
         assert_eq!(code, 0, "{moment}: check after the kill found errors: {s}");
-        let fx = Fx {
-            _dir: tempfile::tempdir().unwrap(),
-            base: template.base.clone(),
-            src: template.src.clone(),
-            cairn: cairn.clone(),
-            snaps: template.snaps.clone(),
-        };
-        fx.all_restore(&format!("killed-{i}"));
+        template.all_restore_from(&cairn, &format!("killed-{i}"));
         let next = prune(&cairn, &[]);
         assert!(files_in(&repo.join("deletions")).is_empty(), "{moment}: the next prune left a manifest: {next}");
         assert_checks(&cairn, true);
-        fx.all_restore(&format!("next-{i}"));
+        template.all_restore_from(&cairn, &format!("next-{i}"));
         let size = dir_bytes(&repo.join("data"));
         assert!(
             size <= whole_after + whole_after / 20,
@@ -408,7 +381,7 @@ fn a_prune_killed_at_any_step_leaves_every_snapshot_restorable_and_the_next_fini
 #[test]
 fn a_second_prune_refuses_while_one_runs() {
     let fx = forgotten_half();
-    let first = spawn(&fx.cairn, &[("CAIRN_INJECT_FAULTS", "stall-write=deletions/,stall-for=30s")], &["prune"]);
+    let first = fx.cairn.spawn(&[("CAIRN_INJECT_FAULTS", "stall-write=deletions/,stall-for=30s")], &["prune"]);
     let locks = fx.cairn.repo.join("locks");
     wait_until(Duration::from_secs(60), "the first prune's lock", || !files_in(&locks).is_empty());
     let out = fx.cairn.run(["prune"]);
@@ -452,7 +425,7 @@ fn a_prune_waits_for_older_operations_and_leaves_the_deletion_for_the_next() {
         fs::write(fx.src.join(format!("f{i:02}")), Rng(i + 1).bytes(200_000 + (i as usize % 5) * 37_000)).unwrap();
     }
     let stored_before = fx.data_bytes();
-    fx.backup();
+    fx.remember_backup();
     assert!(fx.data_bytes() > stored_before + 400_000, "the backup deduplicated against doomed packs");
     assert_checks(&fx.cairn, false);
     fx.all_restore("deferred");
@@ -469,25 +442,22 @@ fn a_prune_waits_for_older_operations_and_leaves_the_deletion_for_the_next() {
 
 #[test]
 fn recompress_changes_the_codec_and_everything_still_restores() {
-    let mut fx = Fx::new();
+    let mut fx = Fixture::for_prune();
     // Compressible files, so every codec stores them compressed.
     for i in 0..6u64 {
         let text: Vec<u8> = (0..300_000u64).map(|j| b"abcdefgh"[((j * (i + 3)) / 7 % 8) as usize]).collect();
         fs::write(fx.src.join(format!("t{i}")), text).unwrap();
     }
-    fx.backup();
+    fx.remember_backup();
     // Codecs of the blobs stored compressed (a blob that does not compress is stored as it is).
-    let codecs = |fx: &Fx| -> Vec<String> {
+    let codecs = |fx: &Fixture| -> Vec<String> {
         let all = fx.cairn.stored_blobs();
-        let set: std::collections::BTreeSet<String> = all
-            .iter()
-            .filter(|b| b.codec != cairn_format::compress::Codec::None)
-            .map(|b| b.codec.to_string())
-            .collect();
+        let set: std::collections::BTreeSet<String> =
+            all.iter().filter(|b| b.codec != library::compress::Codec::None).map(|b| b.codec.to_string()).collect();
         set.into_iter().collect()
     };
     assert!(codecs(&fx).iter().all(|c| c.starts_with("zstd")), "{:?}", codecs(&fx));
-    let compressed = fx.cairn.stored_blobs().iter().filter(|b| b.codec != cairn_format::compress::Codec::None).count();
+    let compressed = fx.cairn.stored_blobs().iter().filter(|b| b.codec != library::compress::Codec::None).count();
     assert!(compressed >= 6, "the text files were stored compressed");
     let s = last_json(&fx.cairn.ok(["--json", "recompress", "--to", "lz4"]));
     assert_eq!(s["plan"]["reencode_blobs"].as_u64().unwrap(), compressed as u64, "{s}");
@@ -508,7 +478,7 @@ fn recompress_changes_the_codec_and_everything_still_restores() {
 
 #[test]
 fn bad_prune_options_are_one_line_errors() {
-    let fx = Fx::new();
+    let fx = Fixture::for_prune();
     for (args, want) in [
         (vec!["prune", "--max-unused", "150%"], "invalid limit"),
         (vec!["prune", "--max-repack-size", "lots"], "size"),
@@ -531,7 +501,7 @@ fn copy_dir(from: &Path, to: &Path) {
 fn plant_lock(repo: &Path, pid: u32) {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let info = serde_json::json!({
-        "version": 1, "exclusive": false, "hostname": cairn_core::engine::platform::hostname(),
+        "version": 1, "exclusive": false, "hostname": library::platform::hostname(),
         "username": "tester", "pid": pid, "created": now, "refreshed": now,
     });
     fs::write(repo.join("locks").join(format!("{:032x}", u128::from(pid) * 7919)), info.to_string()).unwrap();
@@ -543,7 +513,7 @@ fn plant_lock(repo: &Path, pid: u32) {
 fn a_damaged_manifest_is_noted_ignored_and_removed() {
     let mut fx = forgotten_half();
     let junk = b"not a sealed file at all".to_vec();
-    let name = cairn_format::id::DeletionId::hash_of(&junk).to_hex();
+    let name = library::id::DeletionId::hash_of(&junk).to_hex();
     fs::create_dir_all(fx.cairn.repo.join("deletions")).unwrap();
     fs::write(fx.cairn.repo.join("deletions").join(&name), &junk).unwrap();
     let (code, s) = check(&fx.cairn, &[]);
@@ -551,7 +521,7 @@ fn a_damaged_manifest_is_noted_ignored_and_removed() {
     let kinds: Vec<&str> = s["findings"].as_array().unwrap().iter().map(|f| f["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["damaged_deletion"], "{s}");
     fs::write(fx.src.join("extra"), b"more").unwrap();
-    fx.backup();
+    fx.remember_backup();
     fx.all_restore("junk");
     prune(&fx.cairn, &[]);
     assert!(files_in(&fx.cairn.repo.join("deletions")).is_empty());

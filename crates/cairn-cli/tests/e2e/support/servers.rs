@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::common::Cairn;
+use crate::support::Cairn;
 
 /// MinIO's credentials (its root user).
 pub const S3_USER: &str = "cairn-test";
@@ -224,7 +224,7 @@ fn unique() -> String {
 /// A runner for `location` with the credentials its server needs and a private cache.
 pub fn cairn(location: &str, cache: &Path) -> Cairn {
     let s = servers();
-    Cairn::new(Path::new(location), crate::common::PASSWORD)
+    Cairn::new(Path::new(location), crate::support::PASSWORD)
         .with_env("AWS_ACCESS_KEY_ID", S3_USER)
         .with_env("AWS_SECRET_ACCESS_KEY", S3_SECRET)
         .with_env("AWS_DEFAULT_REGION", "us-east-1")
@@ -232,4 +232,64 @@ pub fn cairn(location: &str, cache: &Path) -> Cairn {
         // The host key is new on every run; known_hosts cannot know it.
         .with_env("CAIRN_SFTP_KNOWN_HOSTS", "accept")
         .with_env("CAIRN_CACHE_DIR", &cache.to_string_lossy())
+}
+
+/// Runs this test binary's [`storage_helper`] in a child process that has `cairn`'s
+/// environment (the servers' credentials), so that this process's own environment is never
+/// changed while other tests run beside it. `op` is `delete` (of `path`), `list` (of `path`'s
+/// objects) or `exists` (of `path`: one row if it does); returns the objects as (path, size).
+pub fn remote_storage(cairn: &Cairn, op: &str, path: &str) -> Vec<(String, u64)> {
+    let exe = std::env::current_exe().unwrap();
+    let mut c = Command::new(exe);
+    c.args(["--exact", "support::servers::storage_helper", "--ignored", "--nocapture", "--test-threads", "1"])
+        .env(HELPER_ENV, format!("{op}|{}|{path}", cairn.repo.to_str().unwrap()))
+        .envs(cairn.env.iter().map(|(k, v)| (k, v)));
+    let out = c.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "storage helper {op} {path}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<(String, u64)> = stdout
+        .lines()
+        // libtest prints `test support::servers::storage_helper ... ` before the test's own
+        // output, on its line.
+        .filter_map(|l| l.find("OBJ ").map(|at| &l[at + 4..]))
+        .map(|l| {
+            let (p, size) = l.rsplit_once(' ').unwrap();
+            (p.to_string(), size.parse().unwrap())
+        })
+        .collect();
+    assert!(stdout.contains("1 passed"), "the storage helper did not run: {stdout}");
+    rows
+}
+
+const HELPER_ENV: &str = "CAIRN_TEST_STORAGE";
+
+/// Not a test: lists, tests or deletes objects of a remote repository through the library, in
+/// a child process that has the server's credentials in its environment (see
+/// [`remote_storage`]).
+#[test]
+#[ignore = "a helper that the remote tests run in a child process"]
+fn storage_helper() {
+    use crate::support::library::storage::{Location, OpendalStorage, RemoteOptions, Storage};
+    let Ok(spec) = std::env::var(HELPER_ENV) else { return };
+    let mut parts = spec.splitn(3, '|');
+    let (op, location, path) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+    let remote = RemoteOptions {
+        sftp_key: std::env::var("CAIRN_SFTP_KEY").ok(),
+        sftp_known_hosts: std::env::var("CAIRN_SFTP_KNOWN_HOSTS").ok(),
+    };
+    let storage = OpendalStorage::open(&Location::parse(location).unwrap(), &remote).unwrap();
+    match op {
+        "delete" => storage.delete(path).unwrap(),
+        "list" => {
+            for obj in storage.list(path).unwrap() {
+                println!("OBJ {} {}", obj.path, obj.size);
+            }
+        }
+        "exists" => {
+            if storage.exists(path).unwrap() {
+                println!("OBJ {path} 0");
+            }
+        }
+        other => panic!("unknown helper operation {other}"),
+    }
 }

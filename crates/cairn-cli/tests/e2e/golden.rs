@@ -1,6 +1,8 @@
 //! Golden test vectors: bytes written by repository format version 1 that every later version
 //! of Cairn must still read exactly (docs/FORMAT.md §11).
 //!
+//! The vectors live in `crates/cairn-cli/tests/golden/` (beside the `e2e/` folder):
+//!
 //! * `golden/repo-v1/` — a repository (password `golden-password`, Argon2id 1 MiB / 1 pass,
 //!   chunk sizes 1/4/16 KiB, 1 MiB packs) holding one snapshot of the tree [`golden_source`]
 //!   builds at [`GOLDEN_SOURCE`], made with `cairn --host golden-host backup --tag golden`.
@@ -17,10 +19,11 @@
 //! root on a file system with xattrs and ACLs:
 //!
 //! ```text
-//! cargo test -p cairn-cli --test golden -- --ignored generate_golden_repository
+//! cargo test -p cairn-cli --test e2e -- --ignored golden::generate_golden_repository
 //! ```
 
-mod common;
+use crate::support;
+use crate::support::library;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -28,12 +31,12 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use cairn_format::compress::Codec;
-use cairn_format::crypto::MasterKey;
-use cairn_format::pack::{decode_blob, read_header, BlobKind, PackWriter};
-use cairn_format::sealed::{self, SealedKind};
-use cairn_format::tree::{Chunk, Node, NodeKind};
-use common::{is_root, read_noatime, restored_path, scan, scan_source, Cairn, Kind, Meta, Scan};
+use crate::support::library::compress::Codec;
+use crate::support::library::crypto::MasterKey;
+use crate::support::library::pack::{decode_blob, read_header, BlobKind, PackWriter};
+use crate::support::library::sealed::{self, SealedKind};
+use crate::support::library::tree::{Chunk, Node, NodeKind};
+use support::{is_root, read_noatime, restored_path, scan, scan_source, Cairn, Kind, Meta, Scan};
 
 /// Where the golden tree was when it was backed up (recorded in the snapshot).
 const GOLDEN_SOURCE: &str = "/tmp/cairn-golden-v1/src";
@@ -218,7 +221,7 @@ fn golden_source(root: &Path) {
     ];
     for (k, p) in order.iter().enumerate() {
         let (atime, mtime) = golden_times(k as i64);
-        common::set_times(&root.join(p), atime, mtime);
+        support::set_times(&root.join(p), atime, mtime);
     }
 }
 
@@ -402,7 +405,7 @@ fn generate_golden_repository() {
     }
     let cairn = Cairn::new(&repo, GOLDEN_PASSWORD);
     cairn.init(&["--chunk-sizes", "1024,4096,16384", "--pack-size", "1", "--compression", "zstd:3"]);
-    common::reset_times(source, &s);
+    support::reset_times(source, &s);
     cairn.backup(&[source], &["--host", GOLDEN_HOST, "--tag", GOLDEN_TAG]);
     // Only committed files matter: drop the (empty) temporary directory.
     let _ = fs::remove_dir(repo.join(".tmp"));
@@ -653,7 +656,7 @@ fn golden_manifest_is_complete() {
 /// one derived from the master secret.
 #[test]
 fn config_v2_golden_vector() {
-    use cairn_format::config::Config;
+    use crate::support::library::config::Config;
     let bytes = fs::read(golden_dir().join("config-v2.json")).expect("golden config");
     let config: Config = serde_json::from_slice(&bytes).expect("parses");
     assert_eq!(config.version, 2);
@@ -674,8 +677,8 @@ const GOLDEN_COPIED_BLOB_ID: &str = "dd64f0a7bdbe3fb7642c64dcedd264d436c1211ea57
 /// version 1 reader decodes the same snapshot without it.
 #[test]
 fn snapshot_with_original_golden_vector() {
-    use cairn_format::id::{BlobId, SnapshotId};
-    use cairn_format::snapshot::Snapshot;
+    use crate::support::library::id::{BlobId, SnapshotId};
+    use crate::support::library::snapshot::Snapshot;
     let bytes = fs::read(golden_dir().join("snapshot-original-v2.bin")).expect("golden snapshot");
     let snap = Snapshot::from_bytes("snapshot-original-v2.bin", &bytes).expect("parses");
     assert_eq!(snap.original, Some(SnapshotId([0x11; 32])));
@@ -692,16 +695,16 @@ fn snapshot_with_original_golden_vector() {
 
 /// The start hint the golden repository's hint vector should hold: written at 1,700,000,000
 /// and naming the packs its index says hold trees, each to where its last blob ends.
-fn golden_hint(repo: &cairn_core::engine::repository::Repository) -> cairn_format::hint::Hint {
+fn golden_hint(repo: &library::repository::Repository) -> library::hint::Hint {
     repo.load_index().expect("index");
     let ends = repo.index().pack_ends();
     let tree_packs = repo
         .index()
         .tree_packs()
         .into_iter()
-        .map(|(no, pack, _)| cairn_format::hint::TreePack { pack, length: ends[no as usize] })
+        .map(|(no, pack, _)| library::hint::TreePack { pack, length: ends[no as usize] })
         .collect();
-    cairn_format::hint::Hint { version: cairn_format::hint::VERSION, written: 1_700_000_000, tree_packs }
+    library::hint::Hint { version: library::hint::VERSION, written: 1_700_000_000, tree_packs }
 }
 
 /// The golden repository's one key file.
@@ -725,7 +728,7 @@ fn golden_repository_with_hint() -> (tempfile::TempDir, Cairn) {
 fn hint_golden_vector() {
     let bytes = fs::read(golden_dir().join("hint-v1.bin")).expect("golden hint");
     assert_eq!(&bytes[..9], b"cairnhnt\x01");
-    let parts = cairn_format::hint::split(&bytes).expect("splits");
+    let parts = library::hint::split(&bytes).expect("splits");
     let key_file = golden_key_file();
     assert_eq!(parts.key_file, fs::read(&key_file).expect("key file"), "carries the repository's key file");
     assert_eq!(parts.key_id().to_hex(), key_file.file_name().unwrap().to_str().unwrap());
@@ -749,6 +752,6 @@ fn generate_hint_vector() {
     let (repo, _) = cairn.open();
     let key_file = golden_key_file();
     let sealed = sealed::seal(repo.key(), SealedKind::Hint, &golden_hint(&repo).to_bytes());
-    let bytes = cairn_format::hint::join(&fs::read(key_file).expect("key file"), &sealed);
+    let bytes = library::hint::join(&fs::read(key_file).expect("key file"), &sealed);
     fs::write(golden_dir().join("hint-v1.bin"), bytes).expect("write the hint vector");
 }

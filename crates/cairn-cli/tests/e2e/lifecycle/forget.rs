@@ -4,38 +4,22 @@
 //! back from `forget`; and every removal is checked against the repository's `snapshots/`
 //! directory and `cairn snapshots`, and followed by a clean `cairn check`.
 
-mod common;
+use crate::support;
+use crate::support::library;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::path::PathBuf;
-use std::process::Output;
 
-use cairn_core::engine::platform::parse_local;
-use common::{last_json, Cairn, PASSWORD};
+use crate::support::library::platform::parse_local;
 use serde_json::Value;
-use tempfile::TempDir;
+use support::{last_json, stderr, Fixture, Tree, PASSWORD};
 
-/// One test's repository and source directory.
-struct Fx {
-    _dir: TempDir,
-    base: PathBuf,
-    src: PathBuf,
-    cairn: Cairn,
-}
-
-impl Fx {
-    fn new() -> Fx {
-        let dir = tempfile::tempdir().unwrap();
-        let base = dir.path().canonicalize().unwrap();
-        let src = base.join("src");
-        fs::create_dir_all(src.join("sub")).unwrap();
-        fs::write(src.join("a.txt"), b"first file\n").unwrap();
-        fs::write(src.join("sub/b.bin"), vec![7u8; 100_000]).unwrap();
-        let cairn =
-            Cairn::new(&base.join("repo"), PASSWORD).with_env("XDG_CACHE_HOME", base.join("cache").to_str().unwrap());
-        cairn.init(&[]);
-        Fx { _dir: dir, base, src, cairn }
+impl Fixture {
+    /// A repository (a cache of its own) and a source of two small files.
+    fn for_forget() -> Fixture {
+        let fx = Fixture::new().isolated_cache().init(&[]);
+        Tree::new(&fx.src, 0).file("a.txt", b"first file\n").file("sub/b.bin", vec![7u8; 100_000]);
+        fx
     }
 
     /// Backs up the source as of local `time` with `extra` options; returns the snapshot ID.
@@ -47,7 +31,7 @@ impl Fx {
     }
 
     /// The snapshots by full ID, as `cairn snapshots --json` lists them.
-    fn snapshots(&self) -> BTreeMap<String, Value> {
+    fn snapshots_by_id(&self) -> BTreeMap<String, Value> {
         self.cairn.snapshots().into_iter().map(|s| (s["id"].as_str().unwrap().to_string(), s)).collect()
     }
 
@@ -57,11 +41,6 @@ impl Fx {
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect()
-    }
-
-    /// `cairn ARGS` without checking the outcome.
-    fn run(&self, args: &[&str]) -> Output {
-        self.cairn.run(args)
     }
 
     /// `cairn --json forget ARGS`, which must succeed; the groups it printed.
@@ -76,7 +55,7 @@ impl Fx {
 
     /// `cairn check` must find nothing wrong.
     fn assert_check_clean(&self) {
-        let out = self.run(&["--json", "check"]);
+        let out = self.cairn.run(["--json", "check"]);
         let summary = last_json(&String::from_utf8_lossy(&out.stdout));
         assert!(out.status.success(), "check failed: {summary}\n{}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(summary["findings"].as_array().map(Vec::len), Some(0), "{summary}");
@@ -121,14 +100,10 @@ fn times(list: &[&str]) -> Vec<i64> {
     list.iter().map(|t| secs(t)).collect()
 }
 
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 /// Host `a`: twice on Friday 1 March 2024, Saturday 2 March, Monday 4 March (ISO week 10),
 /// Monday 11 March (week 11). Host `b`: Saturday 2 and Sunday 3 March (both week 9).
-fn two_hosts() -> (Fx, BTreeMap<&'static str, String>) {
-    let fx = Fx::new();
+fn two_hosts() -> (Fixture, BTreeMap<&'static str, String>) {
+    let fx = Fixture::for_forget();
     let mut ids = BTreeMap::new();
     for (host, time) in [
         ("a", "2024-03-01 08:00:00"),
@@ -187,7 +162,7 @@ fn policies_apply_to_each_host_group() {
     // For real: the removed snapshot files are gone, the kept ones untouched.
     let got = by_host(&fx.forget_json(&["--keep-daily", "2"]));
     let kept_times: BTreeSet<i64> = got.values().flat_map(|(k, _)| k.iter().map(|(t, _)| *t)).collect();
-    let left = fx.snapshots();
+    let left = fx.snapshots_by_id();
     let left_times: BTreeSet<i64> = left.values().map(|s| s["time"].as_i64().unwrap()).collect();
     assert_eq!(left_times, kept_times);
     assert_eq!(fx.snapshot_files(), left.keys().cloned().collect());
@@ -263,7 +238,7 @@ fn named_snapshots_are_removed_whatever_the_policy() {
     let gone = &ids["2024-03-02 09:00:00"];
     let text = fx.cairn.ok(["forget", &gone[..10]]);
     assert_eq!(text.lines().last(), Some("removed 1 snapshot"));
-    assert!(!fx.snapshots().contains_key(gone));
+    assert!(!fx.snapshots_by_id().contains_key(gone));
     assert_eq!(fx.snapshot_files().len(), 6);
 
     // A named snapshot goes even though the policy would keep it; the policy judges the rest.
@@ -272,7 +247,7 @@ fn named_snapshots_are_removed_whatever_the_policy() {
     assert_eq!(got.keys().collect::<Vec<_>>(), ["a"], "--host a leaves b out");
     assert_eq!(got["a"].0, kept(&[("2024-03-04 10:00:00", "last 1")]));
     assert_eq!(got["a"].1, times(&["2024-03-01 08:00:00", "2024-03-01 20:00:00", "2024-03-11 10:00:00"]));
-    let left: BTreeSet<i64> = fx.snapshots().values().map(|s| s["time"].as_i64().unwrap()).collect();
+    let left: BTreeSet<i64> = fx.snapshots_by_id().values().map(|s| s["time"].as_i64().unwrap()).collect();
     assert_eq!(
         left,
         times(&["2024-03-02 12:00:00", "2024-03-03 12:00:00", "2024-03-04 10:00:00"]).into_iter().collect()
@@ -280,7 +255,7 @@ fn named_snapshots_are_removed_whatever_the_policy() {
 
     // An ID that matches nothing is an error and removes nothing.
     let before = fx.snapshot_files();
-    let out = fx.run(&["forget", "0000000000", "--keep-last", "1"]);
+    let out = fx.cairn.run(["forget", "0000000000", "--keep-last", "1"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("no snapshot matches \"0000000000\""), "{}", stderr(&out));
     assert_eq!(fx.snapshot_files(), before);
@@ -289,7 +264,7 @@ fn named_snapshots_are_removed_whatever_the_policy() {
 
 #[test]
 fn filters_narrow_what_the_policy_sees() {
-    let fx = Fx::new();
+    let fx = Fixture::for_forget();
     let old_x = fx.backup_at("2024-05-01 10:00:00", &["--tag", "x"]);
     let new_x = fx.backup_at("2024-05-02 10:00:00", &["--tag", "x"]);
     let old_y = fx.backup_at("2024-05-03 10:00:00", &["--tag", "y"]);
@@ -299,12 +274,12 @@ fn filters_narrow_what_the_policy_sees() {
     // The x and y snapshots share host and paths, so one group; --tag x judges only x.
     let groups = fx.forget_json(&["--tag", "x", "--keep-last", "1"]);
     assert_eq!(groups.len(), 1);
-    let left: BTreeSet<String> = fx.snapshots().into_keys().collect();
+    let left: BTreeSet<String> = fx.snapshots_by_id().into_keys().collect();
     assert_eq!(left, BTreeSet::from([new_x.clone(), old_y.clone(), new_y.clone(), old_b.clone(), new_b.clone()]));
     assert!(!left.contains(&old_x));
     // --host b judges only b.
     fx.forget_json(&["--host", "b", "--keep-last", "1"]);
-    let left: BTreeSet<String> = fx.snapshots().into_keys().collect();
+    let left: BTreeSet<String> = fx.snapshots_by_id().into_keys().collect();
     assert_eq!(left, BTreeSet::from([new_x.clone(), old_y.clone(), new_y.clone(), new_b.clone()]));
     // --path with a path no snapshot has: nothing to judge, nothing removed.
     let groups = fx.forget_json(&["--path", "/nowhere", "--keep-last", "1"]);
@@ -341,7 +316,7 @@ fn removing_everything_is_refused_unless_allowed() {
         let mut args = vec!["forget"];
         args.extend(ids.values().map(String::as_str));
         args.extend(extra);
-        fx.run(&args)
+        fx.cairn.run(&args)
     };
     let out = forget_all(&[]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
@@ -354,20 +329,20 @@ fn removing_everything_is_refused_unless_allowed() {
     assert_eq!(fx.snapshot_files(), before);
 
     // A tag rule that no snapshot matches would empty every group: refused too.
-    let out = fx.run(&["forget", "--keep-tag", "nothing-has-this"]);
+    let out = fx.cairn.run(["forget", "--keep-tag", "nothing-has-this"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("--allow-remove-all"), "{}", stderr(&out));
     assert_eq!(fx.snapshot_files(), before);
 
     // Emptying one group (host b) while a keeps snapshots is refused as well.
     fx.cairn.ok(["tag", "--add", "keep", "--host", "a"]);
-    let out = fx.run(&["forget", "--keep-tag", "keep"]);
+    let out = fx.cairn.run(["forget", "--keep-tag", "keep"]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert!(err.contains("keeps no snapshot of the group (host b,") && err.lines().count() == 1, "{err}");
     assert_eq!(fx.snapshot_files().len(), 7);
 
-    let now: Vec<String> = fx.snapshots().into_keys().collect();
+    let now: Vec<String> = fx.snapshots_by_id().into_keys().collect();
     let mut args = vec!["forget", "--allow-remove-all"];
     args.extend(now.iter().map(String::as_str));
     let text = fx.cairn.ok(&args);
@@ -392,16 +367,16 @@ fn invalid_arguments_exit_2_with_one_line() {
         (vec!["tag", "--set", "a", "--add", "b"], "cannot be used with"),
         (vec!["backup", "--time", "yesterday", "."], "use YYYY-MM-DD HH:MM:SS"),
     ] {
-        let out = fx.run(&args);
+        let out = fx.cairn.run(&args);
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.lines().next().is_some_and(|l| l.contains(says)), "{args:?}: {err}");
     }
     // Zero counts and spans are no policy at all.
-    let out = fx.run(&["forget", "--keep-last", "0", "--keep-within", "0d"]);
+    let out = fx.cairn.run(["forget", "--keep-last", "0", "--keep-within", "0d"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     // A tag both added and removed.
-    let out = fx.run(&["tag", "--add", "a", "--remove", "a"]);
+    let out = fx.cairn.run(["tag", "--add", "a", "--remove", "a"]);
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
     assert_eq!(fx.snapshot_files(), before);
@@ -428,11 +403,11 @@ fn unlimited_counts_keep_every_period() {
 
 #[test]
 fn tags_are_added_removed_and_set_and_snapshots_stay_whole() {
-    let fx = Fx::new();
+    let fx = Fixture::for_forget();
     let first = fx.backup_at("2024-06-01 10:00:00", &["--tag", "daily"]);
     fs::write(fx.src.join("a.txt"), b"second version\n").unwrap();
     let second = fx.backup_at("2024-06-02 10:00:00", &["--tag", "daily"]);
-    let before = fx.snapshots();
+    let before = fx.snapshots_by_id();
 
     // --add on one snapshot: a new snapshot file replaces the old one.
     let out = last_json(&fx.cairn.ok(["--json", "tag", &second[..8], "--add", "keep,prod"]));
@@ -440,7 +415,7 @@ fn tags_are_added_removed_and_set_and_snapshots_stay_whole() {
     let new_id = out["snapshots"][0]["new"].as_str().unwrap().to_string();
     assert_eq!(out["snapshots"][0]["old"].as_str(), Some(second.as_str()));
     assert_eq!(out["snapshots"][0]["tags"], serde_json::json!(["daily", "keep", "prod"]));
-    let after = fx.snapshots();
+    let after = fx.snapshots_by_id();
     assert_eq!(after.keys().cloned().collect::<BTreeSet<_>>(), BTreeSet::from([first.clone(), new_id.clone()]));
     assert_eq!(fx.snapshot_files(), after.keys().cloned().collect());
     // Everything but the tags is as it was.
@@ -453,14 +428,14 @@ fn tags_are_added_removed_and_set_and_snapshots_stay_whole() {
     // The retagged snapshot restores what was backed up.
     let target = fx.base.join("restored");
     fx.cairn.restore(&new_id[..12], &target);
-    let restored = common::restored_path(&target, &fx.src);
+    let restored = support::restored_path(&target, &fx.src);
     assert_eq!(fs::read(restored.join("a.txt")).unwrap(), b"second version\n");
     assert_eq!(fs::read(restored.join("sub/b.bin")).unwrap(), vec![7u8; 100_000]);
 
     // --remove on all snapshots: only those that had the tag change.
     let text = fx.cairn.ok(["tag", "--remove", "prod"]);
     assert_eq!(text.lines().last(), Some("modified 1 snapshot"));
-    let tags: BTreeSet<Vec<String>> = fx.snapshots().values().map(tag_list).collect();
+    let tags: BTreeSet<Vec<String>> = fx.snapshots_by_id().values().map(tag_list).collect();
     assert_eq!(tags, BTreeSet::from([v(&["daily"]), v(&["daily", "keep"])]));
 
     // A change that changes nothing rewrites nothing.
@@ -474,9 +449,9 @@ fn tags_are_added_removed_and_set_and_snapshots_stay_whole() {
     assert_eq!(out["modified"], 1);
     let out = last_json(&fx.cairn.ok(["--json", "tag", "--tag", "weekly", "--set", ""]));
     assert_eq!(out["modified"], 1);
-    let tags: BTreeSet<Vec<String>> = fx.snapshots().values().map(tag_list).collect();
+    let tags: BTreeSet<Vec<String>> = fx.snapshots_by_id().values().map(tag_list).collect();
     assert_eq!(tags, BTreeSet::from([v(&["daily"]), v(&[])]));
-    assert_eq!(fx.snapshots().len(), 2);
+    assert_eq!(fx.snapshots_by_id().len(), 2);
     assert!(fx.cairn.ok(["ls", "latest"]).contains("a.txt"));
     fx.assert_check_clean();
 }
@@ -491,16 +466,16 @@ fn v(tags: &[&str]) -> Vec<String> {
 
 #[test]
 fn backup_time_is_recorded_and_restores_as_usual() {
-    let fx = Fx::new();
+    let fx = Fixture::for_forget();
     let id = fx.backup_at("2001-02-03 04:05:06", &[]);
-    let snaps = fx.snapshots();
+    let snaps = fx.snapshots_by_id();
     assert_eq!(snaps[&id]["time"].as_i64(), Some(secs("2001-02-03 04:05:06")));
     assert_eq!(snaps[&id]["time_nanos"].as_i64(), Some(0));
     let text = fx.cairn.ok(["snapshots"]);
     assert!(text.contains("2001-02-03 04:05:06"), "{text}");
     let target = fx.base.join("r");
     fx.cairn.restore(&id[..8], &target);
-    assert_eq!(fs::read(common::restored_path(&target, &fx.src).join("a.txt")).unwrap(), b"first file\n");
+    assert_eq!(fs::read(support::restored_path(&target, &fx.src).join("a.txt")).unwrap(), b"first file\n");
     // Without --time the snapshot is dated now, after the 2001 one: it is `latest`.
     let now = fx.cairn.backup(&[&fx.src], &[])["snapshot_id"].as_str().unwrap().to_string();
     assert_eq!(fx.cairn.snapshots().last().unwrap()["id"].as_str(), Some(now.as_str()));
@@ -508,38 +483,35 @@ fn backup_time_is_recorded_and_restores_as_usual() {
 
 /// A local storage that lists one snapshot more than it holds, as a listing taken just before
 /// `forget` or `tag` removed that snapshot would.
-struct ListsARemovedSnapshot(cairn_core::engine::storage::OpendalStorage);
+struct ListsARemovedSnapshot(library::storage::OpendalStorage);
 
-impl cairn_core::engine::storage::Storage for ListsARemovedSnapshot {
+impl library::storage::Storage for ListsARemovedSnapshot {
     fn location(&self) -> &str {
         self.0.location()
     }
-    fn read(&self, path: &str) -> cairn_core::Result<Vec<u8>> {
+    fn read(&self, path: &str) -> library::Result<Vec<u8>> {
         self.0.read(path)
     }
-    fn read_range_into(&self, path: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> cairn_core::Result<()> {
+    fn read_range_into(&self, path: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> library::Result<()> {
         self.0.read_range_into(path, offset, len, buf)
     }
-    fn write(&self, path: &str, data: Vec<u8>) -> cairn_core::Result<()> {
+    fn write(&self, path: &str, data: Vec<u8>) -> library::Result<()> {
         self.0.write(path, data)
     }
-    fn list(&self, dir: &str) -> cairn_core::Result<Vec<cairn_core::engine::storage::ObjectInfo>> {
+    fn list(&self, dir: &str) -> library::Result<Vec<library::storage::ObjectInfo>> {
         let mut listed = self.0.list(dir)?;
         if dir == "snapshots" {
-            listed.push(cairn_core::engine::storage::ObjectInfo {
-                path: format!("snapshots/{}", "ab".repeat(32)),
-                size: 200,
-            });
+            listed.push(library::storage::ObjectInfo { path: format!("snapshots/{}", "ab".repeat(32)), size: 200 });
         }
         Ok(listed)
     }
-    fn delete(&self, path: &str) -> cairn_core::Result<()> {
+    fn delete(&self, path: &str) -> library::Result<()> {
         self.0.delete(path)
     }
-    fn exists(&self, path: &str) -> cairn_core::Result<bool> {
+    fn exists(&self, path: &str) -> library::Result<bool> {
         self.0.exists(path)
     }
-    fn create(&self) -> cairn_core::Result<()> {
+    fn create(&self) -> library::Result<()> {
         self.0.create()
     }
     fn default_concurrency(&self) -> usize {
@@ -548,7 +520,7 @@ impl cairn_core::engine::storage::Storage for ListsARemovedSnapshot {
     fn is_remote(&self) -> bool {
         false
     }
-    fn remove_stale_temporaries(&self, age: std::time::Duration) -> cairn_core::Result<usize> {
+    fn remove_stale_temporaries(&self, age: std::time::Duration) -> library::Result<usize> {
         self.0.remove_stale_temporaries(age)
     }
 }
@@ -557,11 +529,11 @@ impl cairn_core::engine::storage::Storage for ListsARemovedSnapshot {
 fn a_snapshot_removed_while_others_list_them_is_not_damage() {
     // A backup choosing its parent, a check or another forget lists the snapshots and then
     // reads them: one that forget or tag removed in between is gone, not damaged.
-    let fx = Fx::new();
+    let fx = Fixture::for_forget();
     let kept = fx.backup_at("2024-07-01 10:00:00", &[]);
-    let local = cairn_core::engine::storage::OpendalStorage::local(fx.cairn.repo.to_str().unwrap()).unwrap();
+    let local = library::storage::OpendalStorage::local(fx.cairn.repo.to_str().unwrap()).unwrap();
     let storage = std::sync::Arc::new(ListsARemovedSnapshot(local));
-    let repo = cairn_core::engine::repository::Repository::open(storage, PASSWORD.as_bytes()).unwrap();
+    let repo = library::repository::Repository::open(storage, PASSWORD.as_bytes()).unwrap();
     let (snaps, damaged) = repo.read_snapshots().unwrap();
     assert!(damaged.is_empty(), "{damaged:?}");
     assert_eq!(snaps.iter().map(|(id, _)| id.to_hex()).collect::<Vec<_>>(), [kept]);
