@@ -3,7 +3,7 @@
 
 use cairn_format::crypto::MasterKey;
 
-/// The golden vectors' master secret (crates/cairn-cli/tests/golden.rs), so seeds taken from
+/// The golden vectors' master secret (crates/cairn-cli/tests/e2e/golden.rs), so seeds taken from
 /// them decrypt.
 pub fn key() -> MasterKey {
     MasterKey::from_secret([0x42; 32])
