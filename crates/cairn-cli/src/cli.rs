@@ -24,11 +24,20 @@ Environment:
                         before each write into the target, as a network file system would
   CAIRN_TEST_LOCAL_SCANNED_HOOK   for tests: a shell command `restore` runs between finding
                         local copies of chunks and copying them (see docs/DESIGN.md)
-Without a password from the environment or a file, cairn asks for it on the terminal.
+  CAIRN_PASSWORD_COMMAND, CAIRN_REPOSITORY_FILE, CAIRN_PROFILE, CAIRN_CONFIG   instead of the
+                        options of those names
+Without a password from the environment, a command or a file, cairn asks for it on the terminal.
+
+Configuration file: profiles in TOML ([profile.NAME], `inherit = OTHER`); a profile's keys are
+the global options' long names, [profile.NAME.COMMAND] holds a command's options (see README,
+Unattended). Precedence: flag > environment variable > profile > default; `cairn -p NAME config
+show` prints the effective settings and where each came from.
 
 Exit codes: 0 success; 1 fatal error, or some entries could not be restored (each named);
-2 invalid arguments (see the usage message);
-3 a backup completed but some files could not be read (each named); 130 interrupted.";
+2 invalid arguments (see the usage message), or a configuration file that cannot be used;
+3 a backup completed but some files could not be read (each named);
+10 no repository at the location; 11 the lock could not be taken;
+12 wrong password; 130 interrupted.";
 
 /// Cairn: deduplicating, compressed, encrypted backups whose restores run at the speed of the
 /// hardware.
@@ -64,6 +73,21 @@ pub(crate) struct Global {
     /// Read the repository password from the first line of FILE (CAIRN_PASSWORD takes precedence)
     #[arg(long, env = "CAIRN_PASSWORD_FILE", global = true, value_name = "FILE")]
     pub(crate) password_file: Option<PathBuf>,
+    /// Run CMD (with sh -c) and take the first line it prints as the repository password
+    /// (CAIRN_PASSWORD takes precedence; before --password-file)
+    #[arg(long, env = "CAIRN_PASSWORD_COMMAND", global = true, value_name = "CMD")]
+    pub(crate) password_command: Option<String>,
+    /// Read the repository location from the first line of FILE (when -r/--repo is not given)
+    #[arg(long, env = "CAIRN_REPOSITORY_FILE", global = true, value_name = "FILE")]
+    pub(crate) repository_file: Option<PathBuf>,
+    /// Run with the settings of profile NAME from the configuration file (default: the
+    /// profile named `default`, if the file has one)
+    #[arg(short = 'p', long = "use-profile", env = "CAIRN_PROFILE", global = true, value_name = "NAME")]
+    pub(crate) use_profile: Option<String>,
+    /// Configuration file [default: $XDG_CONFIG_HOME/cairn/cairn.toml or
+    /// ~/.config/cairn/cairn.toml, else /etc/cairn/cairn.toml]
+    #[arg(long, env = "CAIRN_CONFIG", global = true, value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
     /// Print machine-readable JSON instead of text
     #[arg(long, global = true)]
     pub(crate) json: bool,
@@ -125,12 +149,16 @@ enum Command {
     Mount(commands::mount::Args),
     /// Copy snapshots from another repository (--from-repo) into this one
     Copy(commands::copy::Args),
+    /// Show the configuration: `config show` prints the effective settings and where each came from
+    #[command(subcommand)]
+    Config(commands::config::Args),
     /// Serve repositories to many hosts over HTTPS, with tokens that may read, append or administer
     Serve(commands::serve::Args),
 }
 
 /// Runs the command; returns the exit code.
-pub fn run(cli: Cli) -> Result<ExitCode> {
+pub fn run(mut cli: Cli) -> Result<ExitCode> {
+    crate::password::resolve(&mut cli.global)?;
     let g = &cli.global;
     match cli.command {
         Command::Init(a) => commands::init::run(g, a),
@@ -154,6 +182,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Man(a) => commands::man::run(a),
         Command::Mount(a) => commands::mount::run(g, a),
         Command::Copy(a) => commands::copy::run(g, a),
+        Command::Config(a) => commands::config::run(g, a),
         Command::Serve(a) => commands::serve::run(g, a),
     }
 }

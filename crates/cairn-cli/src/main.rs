@@ -1,5 +1,6 @@
 //! `cairn`: a thin front end to cairn-core. It parses arguments, finds the password, prints
-//! results and maps errors to exit codes (0 success, 1 fatal error, 2 invalid arguments, 3 some files unreadable).
+//! results and maps errors to exit codes (0 success, 1 fatal error, 2 invalid arguments, 3 some files unreadable,
+//! 10 no repository, 11 locked, 12 wrong password, 130 interrupted).
 
 /// `println!` for what cairn prints on stdout: a closed pipe ends the process as it would a
 /// Unix filter (see [`output::line`]).
@@ -13,6 +14,7 @@ mod cli;
 mod commands;
 mod output;
 mod password;
+mod profile;
 mod progress;
 
 use std::process::ExitCode;
@@ -25,7 +27,14 @@ fn main() -> ExitCode {
     // or retries, not the silent end of the process. Only stdout's reader going away ends
     // cairn by SIGPIPE, as it would a Unix filter (`output::line`).
     limit_malloc_arenas();
-    let args = cli::Cli::parse();
+    let argv = match profile::apply(std::env::args_os().collect()) {
+        Ok(argv) => argv,
+        Err(e) => {
+            eprintln!("cairn: {}", output::one_line(&e));
+            return ExitCode::from(2);
+        }
+    };
+    let args = cli::Cli::parse_from(argv);
     match cli::run(args) {
         Ok(code) => code,
         Err(e) => {
@@ -35,8 +44,20 @@ fn main() -> ExitCode {
                 line.push_str(" (the location comes from -r/--repo or CAIRN_REPOSITORY)");
             }
             eprintln!("cairn: {line}");
-            ExitCode::from(1)
+            ExitCode::from(exit_code(&e))
         }
+    }
+}
+
+/// The exit code of a failed command: restic's for the failures scripts test for (10 no
+/// repository at the location, 11 the lock could not be taken, 12 wrong password), else 1.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    use cairn_core::Error as E;
+    match e.chain().find_map(|c| c.downcast_ref::<E>()) {
+        Some(E::NoRepository(_)) => 10,
+        Some(E::Locked { .. }) => 11,
+        Some(E::WrongPassword { .. } | E::WrongPasswordOrDamagedKey { .. }) => 12,
+        _ => 1,
     }
 }
 

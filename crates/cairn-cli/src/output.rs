@@ -110,6 +110,16 @@ pub fn mode_string(k: cairn_format::tree::NodeKind, mode: u32) -> String {
     s
 }
 
+/// How a child process ended: `exit status N` or `killed by signal N (NAME)`.
+pub fn exit_status(status: &std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(sig)) => format!("killed by signal {sig}"),
+        _ => status.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use cairn_format::tree::NodeKind;

@@ -1,7 +1,9 @@
-//! Where the password comes from: `CAIRN_PASSWORD`, a password file, or a no-echo prompt.
+//! Where the password comes from: `CAIRN_PASSWORD`, a password command, a password file, the
+//! profile's `password`, or a no-echo prompt.
 
 use std::io::IsTerminal;
 use std::path::Path;
+use std::sync::OnceLock;
 
 use anyhow::{bail, Context, Result};
 
@@ -16,6 +18,49 @@ fn from_file(path: &Path) -> Result<Vec<u8>> {
     Ok(line.to_vec())
 }
 
+/// `--password-command`, for the repository password (`CAIRN_PASSWORD`'s).
+static COMMAND: OnceLock<String> = OnceLock::new();
+
+/// Before a command runs: records `--password-command`, and reads `--repository-file` into
+/// `repo` when no `-r`/`CAIRN_REPOSITORY` gave one.
+pub fn resolve(g: &mut crate::cli::Global) -> Result<()> {
+    if let Some(cmd) = &g.password_command {
+        let _ = COMMAND.set(cmd.clone());
+    }
+    if g.repo.is_none() {
+        if let Some(f) = &g.repository_file {
+            let text =
+                std::fs::read_to_string(f).with_context(|| format!("cannot read repository file {}", f.display()))?;
+            let line = text.lines().next().unwrap_or("").trim();
+            if line.is_empty() {
+                bail!("repository file {} is empty", f.display());
+            }
+            g.repo = Some(line.to_string());
+        }
+    }
+    Ok(())
+}
+
+/// Runs a password command (`sh -c CMD`, standard error and input left to the user, so it may
+/// ask); its first output line is the password.
+pub fn from_command(cmd: &str) -> Result<Vec<u8>> {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run password command `{cmd}`"))?;
+    if !out.status.success() {
+        bail!("password command `{cmd}` failed ({})", crate::output::exit_status(&out.status));
+    }
+    let line = out.stdout.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.is_empty() {
+        bail!("password command `{cmd}` printed no password");
+    }
+    Ok(line.to_vec())
+}
+
 /// The repository password. `confirm` asks twice at a prompt (for `init`).
 pub fn get(file: Option<&Path>, env_var: &str, what: &str, confirm: bool) -> Result<Vec<u8>> {
     if let Some(p) = std::env::var_os(env_var) {
@@ -24,8 +69,15 @@ pub fn get(file: Option<&Path>, env_var: &str, what: &str, confirm: bool) -> Res
         }
         return Ok(p.into_encoded_bytes());
     }
+    let main = env_var == "CAIRN_PASSWORD";
+    if let Some(cmd) = COMMAND.get().filter(|_| main) {
+        return from_command(cmd);
+    }
     if let Some(f) = file {
         return from_file(f);
+    }
+    if let Some(pw) = crate::profile::literal_password().filter(|_| main) {
+        return Ok(pw);
     }
     if !std::io::stdin().is_terminal() {
         bail!("no {what}: set {env_var}, give a password file, or run in a terminal to be asked");

@@ -119,6 +119,16 @@ pub enum Error {
     /// The operation was cancelled (for example by SIGINT).
     #[error("interrupted")]
     Interrupted,
+    /// The command whose output was being backed up failed: no snapshot was saved.
+    #[error("the command `{command}` {status}: no snapshot saved{stderr}")]
+    SourceCommand {
+        /// The command line, as given.
+        command: String,
+        /// How it ended (`exited with status 2`, `was killed by signal 9`) or why it failed.
+        status: String,
+        /// The end of its standard error (`; its standard error ended with: …`), or nothing.
+        stderr: String,
+    },
     /// Another process holds a conflicting lock on the repository.
     #[error("repository {repo} is locked: {holder}; if that process is gone, run `cairn unlock`")]
     Locked {

@@ -13,10 +13,11 @@ use clap::Args as ClapArgs;
 use super::{open_locked, parse_codec, parse_size, Global};
 
 #[derive(ClapArgs, Debug)]
+#[command(group(clap::ArgGroup::new("stream").args(["stdin", "stdin_from_command"])))]
 pub struct Args {
     /// Files and directories to back up (recorded as absolute paths); a block device given
     /// here is backed up by content
-    #[arg(value_name = "PATH", required_unless_present_any = ["stdin", "files_from"])]
+    #[arg(value_name = "PATH", required_unless_present_any = ["stdin", "files_from", "stdin_from_command"])]
     pub paths: Vec<PathBuf>,
     /// Add a tag to the snapshot (repeatable)
     #[arg(long = "tag", value_name = "TAG")]
@@ -67,8 +68,16 @@ pub struct Args {
     /// Back up standard input as one file (see --stdin-filename)
     #[arg(long, conflicts_with_all = ["paths", "files_from"])]
     pub stdin: bool,
-    /// File name for --stdin
-    #[arg(long, default_value = "stdin", value_name = "NAME", requires = "stdin")]
+    /// Back up the standard output of the command given after `--` as one file (see
+    /// --stdin-filename), e.g. `--stdin-from-command -- pg_dump mydb`; the snapshot is saved
+    /// only if the command exits 0
+    #[arg(long, conflicts_with_all = ["paths", "files_from", "stdin"], requires = "command")]
+    pub stdin_from_command: bool,
+    /// The command for --stdin-from-command and its arguments (run without a shell)
+    #[arg(last = true, value_name = "COMMAND", requires = "stdin_from_command")]
+    pub command: Vec<std::ffi::OsString>,
+    /// File name for --stdin and --stdin-from-command
+    #[arg(long, default_value = "stdin", value_name = "NAME", requires = "stream")]
     pub stdin_filename: String,
     /// Files read at once
     #[arg(long, default_value_t = backup::DEFAULT_READ_CONCURRENCY, value_name = "N")]
@@ -87,7 +96,7 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
-    if a.stdin {
+    if a.stdin || a.stdin_from_command {
         cairn_format::tree::check_name(a.stdin_filename.as_bytes())
             .map_err(|why| anyhow::anyhow!("--stdin-filename wants a plain file name: {why}"))?;
     }
@@ -135,6 +144,8 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         let _stop = cairn_core::engine::signal::RaiseOnDrop(&done);
         if a.stdin {
             backup::backup_stdin(&repo, std::io::stdin().lock(), &a.stdin_filename, &opts, &progress)
+        } else if a.stdin_from_command {
+            backup::backup_command(&repo, &a.command, &a.stdin_filename, &opts, &progress)
         } else {
             backup::backup(&repo, &paths, &opts, &progress)
         }

@@ -18,6 +18,7 @@ use crate::password;
 pub mod backup;
 pub mod check;
 pub mod completions;
+pub mod config;
 pub mod copy;
 pub mod diff;
 pub mod dump;

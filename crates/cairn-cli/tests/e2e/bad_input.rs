@@ -472,7 +472,7 @@ fn check_pack_damage(f: &Fixture, l: &Layout, pack: &str, hit: &BTreeSet<BlobId>
 // ---------------------------------------------------------------------------------------------
 
 #[test]
-fn wrong_password_is_one_line_exit_1() {
+fn wrong_password_is_one_line_exit_12() {
     let tmp = TempDir::new().unwrap();
     let repo = tmp.path().join("repo");
     init_repo(&repo);
@@ -480,7 +480,7 @@ fn wrong_password_is_one_line_exit_1() {
         let mut cmd = cairn_cmd(&repo);
         cmd.env("CAIRN_PASSWORD", "not the password").args(args);
         let run = run_cmd(cmd);
-        let line = run.one_line_failure(1);
+        let line = run.one_line_failure(12);
         assert!(line.contains("wrong password"), "{line}");
         assert!(line.contains(&repo.display().to_string()), "{line}");
         assert!(run.stdout.is_empty(), "{run:#?}");
@@ -1401,7 +1401,7 @@ fn a_location_without_a_repository_is_left_untouched() {
             &["key", "list"][..],
         ] {
             let run = cairn(repo, args);
-            let line = run.one_line_failure(1);
+            let line = run.one_line_failure(10);
             assert!(line.contains("no repository at"), "{args:?}: {line}");
             assert!(!tmp.path().join("typo").exists(), "{args:?} on {} made directories", repo.display());
             let left: Vec<_> = fs::read_dir(&empty).unwrap().map(|e| e.unwrap().file_name()).collect();
@@ -1480,7 +1480,7 @@ fn wrong_password_and_a_damaged_key_file_are_both_reported() {
         let mut cmd = cairn_cmd(f.repo());
         cmd.env("CAIRN_PASSWORD", password).arg("snapshots");
         let run = run_cmd(cmd);
-        let line = run.one_line_failure(1);
+        let line = run.one_line_failure(12);
         assert!(line.contains(&format!("wrong password for {}", f.repo().display())), "{password}: {line}");
         assert!(line.contains(&format!("key file {name} is damaged")), "{password}: {line}");
         assert!(line.contains("content does not match its name"), "{password}: {line}");

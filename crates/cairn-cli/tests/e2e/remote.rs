@@ -420,7 +420,7 @@ fn sftp_location_without_a_repository_is_left_untouched() {
     for args in [&["snapshots"][..], &["ls", "latest"][..]] {
         let out = cairn.run(args);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_eq!(out.status.code(), Some(10), "{stderr}");
         assert!(stderr.contains("no repository at"), "{stderr}");
         assert!(!dir.exists(), "{args:?} made {} on the server", dir.display());
     }

@@ -216,7 +216,7 @@ fn a_restore_that_cannot_have_its_lock_stops_and_says_why() {
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(out.status.code(), Some(11), "{err}");
         assert!(err.contains("is locked") && err.contains("exclusive"), "{err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
         // Our own lock was taken back; the planted one is all there is.

@@ -30,7 +30,9 @@ fn in_use(cairn: &Cairn) -> String {
 fn fails(cairn: &Cairn, args: &[&str], want: &str) {
     let out = cairn.run(args);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+    // Exit code 12 for a wrong password (restic's), 1 for the rest.
+    let code = if want == "wrong password" { 12 } else { 1 };
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
     assert!(err.contains(want), "{args:?}: stderr lacks {want:?}: {err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: not one line: {err}");
 }

@@ -386,7 +386,7 @@ fn a_second_prune_refuses_while_one_runs() {
     wait_until(Duration::from_secs(60), "the first prune's lock", || !files_in(&locks).is_empty());
     let out = fx.cairn.run(["prune"]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(out.status.code(), Some(11), "{err}");
     assert!(err.contains("is locked") && err.contains("prune lock of process"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     let mut first = first;

@@ -14,6 +14,7 @@
 //! its file is read. Standard input ([`stdin`]) replaces `walk` and `read` with one stream.
 
 mod chunk;
+mod command;
 mod links;
 mod memory;
 mod parent;
@@ -33,6 +34,7 @@ use std::time::Instant;
 
 use crossbeam_channel::bounded;
 
+pub use command::backup_command;
 pub use parent::ParentChoice;
 pub use progress::Progress;
 pub use select::{absolute, read_files_from, SelectOptions};

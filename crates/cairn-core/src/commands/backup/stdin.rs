@@ -21,10 +21,26 @@ pub fn backup_stdin(
     opts: &BackupOptions,
     progress: &Progress,
 ) -> Result<BackupOutcome> {
+    backup_stream(repo, input, "standard input", name, opts, progress, || Ok(()))
+}
+
+/// Backs up everything `input` (called `what` in errors) yields as the file `/NAME`; `finished`
+/// runs once the stream has ended, before the snapshot is written, and an error from it saves
+/// no snapshot.
+pub(super) fn backup_stream(
+    repo: &Repository,
+    input: impl Read,
+    what: &str,
+    name: &str,
+    opts: &BackupOptions,
+    progress: &Progress,
+    finished: impl FnOnce() -> Result<()>,
+) -> Result<BackupOutcome> {
     check_name(name.as_bytes())
         .map_err(|why| Error::Usage(format!("the name for standard input must be a plain file name: {why}")))?;
     run(repo, opts, progress, vec![format!("/{name}")], None, |sh| {
-        let (content, len) = chunk_stream(input, "standard input", &sh.chunker, sh.store)?;
+        let (content, len) = chunk_stream(input, what, &sh.chunker, sh.store)?;
+        finished()?;
         sh.counters.bytes_read.fetch_add(len, Ordering::Relaxed);
         Counters::bump(&sh.counters.files_new);
         progress.file_done(len);
