@@ -12,7 +12,7 @@ use cairn_format::lock::LockKind;
 use clap::Args as ClapArgs;
 
 use super::snapshots::{line, row};
-use super::{cancel_on_sigint, lock, open, open_with, plural, storage_at, FilterArgs, Global};
+use super::{cancel_on_sigint, lock, open, options, plural, storage_at, FilterArgs, Global};
 use crate::output::{bytes, count};
 use crate::{password, progress};
 
@@ -64,12 +64,12 @@ impl FromRepoArgs {
         let storage = storage_at(g, location).context("source repository")?;
         let pw =
             password::get(self.password_file.as_deref(), "CAIRN_FROM_PASSWORD", "source repository password", false)?;
-        match open_with(g, storage, &pw) {
+        match cairn_core::engine::open::open(storage, &pw, options(g)) {
             // Said here, not by main (which names -r): this location came from --from-repo.
-            Err(e) if matches!(e.downcast_ref::<cairn_core::Error>(), Some(cairn_core::Error::NoRepository(_))) => {
+            Err(e @ cairn_core::Error::NoRepository(_)) => {
                 anyhow::bail!("source repository: {e} (the location comes from --from-repo or CAIRN_FROM_REPOSITORY)")
             }
-            other => other.context("source repository"),
+            other => Ok(other.context("source repository")?.repo),
         }
     }
 }

@@ -7,6 +7,7 @@ pub mod cache;
 pub mod chunker;
 pub mod lock;
 pub mod memory;
+pub mod open;
 pub mod packwrite;
 pub(crate) mod parallel;
 pub mod platform;
