@@ -5,8 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use cairn_core::commands::copy::{self, CopyOptions, CopyProgress, CopyReport, ReadOptions};
-use cairn_core::engine::packwrite::WriteOptions;
+use cairn_core::commands::copy::{self, CopyOptions, CopyProgress, CopyReport};
 use cairn_core::engine::repository::Repository;
 use cairn_format::lock::LockKind;
 use clap::Args as ClapArgs;
@@ -89,28 +88,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         dst_index.map_err(anyhow::Error::from)
     })?;
     let cancel = cancel_on_sigint()?;
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let opts = CopyOptions {
-        filter: a.filters.filter(&a.ids),
-        read: ReadOptions {
-            fetchers: a.fetch_concurrency.unwrap_or(src.storage().default_concurrency().max(4)).max(1),
-            decoders: cores,
-        },
-        // Blobs arrive compressed: the packers only encrypt. Trees renamed for a destination with
-        // other IDs are compressed with its default codec.
-        write: WriteOptions {
-            codec: dst.config().codec(),
-            threads: cores,
-            uploads: dst.storage().default_concurrency().clamp(2, 8),
-            index_every: cairn_core::commands::backup::DEFAULT_INDEX_EVERY,
-            // These three are set by the copy (its share of --max-memory; the destination's
-            // index does not learn what it stores).
-            memory: None,
-            index_stored: false,
-        },
-        tree_threads: cores.max(src.storage().default_concurrency().min(8)),
-        max_memory,
-    };
+    let opts = CopyOptions::new(&src, &dst, a.filters.filter(&a.ids), a.fetch_concurrency, max_memory);
     let p = CopyProgress::default();
     let report =
         progress::while_showing(|done| progress::copy(&p, done, g.json), || copy::copy(&src, &dst, &opts, &p, cancel));

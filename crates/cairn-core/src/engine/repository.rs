@@ -146,7 +146,7 @@ impl Repository {
         // The link is measured from the first request: a command that got everything it needs
         // while opening (`check`) still knows its round trip after.
         let (storage, link) = metered(storage);
-        let threads = crate::engine::parallel::cores().max(storage.default_concurrency());
+        let threads = crate::engine::platform::cores().max(storage.default_concurrency());
         let (opened, preloaded) = std::thread::scope(|s| {
             let ahead = std::thread::Builder::new()
                 .name("cairn-preload".into())
@@ -313,7 +313,7 @@ impl Repository {
         self.uncache_unlisted("deletions", listed.iter().map(|o| o.path.as_str()));
         let ids: Vec<DeletionId> = listed.iter().filter_map(|o| layout::parse_deletion_path(&o.path)).collect();
         self.deletions_seen.lock().expect("deletions lock").get_or_insert_with(|| ids.clone());
-        let threads = crate::engine::parallel::cores().max(self.storage.default_concurrency());
+        let threads = crate::engine::platform::cores().max(self.storage.default_concurrency());
         let read = map_parallel(&ids, threads, |id| {
             let path = layout::deletion_path(id);
             Ok(Deletion::from_bytes(&path, &self.read_sealed(&path, SealedKind::Deletion)?)?)
@@ -336,7 +336,7 @@ impl Repository {
     pub fn index_files(&self) -> Result<Vec<(String, Result<Vec<IndexedPack>>)>> {
         let files = self.preloaded.list(&*self.storage, Dir::Index)?;
         self.uncache_unlisted("index", files.iter().map(|o| o.path.as_str()));
-        let threads = crate::engine::parallel::cores().max(self.storage.default_concurrency());
+        let threads = crate::engine::platform::cores().max(self.storage.default_concurrency());
         let read = map_parallel(&files, threads, |obj| self.read_index_file(&obj.path));
         Ok(files.into_iter().map(|obj| obj.path).zip(read).collect())
     }
@@ -636,7 +636,7 @@ impl Repository {
     pub fn read_snapshots(&self) -> Result<(Vec<(SnapshotId, Snapshot)>, DamagedFiles)> {
         let listed = self.preloaded.list(&*self.storage, Dir::Snapshots)?;
         self.uncache_unlisted("snapshots", listed.iter().map(|o| o.path.as_str()));
-        let threads = crate::engine::parallel::cores().max(self.storage.default_concurrency());
+        let threads = crate::engine::platform::cores().max(self.storage.default_concurrency());
         let read = map_parallel(&listed, threads, |obj| match layout::parse_snapshot_path(&obj.path) {
             Some(id) => self.read_snapshot(&id).map(|s| (id, s)),
             None => Err(Error::corrupt(&obj.path, "file name is not a snapshot ID")),

@@ -695,7 +695,7 @@ pub fn load_listed(
     let reader = Reader::new(repo, max_memory, cancel);
     std::thread::scope(|s| {
         let sink = ToTrees { each };
-        for w in reader.start(s, &reads, concurrency, crate::engine::parallel::cores(), sink) {
+        for w in reader.start(s, &reads, concurrency, crate::engine::platform::cores(), sink) {
             w.join().expect("a tree reader panicked");
         }
     });

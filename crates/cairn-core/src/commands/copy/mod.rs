@@ -65,6 +65,32 @@ pub struct CopyOptions {
     pub max_memory: MaxMemory,
 }
 
+impl CopyOptions {
+    /// The defaults for copying the snapshots `filter` chooses from `src` to `dst`: `fetchers`
+    /// reads of the source in flight if given, else its backend's concurrency (at least 4);
+    /// decoders and packers on every core (blobs arrive compressed: the packers only encrypt;
+    /// trees renamed for a destination with other IDs are compressed with its default codec).
+    pub fn new(
+        src: &Repository,
+        dst: &Repository,
+        filter: SnapshotFilter,
+        fetchers: Option<usize>,
+        max_memory: MaxMemory,
+    ) -> Self {
+        let cores = crate::engine::platform::cores();
+        CopyOptions {
+            filter,
+            read: ReadOptions {
+                fetchers: fetchers.unwrap_or(src.storage().default_concurrency().max(4)).max(1),
+                decoders: cores,
+            },
+            write: WriteOptions::rewriting(dst, dst.config().codec(), cores),
+            tree_threads: cores.max(src.storage().default_concurrency().min(8)),
+            max_memory,
+        }
+    }
+}
+
 /// How a copy shares out its `--max-memory` (docs/DESIGN.md, "Copy"). First what grows with
 /// the repositories: the two indexes as loaded (the destination's does not learn what the copy
 /// stores) and the marks. Of the rest, three eighths for the packs being filled and stored, an
