@@ -17,5 +17,6 @@ pub mod read;
 pub mod repository;
 pub mod select;
 pub mod signal;
+pub mod snapshot_name;
 pub mod storage;
 pub mod trees;

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use crate::engine::cache::Cache;
 use crate::engine::parallel::map_parallel;
 use crate::engine::preload::{HintedPacks, Preload, Preloaded};
+use crate::engine::snapshot_name::SnapshotName;
 use crate::engine::storage::{LinkMeter, MeteredStorage, Storage};
 use crate::error::{Error, Result};
 use cairn_format::compress::Codec;
@@ -656,9 +657,9 @@ impl Repository {
 
     /// Finds a snapshot by `latest` or a unique prefix of its hex ID.
     pub fn find_snapshot(&self, spec: &str) -> Result<(SnapshotId, Snapshot)> {
-        let spec = spec.to_ascii_lowercase();
+        let name = SnapshotName::parse(spec);
         // `latest` lists once, inside snapshots(): each listing is a round trip remotely.
-        if spec == "latest" {
+        if name == SnapshotName::Latest {
             let snaps = self.snapshots()?;
             return snaps
                 .into_iter()
@@ -666,18 +667,10 @@ impl Repository {
                 .ok_or_else(|| Error::SnapshotSelect("the repository has no snapshots".into()));
         }
         let all = self.preloaded.list(&*self.storage, Dir::Snapshots)?;
-        let candidates: Vec<SnapshotId> = all
-            .iter()
-            .filter_map(|o| layout::parse_snapshot_path(&o.path))
-            .filter(|id| id.to_hex().starts_with(&spec))
-            .collect();
-        match candidates.as_slice() {
-            [] => Err(Error::SnapshotSelect(format!("no snapshot matches {spec:?}; see `cairn snapshots`"))),
-            [id] => Ok((*id, self.read_snapshot(id)?)),
-            many => {
-                Err(Error::SnapshotSelect(format!("{spec:?} matches {} snapshots; give more of the ID", many.len())))
-            }
-        }
+        let candidates: Vec<SnapshotId> =
+            all.iter().filter_map(|o| layout::parse_snapshot_path(&o.path)).filter(|id| name.may_name(id)).collect();
+        let id = name.the_one(candidates)?;
+        Ok((id, self.read_snapshot(&id)?))
     }
 
     /// Every key file, by name order; a damaged one is an error naming it.
