@@ -105,31 +105,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
 
 fn print(r: &CopyReport, json: bool) {
     if json {
-        let copied: Vec<_> = r
-            .copied
-            .iter()
-            .map(|c| {
-                serde_json::json!({
-                    "source": c.source.to_hex(), "copy": c.copy.to_hex(), "time": c.snapshot.time.secs,
-                    "hostname": c.snapshot.hostname, "paths": c.snapshot.paths, "tags": c.snapshot.tags,
-                    "tree": c.snapshot.tree.to_hex(),
-                })
-            })
-            .collect();
-        let skipped: Vec<_> = r
-            .skipped
-            .iter()
-            .map(|s| serde_json::json!({"source": s.source.to_hex(), "existing": s.existing.to_hex()}))
-            .collect();
-        outln!(
-            "{}",
-            serde_json::json!({
-                "message_type": "summary", "snapshots_copied": r.copied.len(), "snapshots_skipped": r.skipped.len(),
-                "copied": copied, "skipped": skipped, "same_ids": r.same_ids, "blobs_needed": r.blobs_needed,
-                "blobs_written": r.blobs_written, "blobs_known": r.blobs_known, "bytes_read": r.bytes_read, "bytes_written": r.bytes_written,
-                "packs_written": r.packs_written, "index_files_written": r.index_files_written, "seconds": r.seconds,
-            })
-        );
+        outln!("{}", serde_json::to_value(r.summary()).expect("a summary serializes"));
         return;
     }
     if !r.copied.is_empty() {
