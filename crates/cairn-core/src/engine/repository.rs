@@ -587,10 +587,6 @@ impl Repository {
 
     /// A tree from the cache, if there is a cache and it holds an intact copy (authenticated
     /// and matching its ID; a damaged copy is dropped).
-    pub fn cached_tree(&self, id: &BlobId) -> Option<Tree> {
-        self.cached_tree_as(id)
-    }
-
     pub(crate) fn cached_tree_as<T: TreeForm>(&self, id: &BlobId) -> Option<T> {
         let cache = self.cache.as_ref()?;
         let loc = self.index().get(id)?;
