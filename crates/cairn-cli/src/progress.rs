@@ -250,10 +250,10 @@ pub fn print_round_trips(storage: &dyn cairn_core::engine::storage::Storage, jso
 }
 
 /// With `--profile`: when the restore's lock was let go (`Held`).
-pub fn print_lock_let_go(held: &crate::commands::Held, json: bool) {
+pub fn print_lock_let_go(held: &cairn_core::engine::open::Held, json: bool) {
     let before_end = match held {
-        crate::commands::Held::LetGo(d) => Some(d.as_secs_f64()),
-        crate::commands::Held::Kept(_) => None,
+        cairn_core::engine::open::Held::LetGo(d) => Some(d.as_secs_f64()),
+        _ => None,
     };
     if json {
         outln!("{}", serde_json::json!({"message_type": "lock", "let_go_before_end_seconds": before_end}));

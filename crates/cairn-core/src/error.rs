@@ -57,6 +57,13 @@ pub enum Error {
     /// No repository exists at the location.
     #[error("no repository at {0}: check the location, or create a repository there with `cairn init`")]
     NoRepository(String),
+    /// A prune stored this deletion manifest while a command was opening the repository (the
+    /// index it read ahead may name packs being deleted).
+    #[error(
+        "a prune stored {0} while this command was opening the repository, so what it read may be out of date: run \
+         it again"
+    )]
+    ChangedWhileOpening(String),
     /// `init` was asked to create a repository where one already exists.
     #[error("a repository already exists at {0}")]
     AlreadyInitialized(String),

@@ -286,11 +286,6 @@ impl Index {
             + recent) as u64
     }
 
-    /// Number of packs.
-    pub fn pack_count(&self) -> usize {
-        self.packs.len()
-    }
-
     /// The plaintext length of the largest tree: what a walk holds at most for one directory
     /// (a restore counts it in its `--max-memory`).
     pub fn largest_tree(&self) -> u64 {

@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use cairn_core::commands::check::{self, CheckOptions, CheckReport, Progress, ReadData};
+use cairn_core::engine::open::{self, OpenOptions, Opened};
 use cairn_core::engine::preload::Preload;
 use cairn_format::lock::LockKind;
 use clap::Args as ClapArgs;
 
-use super::{open_locked_then, parse_size, set_on_sigint, state_base, Global, SnapshotArgs};
+use super::{machine, options, parse_size, repository, set_on_sigint, Global, SnapshotArgs};
 use crate::output::{bytes, count};
 
 #[derive(ClapArgs, Debug)]
@@ -55,7 +56,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         (None, false) => ReadData::None,
     };
     // The record of packs read lives in the cache directory (also for local repositories).
-    let record_base = state_base(g);
+    let record_base = machine(g).dir;
     if a.resume && record_base.is_none() {
         bail!("--resume keeps its record in the cache directory: give --cache-dir (or drop --no-cache)");
     }
@@ -65,31 +66,32 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     // the key's round trips, and the check starts while the lock is still being taken: it only
     // reads, and it stops (the lock's error is reported) if the lock cannot be had.
     let cancel = Arc::new(AtomicBool::new(false));
-    let (repo, _lock, report) = open_locked_then(
-        g,
-        LockKind::Shared,
-        |cached| Preload::everything(!cached),
-        Some(&cancel),
-        |repo| {
-            set_on_sigint(&cancel)?;
-            let opts = CheckOptions {
-                read_data,
-                record: record_base.map(|b| b.join(&repo.config().id).join("check-verified")),
-                resume: a.resume,
-                max_duration,
-                filter: a.snapshots.filter(),
-                concurrency: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency().max(8)).max(1),
-                max_memory,
-                cancel: cancel.clone(),
-                ..CheckOptions::default()
-            };
-            let progress = Progress::default();
-            Ok(crate::progress::while_showing(
-                |done| crate::progress::check(&progress, done, g.json),
-                || check::check(repo, &opts, &progress),
-            ))
-        },
-    )?;
+    let (storage, pw) = repository(g)?;
+    let opts = OpenOptions {
+        lock: Some(LockKind::Shared),
+        preload: Preload::everything(true),
+        stop: Some(&cancel),
+        ..options(g)
+    };
+    let (Opened { repo, lock: _lock }, report) = open::open_then(storage, &pw, opts, |repo| -> Result<_> {
+        set_on_sigint(&cancel)?;
+        let opts = CheckOptions {
+            read_data,
+            record: record_base.map(|b| b.join(&repo.config().id).join("check-verified")),
+            resume: a.resume,
+            max_duration,
+            filter: a.snapshots.filter(),
+            concurrency: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency().max(8)).max(1),
+            max_memory,
+            cancel: cancel.clone(),
+            ..CheckOptions::default()
+        };
+        let progress = Progress::default();
+        Ok(crate::progress::while_showing(
+            |done| crate::progress::check(&progress, done, g.json),
+            || check::check(repo, &opts, &progress),
+        ))
+    })?;
     let report = match report {
         Err(cairn_core::Error::Interrupted) => {
             eprintln!("cairn: check interrupted");

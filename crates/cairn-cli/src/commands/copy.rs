@@ -5,14 +5,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use cairn_core::commands::copy::{self, CopyOptions, CopyProgress, CopyReport, ReadOptions};
-use cairn_core::engine::packwrite::WriteOptions;
+use cairn_core::commands::copy::{self, CopyOptions, CopyProgress, CopyReport};
 use cairn_core::engine::repository::Repository;
 use cairn_format::lock::LockKind;
 use clap::Args as ClapArgs;
 
 use super::snapshots::{line, row};
-use super::{cancel_on_sigint, lock, open, open_with, plural, storage_at, FilterArgs, Global};
+use super::{cancel_on_sigint, lock, open, options, plural, storage_at, FilterArgs, Global};
 use crate::output::{bytes, count};
 use crate::{password, progress};
 
@@ -64,12 +63,12 @@ impl FromRepoArgs {
         let storage = storage_at(g, location).context("source repository")?;
         let pw =
             password::get(self.password_file.as_deref(), "CAIRN_FROM_PASSWORD", "source repository password", false)?;
-        match open_with(g, storage, &pw) {
+        match cairn_core::engine::open::open(storage, &pw, options(g)) {
             // Said here, not by main (which names -r): this location came from --from-repo.
-            Err(e) if matches!(e.downcast_ref::<cairn_core::Error>(), Some(cairn_core::Error::NoRepository(_))) => {
+            Err(e @ cairn_core::Error::NoRepository(_)) => {
                 anyhow::bail!("source repository: {e} (the location comes from --from-repo or CAIRN_FROM_REPOSITORY)")
             }
-            other => other.context("source repository"),
+            other => Ok(other.context("source repository")?.repo),
         }
     }
 }
@@ -89,28 +88,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         dst_index.map_err(anyhow::Error::from)
     })?;
     let cancel = cancel_on_sigint()?;
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let opts = CopyOptions {
-        filter: a.filters.filter(&a.ids),
-        read: ReadOptions {
-            fetchers: a.fetch_concurrency.unwrap_or(src.storage().default_concurrency().max(4)).max(1),
-            decoders: cores,
-        },
-        // Blobs arrive compressed: the packers only encrypt. Trees renamed for a destination with
-        // other IDs are compressed with its default codec.
-        write: WriteOptions {
-            codec: dst.config().codec(),
-            threads: cores,
-            uploads: dst.storage().default_concurrency().clamp(2, 8),
-            index_every: cairn_core::commands::backup::DEFAULT_INDEX_EVERY,
-            // These three are set by the copy (its share of --max-memory; the destination's
-            // index does not learn what it stores).
-            memory: None,
-            index_stored: false,
-        },
-        tree_threads: cores.max(src.storage().default_concurrency().min(8)),
-        max_memory,
-    };
+    let opts = CopyOptions::new(&src, &dst, a.filters.filter(&a.ids), a.fetch_concurrency, max_memory);
     let p = CopyProgress::default();
     let report =
         progress::while_showing(|done| progress::copy(&p, done, g.json), || copy::copy(&src, &dst, &opts, &p, cancel));
@@ -127,31 +105,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
 
 fn print(r: &CopyReport, json: bool) {
     if json {
-        let copied: Vec<_> = r
-            .copied
-            .iter()
-            .map(|c| {
-                serde_json::json!({
-                    "source": c.source.to_hex(), "copy": c.copy.to_hex(), "time": c.snapshot.time.secs,
-                    "hostname": c.snapshot.hostname, "paths": c.snapshot.paths, "tags": c.snapshot.tags,
-                    "tree": c.snapshot.tree.to_hex(),
-                })
-            })
-            .collect();
-        let skipped: Vec<_> = r
-            .skipped
-            .iter()
-            .map(|s| serde_json::json!({"source": s.source.to_hex(), "existing": s.existing.to_hex()}))
-            .collect();
-        outln!(
-            "{}",
-            serde_json::json!({
-                "message_type": "summary", "snapshots_copied": r.copied.len(), "snapshots_skipped": r.skipped.len(),
-                "copied": copied, "skipped": skipped, "same_ids": r.same_ids, "blobs_needed": r.blobs_needed,
-                "blobs_written": r.blobs_written, "blobs_known": r.blobs_known, "bytes_read": r.bytes_read, "bytes_written": r.bytes_written,
-                "packs_written": r.packs_written, "index_files_written": r.index_files_written, "seconds": r.seconds,
-            })
-        );
+        outln!("{}", serde_json::to_value(r.summary()).expect("a summary serializes"));
         return;
     }
     if !r.copied.is_empty() {

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::Args as ClapArgs;
 
-use super::{open_snapshot, Global, Opened};
+use cairn_core::engine::open::{self, Opened, OpenedSnapshot};
+
+use super::{options, repository, split_spec, Global};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -23,7 +25,10 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
-    let Opened { repo, _lock, id, snapshot: snap, path } = open_snapshot(g, &a.snapshot)?;
+    let (name, path) = split_spec(&a.snapshot)?;
+    let (storage, pw) = repository(g)?;
+    let OpenedSnapshot { opened: Opened { repo, lock: _lock }, id, snapshot: snap } =
+        open::open_snapshot(storage, &pw, name, options(g))?;
     let stdout = std::io::stdout();
     if stdout.is_terminal() {
         bail!("refusing to write a dump to a terminal: redirect stdout to a file or a pipe");

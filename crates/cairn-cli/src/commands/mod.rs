@@ -3,12 +3,11 @@
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
-use cairn_core::engine::cache::Cache;
-use cairn_core::engine::lock::Lock;
+use cairn_core::engine::lock::{FoundLock, Lock};
 use cairn_core::engine::memory::MaxMemory;
-use cairn_core::engine::preload::Preload;
+use cairn_core::engine::open::{self, Held, MachineState, OpenOptions};
 use cairn_core::engine::repository::Repository;
-use cairn_core::engine::storage::{Faults, FaultyStorage, Location, OpendalStorage, RemoteOptions, Storage};
+use cairn_core::engine::storage::{Location, RemoteOptions, Storage};
 use cairn_format::compress::Codec;
 use cairn_format::lock::LockKind;
 
@@ -56,235 +55,52 @@ pub(crate) fn storage_at(global: &Global, repo: &str) -> Result<Arc<dyn Storage>
     if let Location::Server { .. } = location {
         return serve::client_storage(global, &location);
     }
-    let real = OpendalStorage::open(&location, &remote)?;
-    // Fault injection for tests and benchmarks (docs/DESIGN.md): wraps the real backend.
-    match std::env::var("CAIRN_INJECT_FAULTS") {
-        Ok(spec) if !spec.is_empty() => Ok(Arc::new(FaultyStorage::new(real, Faults::parse(&spec)?))),
-        _ => Ok(Arc::new(real)),
-    }
+    Ok(open::storage_at(repo, &remote)?)
 }
 
+/// The repository `-r` names and its password, in that order (a missing location is said
+/// before the password is asked for).
+pub(crate) fn repository(global: &Global) -> Result<(Arc<dyn Storage>, Vec<u8>)> {
+    let storage = storage(global)?;
+    let pw = password::get(global.password_file.as_deref(), "CAIRN_PASSWORD", "repository password", false)?;
+    Ok((storage, pw))
+}
+
+/// The library's open options as the global options choose them: no lock, nothing read ahead,
+/// the cache directory, stale locks warned of.
+pub(crate) fn options(global: &Global) -> OpenOptions<'static> {
+    OpenOptions { machine: machine(global), on_stale_lock: Some(&warn_stale), ..OpenOptions::default() }
+}
+
+/// Opens the repository `-r` names, taking no lock.
 pub(crate) fn open(global: &Global) -> Result<Repository> {
-    let storage = storage(global)?;
-    let pw = password::get(global.password_file.as_deref(), "CAIRN_PASSWORD", "repository password", false)?;
-    open_with(global, storage, &pw)
+    let (storage, pw) = repository(global)?;
+    Ok(open::open(storage, &pw, options(global))?.repo)
 }
 
-/// Opens the repository and takes a lock of `kind` at the same time: the lock's round trips
-/// (see that the config exists, write the lock, list the others) run beside the key's (list the
-/// keys and read the config, read a key file, derive the key) instead of after them. If either
-/// fails, the lock is removed; where there is no repository, none is written.
-pub(crate) fn open_locked(global: &Global, kind: LockKind) -> Result<(Repository, Lock)> {
-    let (repo, lock, ()) = open_locked_then(global, kind, |_| Preload::none(), None, |_| Ok(()))?;
-    Ok((repo, lock))
-}
-
-/// [`open_locked`], reading ahead beside both what `preload` asks for (given whether a
-/// metadata cache will serve the repository's files), and doing `then` with the opened
-/// repository while the lock is still being taken (it may read, not write). If the lock cannot
-/// be taken, `stop` (when given) is set, for a long `then` to stop early. Errors come in that
-/// order: opening, the lock, then `then`'s.
-pub(crate) fn open_locked_then<T>(
-    global: &Global,
-    kind: LockKind,
-    preload: impl FnOnce(bool) -> Preload,
-    stop: Option<&std::sync::atomic::AtomicBool>,
-    then: impl FnOnce(&Repository) -> Result<T>,
-) -> Result<(Repository, Lock, T)> {
-    let (repo, held, done) = open_locked_releasing(global, kind, preload, stop, None, then)?;
-    let Held::Kept(lock) = held else { unreachable!("a lock without an early release is kept") };
-    Ok((repo, lock, done))
-}
-
-/// What became of the lock of [`open_locked_releasing`].
-pub(crate) enum Held {
-    /// Still held: removed when dropped.
-    Kept(Lock),
-    /// Let go when `release` was raised, this long before `then` ended.
-    LetGo(std::time::Duration),
-}
-
-/// What the lock thread of [`open_locked_releasing`] did with the lock it took.
-enum Taken {
-    Kept(Lock),
-    /// Let go at this moment.
-    LetGoAt(std::time::Instant),
-}
-
-/// [`open_locked_then`], letting the lock go as soon as `release` is raised (a restore raises it
-/// once it reads nothing more from the repository): its removal, a round trip, then runs beside
-/// the end of `then` instead of after it.
-pub(crate) fn open_locked_releasing<T>(
-    global: &Global,
-    kind: LockKind,
-    preload: impl FnOnce(bool) -> Preload,
-    stop: Option<&std::sync::atomic::AtomicBool>,
-    release: Option<&cairn_core::engine::signal::Signal>,
-    then: impl FnOnce(&Repository) -> Result<T>,
-) -> Result<(Repository, Held, T)> {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::Instant;
-    let storage = storage(global)?;
-    let preload = preload(cache_base(global, &*storage).is_some());
-    let pw = password::get(global.password_file.as_deref(), "CAIRN_PASSWORD", "repository password", false)?;
-    // The open lists `deletions/` beside the lock's write, maybe before it: the lock lists it
-    // again once written, so a prune's manifest stored in between is not missed.
-    let relist = preload.index;
-    let finished = AtomicBool::new(false);
-    let (opened, held) = std::thread::scope(|s| {
-        let locking = std::thread::Builder::new()
-            .name("cairn-lock-take".into())
-            .spawn_scoped(s, || -> Result<(Taken, Option<Vec<String>>)> {
-                let taken = (|| -> Result<(Lock, Option<Vec<String>>)> {
-                    // Where there is no repository, nothing is written (the open says so).
-                    if !storage.exists(cairn_format::layout::CONFIG)? {
-                        return Err(cairn_core::Error::NoRepository(storage.location().to_string()).into());
-                    }
-                    let manifests = || relist.then(|| storage.list(cairn_format::layout::Dir::Deletions.name()));
-                    let (lock, listed) = take_lock_beside(storage.clone(), kind, manifests)?;
-                    Ok((lock, listed.transpose()?.map(|l| l.into_iter().map(|o| o.path).collect())))
-                })();
-                if let (Err(_), Some(stop)) = (&taken, stop) {
-                    stop.store(true, Ordering::Relaxed);
-                }
-                let (lock, listed) = taken?;
-                let Some(release) = release else { return Ok((Taken::Kept(lock), listed)) };
-                release.wait();
-                if finished.load(Ordering::Acquire) {
-                    return Ok((Taken::Kept(lock), listed));
-                }
-                let at = Instant::now();
-                drop(lock); // removed here, beside the command's last work
-                Ok((Taken::LetGoAt(at), listed))
-            })
-            .map_err(|e| cairn_core::Error::io("lock", "cannot start a thread", e))?;
-        // However `then` ends (a panic included), the lock thread stops waiting for `release`.
-        struct Finished<'a>(&'a AtomicBool, Option<&'a cairn_core::engine::signal::Signal>);
-        impl Drop for Finished<'_> {
-            fn drop(&mut self) {
-                self.0.store(true, Ordering::Release);
-                if let Some(r) = self.1 {
-                    r.raise();
-                }
-            }
-        }
-        let guard = Finished(&finished, release);
-        let opened = open_preloaded(global, storage.clone(), &pw, &preload).map(|repo| {
-            let done = then(&repo);
-            (repo, done)
-        });
-        drop(guard);
-        let ended = Instant::now();
-        let held = locking.join().expect("the lock thread panicked").map(|(taken, listed)| match taken {
-            Taken::Kept(lock) => (Held::Kept(lock), listed),
-            Taken::LetGoAt(at) => (Held::LetGo(ended.saturating_duration_since(at)), listed),
-        });
-        Ok::<_, cairn_core::Error>((opened, held))
-    })?;
-    let (repo, done) = opened?;
-    let (held, listed) = held?;
-    if let (Some(listed), Some(seen)) = (listed, repo.deletions_seen()) {
-        let mut listed = listed.iter().filter_map(|p| cairn_format::layout::parse_deletion_path(p));
-        if let Some(new) = listed.find(|id| !seen.contains(id)).map(|id| cairn_format::layout::deletion_path(&id)) {
-            bail!(
-                "a prune stored {new} while this command was opening the repository, so what it read may be out of \
-                 date: run it again"
-            );
-        }
-    }
-    Ok((repo, held, done?))
-}
-
-/// Opens the repository in `storage` with `pw`, with the metadata cache the global options
-/// choose.
-pub(crate) fn open_with(global: &Global, storage: Arc<dyn Storage>, pw: &[u8]) -> Result<Repository> {
-    open_preloaded(global, storage, pw, &Preload::none())
-}
-
-/// [`open_with`], reading ahead what `preload` asks for while the key is found.
-/// The key file that opened the repository last time on this machine is tried first (one round
-/// trip instead of two), and remembered when it changes.
-fn open_preloaded(global: &Global, storage: Arc<dyn Storage>, pw: &[u8], preload: &Preload) -> Result<Repository> {
-    let hints = state_base(global);
-    let location = storage.location().to_string();
-    let hint = hints.as_deref().and_then(|b| cairn_core::engine::cache::key_hint(b, &location));
-    let mut repo = Repository::open_preloaded(storage, pw, &Preload { key: hint, ..preload.clone() })?;
-    if let (Some(base), Some(id)) = (&hints, repo.key_id()) {
-        if hint != Some(id) {
-            cairn_core::engine::cache::remember_key(base, &location, &id);
-        }
-    }
-    if let Some(base) = cache_base(global, &**repo.storage()) {
-        repo.set_cache(Cache::open(&base, &repo.config().id)?);
-    }
-    Ok(repo)
+/// Opens the repository `-r` names and takes a lock of `kind` beside the open
+/// ([`open::open`]); the lock is held until the returned [`Held`] is dropped.
+pub(crate) fn open_locked(global: &Global, kind: LockKind) -> Result<(Repository, Held)> {
+    let (storage, pw) = repository(global)?;
+    let opened = open::open(storage, &pw, OpenOptions { lock: Some(kind), ..options(global) })?;
+    Ok((opened.repo, opened.lock))
 }
 
 /// Where this machine keeps what it learns about repositories (the check's record of packs
-/// read, the key file that opened each): the cache directory, also for local repositories;
-/// nothing with `--no-cache`.
-pub(crate) fn state_base(global: &Global) -> Option<std::path::PathBuf> {
-    match (&global.cache_dir, global.no_cache) {
-        (_, true) => None,
-        (Some(dir), false) => Some(dir.clone()),
-        (None, false) => Cache::default_base(),
-    }
+/// read, the key file that opened each, the metadata cache): the cache directory, also for
+/// local repositories; nothing with `--no-cache`.
+pub(crate) fn machine(global: &Global) -> MachineState {
+    MachineState::new(global.cache_dir.clone(), global.no_cache)
 }
 
-/// Where the metadata cache for `storage` lives, if the global options want one: where
-/// [`state_base`] says, for a remote repository or one given `--cache-dir`.
-fn cache_base(global: &Global, storage: &dyn Storage) -> Option<std::path::PathBuf> {
-    state_base(global).filter(|_| global.cache_dir.is_some() || storage.is_remote())
-}
-
-/// Takes a lock for the rest of the command, reporting stale locks it ignores.
+/// Takes a lock for the rest of the command, after the open, reporting stale locks it ignores.
 pub(crate) fn lock(repo: &Repository, kind: LockKind) -> Result<Lock> {
-    take_lock_beside(repo.storage().clone(), kind, || ()).map(|(lock, ())| lock)
+    Ok(open::lock(repo, kind, Some(&warn_stale))?)
 }
 
-fn take_lock_beside<T: Send>(
-    storage: Arc<dyn Storage>,
-    kind: LockKind,
-    beside: impl FnOnce() -> T + Send,
-) -> Result<(Lock, T)> {
-    let (held, done) = Lock::acquire_beside(storage, kind, beside)?;
-    for l in held.stale() {
-        let why = l.stale_reason().unwrap_or_default();
-        eprintln!("warning: ignoring stale lock {} ({why}); `cairn unlock` removes it", l.path);
-    }
-    Ok((held, done))
-}
-
-/// Opens the repository for reading a snapshot: a shared lock, the index, and the snapshot
-/// `SNAPSHOT[:PATH]` names, with the path inside it. The index and snapshot files are listed and
-/// fetched beside the lock and the key's round trips (unless a metadata cache holds them), so
-/// a remote repository waits two round trips, not six, before the first tree.
-pub(crate) fn open_snapshot<'s>(g: &Global, spec: &'s std::ffi::OsStr) -> Result<Opened<'s>> {
-    let (name, path) = split_spec(spec)?;
-    // The index and the snapshot are loaded while the lock is taken. (The trees are not: their
-    // walk belongs to the command, under its watchdog and SIGINT handler.)
-    let (repo, lock, (id, snapshot)) = open_locked_then(
-        g,
-        LockKind::Shared,
-        |cached| Preload::snapshot(name, !cached),
-        None,
-        |repo| {
-            repo.load_index()?;
-            let (id, snapshot) = repo.find_snapshot(name)?;
-            Ok((id, snapshot))
-        },
-    )?;
-    Ok(Opened { repo, _lock: lock, id, snapshot, path })
-}
-
-/// What [`open_snapshot`] opened.
-pub(crate) struct Opened<'a> {
-    pub repo: Repository,
-    /// Held until the command ends: bind it (`_lock`); a pattern with `..` drops it at once.
-    _lock: Lock,
-    pub id: cairn_format::id::SnapshotId,
-    pub snapshot: cairn_format::snapshot::Snapshot,
-    pub path: Option<&'a std::path::Path>,
+fn warn_stale(l: &FoundLock) {
+    let why = l.stale_reason().unwrap_or_default();
+    eprintln!("warning: ignoring stale lock {} ({why}); `cairn unlock` removes it", l.path);
 }
 
 /// A flag that SIGINT sets (the library stops at the next unit of work).

@@ -43,7 +43,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let opts = cairn_mount::MountOptions {
         max_memory,
         fetch_concurrency: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency()).max(1),
-        decode_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        decode_threads: cairn_core::engine::platform::cores(),
         fuse_threads: 4,
         allow_other: a.allow_other,
     };

@@ -5,7 +5,6 @@ use std::sync::Mutex;
 
 use anyhow::Result;
 use cairn_core::commands::prune::{self, CodecUse, Limit, PlanOptions, PruneOptions, PruneReport, RepackOptions};
-use cairn_core::engine::packwrite::WriteOptions;
 use cairn_core::engine::repository::Repository;
 use cairn_format::lock::LockKind;
 use clap::Args as ClapArgs;
@@ -83,28 +82,10 @@ pub(crate) fn run_plan(g: &Global, repo: &Repository, plan: PlanOptions, a: &Run
     if !a.foreground {
         background_priority();
     }
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let codec = plan.recompress.as_ref().map_or_else(|| repo.config().codec(), |r| r.to);
-    // Copying stored blobs only encrypts (one thread keeps up with the reads and holds one pack
-    // in memory); re-encoding compresses, on every core.
-    let reencodes = plan.recompress.is_some() || plan.repack_uncompressed;
-    let packers = if reencodes { threads } else { 1 };
     let opts = PruneOptions {
+        repack: RepackOptions::new(repo, &plan, a.fetch_concurrency),
         plan,
         max_memory: max_memory(a.max_memory.as_deref())?,
-        repack: RepackOptions {
-            fetchers: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency().max(8)).max(1),
-            decoders: threads,
-            write: WriteOptions {
-                codec,
-                threads: packers,
-                uploads: repo.storage().default_concurrency().clamp(2, 8),
-                index_every: cairn_core::commands::backup::DEFAULT_INDEX_EVERY,
-                memory: None,
-                // Nothing looks the repacked blobs up: finishing reads the index files again.
-                index_stored: false,
-            },
-        },
         dry_run: a.dry_run,
         max_wait: cairn_core::engine::platform::parse_duration(&a.max_wait)?,
     };

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use anyhow::Result;
 use cairn_core::commands::restore::{self, LocalData, Progress, RestoreOptions};
+use cairn_core::engine::open::{self, OpenOptions, Opened};
 use cairn_core::engine::preload::Preload;
 use cairn_format::lock::LockKind;
 use clap::Args as ClapArgs;
 
-use super::{open_locked_releasing, parse_size, set_on_sigint, split_spec, Global};
+use super::{options, parse_size, repository, set_on_sigint, split_spec, Global};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -121,28 +122,29 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     // repository, the lock is let go beside its last writes (one round trip off its end).
     let progress = Progress::default();
     let tree_packs = restore::tree_pack_share(opts.max_memory);
-    let (repo, held, (id, result)) = open_locked_releasing(
-        g,
-        LockKind::Shared,
+    let (storage, pw) = repository(g)?;
+    let opts_open = OpenOptions {
+        lock: Some(LockKind::Shared),
         // The tree packs the start hint names are read beside the index, within the share the
         // walk would give them.
-        |cached| Preload::snapshot(name, !cached).with_tree_packs(tree_packs),
-        Some(&cancel),
-        Some(&progress.reads_over),
-        |repo| {
-            set_on_sigint(&cancel)?;
-            repo.load_index()?;
-            let (id, snap) = repo.find_snapshot(name)?;
-            if a.fetch_concurrency.is_none() {
-                opts.fetch_concurrency = repo.storage().default_concurrency();
-            }
-            let result = crate::progress::while_showing(
-                |done| crate::progress::restore(&progress, done, g.json),
-                || restore::restore(repo, &snap, &id.short(), path, &a.target, &opts, &progress),
-            );
-            Ok((id, result))
-        },
-    )?;
+        preload: Preload::snapshot(name, true).with_tree_packs(tree_packs),
+        stop: Some(&cancel),
+        release: Some(&progress.reads_over),
+        ..options(g)
+    };
+    let (Opened { repo, lock: held }, (id, result)) = open::open_then(storage, &pw, opts_open, |repo| -> Result<_> {
+        set_on_sigint(&cancel)?;
+        repo.load_index()?;
+        let (id, snap) = repo.find_snapshot(name)?;
+        if a.fetch_concurrency.is_none() {
+            opts.fetch_concurrency = repo.storage().default_concurrency();
+        }
+        let result = crate::progress::while_showing(
+            |done| crate::progress::restore(&progress, done, g.json),
+            || restore::restore(repo, &snap, &id.short(), path, &a.target, &opts, &progress),
+        );
+        Ok((id, result))
+    })?;
     let out = match result {
         Err(cairn_core::Error::Interrupted) => {
             eprintln!("cairn: restore interrupted; run the same command again to finish it");

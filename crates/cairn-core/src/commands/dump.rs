@@ -253,7 +253,7 @@ fn read_entries<T>(
         let (tx, rx) = unbounded();
         let sink = ToStream { first: reads.as_ptr() as usize, arrived: tx };
         let feed = Paced::new(&reads, window, &pace, || reader.cancelled());
-        let workers = reader.start(s, feed, fetchers, crate::engine::parallel::cores(), sink);
+        let workers = reader.start(s, feed, fetchers, crate::engine::platform::cores(), sink);
         let mut stream = Stream {
             next_read: 0,
             arrived: rx,

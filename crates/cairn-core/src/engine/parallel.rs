@@ -2,11 +2,6 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// The cores this process may use (2 if the system cannot tell).
-pub fn cores() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get())
-}
-
 /// Calls `work(index, item)` for every item, on up to `threads` scoped threads taking the next
 /// item as they become free.
 pub fn in_parallel<T: Sync>(items: &[T], threads: usize, work: impl Fn(usize, &T) + Sync) {

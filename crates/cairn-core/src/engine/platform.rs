@@ -13,6 +13,12 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags};
 
+/// The cores this process may use (2 if the system cannot tell): the default count of the
+/// threads that compress, decode and verify.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
 use cairn_format::tree::{Node, NodeKind, Timestamp, Xattr};
 
 /// This machine's host name.

@@ -98,8 +98,10 @@ impl Preload {
             (Dir::Data, _) => false,
             (Dir::Keys, _) => true,
             _ if !self.fetch_files => false,
-            (Dir::Snapshots, Some(spec)) if spec != "latest" => {
-                layout::parse_snapshot_path(path).is_some_and(|id| id.to_hex().starts_with(spec.as_str()))
+            (Dir::Snapshots, Some(spec)) => {
+                let name = crate::engine::snapshot_name::SnapshotName::parse(spec);
+                name == crate::engine::snapshot_name::SnapshotName::Latest
+                    || layout::parse_snapshot_path(path).is_some_and(|id| name.may_name(&id))
             }
             _ => true,
         }

@@ -25,6 +25,11 @@ impl PhaseClock {
     }
 }
 
+/// `phases` as (name, seconds), in order (a report's form).
+pub fn in_seconds(phases: &[(&'static str, Duration)]) -> Vec<(String, f64)> {
+    phases.iter().map(|(n, d)| (n.to_string(), d.as_secs_f64())).collect()
+}
+
 /// Time accounting of one stage (all workers summed).
 #[derive(Default, Debug)]
 pub struct StageClock {

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use crate::engine::cache::Cache;
 use crate::engine::parallel::map_parallel;
 use crate::engine::preload::{HintedPacks, Preload, Preloaded};
+use crate::engine::snapshot_name::SnapshotName;
 use crate::engine::storage::{LinkMeter, MeteredStorage, Storage};
 use crate::error::{Error, Result};
 use cairn_format::compress::Codec;
@@ -146,7 +147,7 @@ impl Repository {
         // The link is measured from the first request: a command that got everything it needs
         // while opening (`check`) still knows its round trip after.
         let (storage, link) = metered(storage);
-        let threads = crate::engine::parallel::cores().max(storage.default_concurrency());
+        let threads = crate::engine::platform::cores().max(storage.default_concurrency());
         let (opened, preloaded) = std::thread::scope(|s| {
             let ahead = std::thread::Builder::new()
                 .name("cairn-preload".into())
@@ -313,7 +314,7 @@ impl Repository {
         self.uncache_unlisted("deletions", listed.iter().map(|o| o.path.as_str()));
         let ids: Vec<DeletionId> = listed.iter().filter_map(|o| layout::parse_deletion_path(&o.path)).collect();
         self.deletions_seen.lock().expect("deletions lock").get_or_insert_with(|| ids.clone());
-        let threads = crate::engine::parallel::cores().max(self.storage.default_concurrency());
+        let threads = crate::engine::platform::cores().max(self.storage.default_concurrency());
         let read = map_parallel(&ids, threads, |id| {
             let path = layout::deletion_path(id);
             Ok(Deletion::from_bytes(&path, &self.read_sealed(&path, SealedKind::Deletion)?)?)
@@ -336,7 +337,7 @@ impl Repository {
     pub fn index_files(&self) -> Result<Vec<(String, Result<Vec<IndexedPack>>)>> {
         let files = self.preloaded.list(&*self.storage, Dir::Index)?;
         self.uncache_unlisted("index", files.iter().map(|o| o.path.as_str()));
-        let threads = crate::engine::parallel::cores().max(self.storage.default_concurrency());
+        let threads = crate::engine::platform::cores().max(self.storage.default_concurrency());
         let read = map_parallel(&files, threads, |obj| self.read_index_file(&obj.path));
         Ok(files.into_iter().map(|obj| obj.path).zip(read).collect())
     }
@@ -586,10 +587,6 @@ impl Repository {
 
     /// A tree from the cache, if there is a cache and it holds an intact copy (authenticated
     /// and matching its ID; a damaged copy is dropped).
-    pub fn cached_tree(&self, id: &BlobId) -> Option<Tree> {
-        self.cached_tree_as(id)
-    }
-
     pub(crate) fn cached_tree_as<T: TreeForm>(&self, id: &BlobId) -> Option<T> {
         let cache = self.cache.as_ref()?;
         let loc = self.index().get(id)?;
@@ -636,7 +633,7 @@ impl Repository {
     pub fn read_snapshots(&self) -> Result<(Vec<(SnapshotId, Snapshot)>, DamagedFiles)> {
         let listed = self.preloaded.list(&*self.storage, Dir::Snapshots)?;
         self.uncache_unlisted("snapshots", listed.iter().map(|o| o.path.as_str()));
-        let threads = crate::engine::parallel::cores().max(self.storage.default_concurrency());
+        let threads = crate::engine::platform::cores().max(self.storage.default_concurrency());
         let read = map_parallel(&listed, threads, |obj| match layout::parse_snapshot_path(&obj.path) {
             Some(id) => self.read_snapshot(&id).map(|s| (id, s)),
             None => Err(Error::corrupt(&obj.path, "file name is not a snapshot ID")),
@@ -656,9 +653,9 @@ impl Repository {
 
     /// Finds a snapshot by `latest` or a unique prefix of its hex ID.
     pub fn find_snapshot(&self, spec: &str) -> Result<(SnapshotId, Snapshot)> {
-        let spec = spec.to_ascii_lowercase();
+        let name = SnapshotName::parse(spec);
         // `latest` lists once, inside snapshots(): each listing is a round trip remotely.
-        if spec == "latest" {
+        if name == SnapshotName::Latest {
             let snaps = self.snapshots()?;
             return snaps
                 .into_iter()
@@ -666,18 +663,10 @@ impl Repository {
                 .ok_or_else(|| Error::SnapshotSelect("the repository has no snapshots".into()));
         }
         let all = self.preloaded.list(&*self.storage, Dir::Snapshots)?;
-        let candidates: Vec<SnapshotId> = all
-            .iter()
-            .filter_map(|o| layout::parse_snapshot_path(&o.path))
-            .filter(|id| id.to_hex().starts_with(&spec))
-            .collect();
-        match candidates.as_slice() {
-            [] => Err(Error::SnapshotSelect(format!("no snapshot matches {spec:?}; see `cairn snapshots`"))),
-            [id] => Ok((*id, self.read_snapshot(id)?)),
-            many => {
-                Err(Error::SnapshotSelect(format!("{spec:?} matches {} snapshots; give more of the ID", many.len())))
-            }
-        }
+        let candidates: Vec<SnapshotId> =
+            all.iter().filter_map(|o| layout::parse_snapshot_path(&o.path)).filter(|id| name.may_name(id)).collect();
+        let id = name.the_one(candidates)?;
+        Ok((id, self.read_snapshot(&id)?))
     }
 
     /// Every key file, by name order; a damaged one is an error naming it.

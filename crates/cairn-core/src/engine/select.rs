@@ -2,7 +2,8 @@
 //! works on several snapshots shares (check, repair, and the lifecycle commands to come).
 
 use crate::engine::repository::Repository;
-use crate::error::{Error, Result};
+use crate::engine::snapshot_name::SnapshotName;
+use crate::error::Result;
 use cairn_format::id::SnapshotId;
 use cairn_format::snapshot::Snapshot;
 
@@ -56,24 +57,14 @@ impl SnapshotFilter {
         }
         let mut chosen: Vec<(SnapshotId, Snapshot)> = Vec::new();
         for spec in &self.ids {
-            let spec = spec.to_ascii_lowercase();
-            let found: Vec<&(SnapshotId, Snapshot)> = if spec == "latest" {
-                all.last().into_iter().collect()
-            } else {
-                all.iter().filter(|(id, _)| id.to_hex().starts_with(&spec)).collect()
+            let name = SnapshotName::parse(spec);
+            let found: Vec<&(SnapshotId, Snapshot)> = match name {
+                SnapshotName::Latest => all.last().into_iter().collect(),
+                SnapshotName::Prefix(_) => all.iter().filter(|(id, _)| name.may_name(id)).collect(),
             };
-            match found.as_slice() {
-                [one] if !chosen.iter().any(|(id, _)| *id == one.0) => chosen.push((*one).clone()),
-                [_] => {}
-                [] => {
-                    return Err(Error::SnapshotSelect(format!("no snapshot matches {spec:?}; see `cairn snapshots`")))
-                }
-                many => {
-                    return Err(Error::SnapshotSelect(format!(
-                        "{spec:?} matches {} snapshots; give more of the ID",
-                        many.len()
-                    )))
-                }
+            let one = name.the_one(found)?;
+            if !chosen.iter().any(|(id, _)| *id == one.0) {
+                chosen.push(one.clone());
             }
         }
         chosen.sort_by(|a, b| a.1.time.cmp(&b.1.time).then(a.0.cmp(&b.0)));

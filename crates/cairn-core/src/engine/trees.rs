@@ -36,7 +36,7 @@ use cairn_format::id::{BlobId, IdMap, IdSet, PackId};
 use cairn_format::index::BlobLocation;
 use cairn_format::layout::pack_path;
 use cairn_format::pack::BlobEntry;
-use cairn_format::tree::{Node, Nodes, Tree, TreeBytes, TreeForm};
+use cairn_format::tree::{Node, Nodes, TreeBytes, TreeForm};
 
 /// Deepest directory nesting accepted (a path that deep is already longer than Linux's
 /// PATH_MAX); deeper trees are rejected instead of exhausting the stack.
@@ -545,53 +545,6 @@ fn read_trees<T: TreeForm>(repo: &Repository, read: &PackRead, ahead: &ReadAhead
     trees
 }
 
-/// A loaded tree and how many directory nodes of other trees refer to it (identical
-/// directories share one tree): a walker that consumes trees lets the last use take it without
-/// a copy.
-pub struct LoadedTree {
-    /// The tree.
-    pub tree: Tree,
-    /// Directory nodes (and roots) that refer to it.
-    pub uses: u32,
-}
-
-/// Loads every tree below `root`; the first tree that cannot be loaded is the error.
-pub fn load_all(
-    repo: &Repository,
-    root: BlobId,
-    threads: usize,
-    loading: &Loading,
-) -> Result<IdMap<BlobId, LoadedTree>> {
-    load_many(repo, &[root], threads, loading)
-}
-
-/// Loads every tree below each of `roots` (several snapshots: a tree they share is read once);
-/// the first tree that cannot be loaded is the error. Each root counts as one use.
-pub fn load_many(
-    repo: &Repository,
-    roots: &[BlobId],
-    threads: usize,
-    loading: &Loading,
-) -> Result<IdMap<BlobId, LoadedTree>> {
-    let mut trees: IdMap<BlobId, LoadedTree> = IdMap::default();
-    let mut uses: IdMap<BlobId, u32> = IdMap::default();
-    for root in roots {
-        *uses.entry(*root).or_default() += 1;
-    }
-    for_each_tree(repo, roots.iter().copied(), threads, loading, |id, tree| {
-        let tree = tree?;
-        for sub in tree.subtrees() {
-            *uses.entry(*sub).or_default() += 1;
-        }
-        trees.insert(id, LoadedTree { tree: tree.into_tree(), uses: 0 });
-        Ok(())
-    })?;
-    for (id, t) in trees.iter_mut() {
-        t.uses = uses.get(id).copied().unwrap_or(1);
-    }
-    Ok(trees)
-}
-
 /// Visits every node below tree `root` depth first, in tree order, with its absolute path
 /// (`base` joined with the names on the way). Trees are loaded a bounded window ahead of the
 /// walk on `threads` threads ([`Ahead`]), so memory holds the walk's path and the window, not
@@ -695,7 +648,7 @@ pub fn load_listed(
     let reader = Reader::new(repo, max_memory, cancel);
     std::thread::scope(|s| {
         let sink = ToTrees { each };
-        for w in reader.start(s, &reads, concurrency, crate::engine::parallel::cores(), sink) {
+        for w in reader.start(s, &reads, concurrency, crate::engine::platform::cores(), sink) {
             w.join().expect("a tree reader panicked");
         }
     });

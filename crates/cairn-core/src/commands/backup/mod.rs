@@ -60,8 +60,7 @@ pub const DEFAULT_READ_CONCURRENCY: usize = 2;
 /// Packs stored at once unless `--upload-concurrency` says otherwise.
 pub const DEFAULT_UPLOAD_CONCURRENCY: usize = 2;
 
-/// Stored packs per index file written during a backup.
-pub const DEFAULT_INDEX_EVERY: usize = 8;
+pub use crate::engine::packwrite::DEFAULT_INDEX_EVERY;
 
 /// How to back up.
 #[derive(Clone, Debug)]
@@ -111,7 +110,7 @@ impl Default for BackupOptions {
             compression: None,
             fixed_chunk_size: None,
             read_concurrency: DEFAULT_READ_CONCURRENCY,
-            threads: crate::engine::parallel::cores(),
+            threads: crate::engine::platform::cores(),
             upload_concurrency: DEFAULT_UPLOAD_CONCURRENCY,
             index_every: DEFAULT_INDEX_EVERY,
             hostname: None,

@@ -185,7 +185,7 @@ impl Default for CheckOptions {
             max_duration: None,
             filter: SnapshotFilter::default(),
             concurrency: 4,
-            decode_threads: crate::engine::parallel::cores(),
+            decode_threads: crate::engine::platform::cores(),
             max_memory: None,
             cancel: Arc::default(),
         }

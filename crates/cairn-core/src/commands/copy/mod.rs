@@ -65,6 +65,32 @@ pub struct CopyOptions {
     pub max_memory: MaxMemory,
 }
 
+impl CopyOptions {
+    /// The defaults for copying the snapshots `filter` chooses from `src` to `dst`: `fetchers`
+    /// reads of the source in flight if given, else its backend's concurrency (at least 4);
+    /// decoders and packers on every core (blobs arrive compressed: the packers only encrypt;
+    /// trees renamed for a destination with other IDs are compressed with its default codec).
+    pub fn new(
+        src: &Repository,
+        dst: &Repository,
+        filter: SnapshotFilter,
+        fetchers: Option<usize>,
+        max_memory: MaxMemory,
+    ) -> Self {
+        let cores = crate::engine::platform::cores();
+        CopyOptions {
+            filter,
+            read: ReadOptions {
+                fetchers: fetchers.unwrap_or(src.storage().default_concurrency().max(4)).max(1),
+                decoders: cores,
+            },
+            write: WriteOptions::rewriting(dst, dst.config().codec(), cores),
+            tree_threads: cores.max(src.storage().default_concurrency().min(8)),
+            max_memory,
+        }
+    }
+}
+
 /// How a copy shares out its `--max-memory` (docs/DESIGN.md, "Copy"). First what grows with
 /// the repositories: the two indexes as loaded (the destination's does not learn what the copy
 /// stores) and the marks. Of the rest, three eighths for the packs being filled and stored, an
@@ -142,6 +168,83 @@ pub struct Copied {
     pub copy: SnapshotId,
     /// Its content (as written to the destination).
     pub snapshot: Snapshot,
+}
+
+/// `cairn copy --json`'s summary: the schema of a copy's report, in one place (fields in
+/// name order, as `serde_json::Value` prints them).
+#[derive(Debug, serde::Serialize)]
+pub struct CopySummary<'a> {
+    blobs_known: u64,
+    blobs_needed: u64,
+    blobs_written: u64,
+    bytes_read: u64,
+    bytes_written: u64,
+    copied: Vec<CopiedSummary<'a>>,
+    index_files_written: u64,
+    message_type: &'static str,
+    packs_written: u64,
+    same_ids: bool,
+    seconds: f64,
+    skipped: Vec<SkippedSummary>,
+    snapshots_copied: usize,
+    snapshots_skipped: usize,
+}
+
+/// One snapshot copied, in [`CopySummary`].
+#[derive(Debug, serde::Serialize)]
+pub struct CopiedSummary<'a> {
+    copy: String,
+    hostname: &'a str,
+    paths: &'a [String],
+    source: String,
+    tags: &'a [String],
+    time: i64,
+    tree: String,
+}
+
+/// One snapshot skipped, in [`CopySummary`].
+#[derive(Debug, serde::Serialize)]
+pub struct SkippedSummary {
+    existing: String,
+    source: String,
+}
+
+impl CopyReport {
+    /// The report as `--json` prints it.
+    pub fn summary(&self) -> CopySummary<'_> {
+        CopySummary {
+            blobs_known: self.blobs_known,
+            blobs_needed: self.blobs_needed,
+            blobs_written: self.blobs_written,
+            bytes_read: self.bytes_read,
+            bytes_written: self.bytes_written,
+            copied: self
+                .copied
+                .iter()
+                .map(|c| CopiedSummary {
+                    copy: c.copy.to_hex(),
+                    hostname: &c.snapshot.hostname,
+                    paths: &c.snapshot.paths,
+                    source: c.source.to_hex(),
+                    tags: &c.snapshot.tags,
+                    time: c.snapshot.time.secs,
+                    tree: c.snapshot.tree.to_hex(),
+                })
+                .collect(),
+            index_files_written: self.index_files_written,
+            message_type: "summary",
+            packs_written: self.packs_written,
+            same_ids: self.same_ids,
+            seconds: self.seconds,
+            skipped: self
+                .skipped
+                .iter()
+                .map(|s| SkippedSummary { existing: s.existing.to_hex(), source: s.source.to_hex() })
+                .collect(),
+            snapshots_copied: self.copied.len(),
+            snapshots_skipped: self.skipped.len(),
+        }
+    }
 }
 
 /// What a copy did.

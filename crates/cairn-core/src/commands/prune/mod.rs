@@ -32,6 +32,7 @@ pub use repack::RepackOptions;
 
 use crate::engine::lock::Lock;
 use crate::engine::packwrite::Written;
+use crate::engine::profile::{in_seconds, PhaseClock};
 use crate::engine::repository::Repository;
 use crate::engine::trees::Loading;
 use crate::error::{Error, Result};
@@ -97,7 +98,7 @@ pub fn prune(
 ) -> Result<PruneReport> {
     let loading = Loading { cancel: cancel.clone(), ..Loading::default() };
     let mut report = PruneReport::default();
-    let mut clock = Phases::start();
+    let (mut clock, mut phases) = (PhaseClock(Instant::now()), Vec::new());
     let mine = lock.holder();
 
     if !opts.dry_run {
@@ -112,7 +113,7 @@ pub fn prune(
             for (id, d) in &pending {
                 report.earlier.push(finish::finish(repo, *id, d, None, &loading)?);
             }
-            clock.end("finish earlier");
+            clock.lap(&mut phases, "finish earlier");
         }
     }
 
@@ -132,17 +133,17 @@ pub fn prune(
     let shares = Shares::of(repo, &files, opts.max_memory)?;
     let stored = repo.list_packs()?;
     report.size_before = stored.values().sum();
-    clock.end("list");
+    clock.lap(&mut phases, "list");
 
     say(&format!("marking what {} snapshots need", snapshots.len()));
     let used = mark::mark(repo, &snapshots, &loading)?;
-    clock.end("mark");
+    clock.lap(&mut phases, "mark");
     let plan = plan::plan(files, &stored, &used, &repo.index(), &opts.plan, u64::from(repo.config().pack_size))?;
     drop(used);
     report.plan = plan.stats.clone();
     report.size_after = report.size_before;
     if opts.dry_run || (plan.stats.delete_packs == 0 && plan.stats.repack_packs == 0) {
-        report.phases = clock.done;
+        report.phases = in_seconds(&phases);
         return Ok(report);
     }
 
@@ -151,7 +152,7 @@ pub fn prune(
     if !repacks.is_empty() {
         say(&format!("repacking {} packs", repacks.len()));
         repack::repack(repo, &repacks, &opts.plan, &opts.repack, &shares, &written, cancel.clone())?;
-        clock.end("repack");
+        clock.lap(&mut phases, "repack");
     }
     report.written_packs = written.packs.load(std::sync::atomic::Ordering::Relaxed);
     report.written_bytes = written.bytes();
@@ -181,19 +182,19 @@ pub fn prune(
     // Listed after the manifest is stored: a lock taken later belongs to an operation that
     // reads the manifest (each takes its lock before reading the index).
     let waiting = finish::holders(repo, mine)?;
-    clock.end("manifest");
+    clock.lap(&mut phases, "manifest");
     if !finish::wait_for(repo, mine, waiting, opts.max_wait, say, &loading)? {
         report.deferred = true;
-        report.phases = clock.done;
+        report.phases = in_seconds(&phases);
         return Ok(report);
     }
-    clock.end("wait");
+    clock.lap(&mut phases, "wait");
     say("deleting");
     let counted: IdSet<SnapshotId> = snapshots.iter().map(|(id, _)| *id).collect();
     report.finished = Some(finish::finish(repo, id, &d, Some(&counted), &loading)?);
     report.size_after = repo.list_packs()?.values().sum();
-    clock.end("delete");
-    report.phases = clock.done;
+    clock.lap(&mut phases, "delete");
+    report.phases = in_seconds(&phases);
     Ok(report)
 }
 
@@ -232,22 +233,4 @@ fn pending(repo: &Repository) -> Result<Vec<(cairn_format::id::DeletionId, Delet
         }
     }
     Ok(out)
-}
-
-/// Wall time per phase.
-struct Phases {
-    last: Instant,
-    done: Vec<(String, f64)>,
-}
-
-impl Phases {
-    fn start() -> Self {
-        Phases { last: Instant::now(), done: Vec::new() }
-    }
-
-    fn end(&mut self, name: &str) {
-        let now = Instant::now();
-        self.done.push((name.to_string(), (now - self.last).as_secs_f64()));
-        self.last = now;
-    }
 }

@@ -29,6 +29,24 @@ pub struct RepackOptions {
     pub write: WriteOptions,
 }
 
+impl RepackOptions {
+    /// The defaults for `plan` in `repo`: `fetchers` reads in flight if given, else the
+    /// backend's concurrency (at least 8); decoders on every core. Copying stored blobs only
+    /// encrypts (one packer keeps up with the reads and holds one pack in memory); re-encoding
+    /// compresses, on every core.
+    pub fn new(repo: &Repository, plan: &PlanOptions, fetchers: Option<usize>) -> Self {
+        let cores = crate::engine::platform::cores();
+        let codec = plan.recompress.as_ref().map_or_else(|| repo.config().codec(), |r| r.to);
+        let reencodes = plan.recompress.is_some() || plan.repack_uncompressed;
+        let packers = if reencodes { cores } else { 1 };
+        RepackOptions {
+            fetchers: fetchers.unwrap_or(repo.storage().default_concurrency().max(8)).max(1),
+            decoders: cores,
+            write: WriteOptions::rewriting(repo, codec, packers),
+        }
+    }
+}
+
 /// `packs` cut into batches of whole packs (at least one each) whose claimed blobs number at
 /// most `most`, so a repack of a million blobs does not plan them all at once (150 MB of
 /// `many`'s prune).

@@ -169,12 +169,12 @@ pub struct RestoreOptions {
 /// then write).
 pub const STAGE_NAMES: [&str; 3] = ["fetch", "decode", "write"];
 
-/// Default byte budget: 256 MiB (see docs/DESIGN.md).
-pub const DEFAULT_MAX_MEMORY: u64 = 256 * 1024 * 1024;
+/// Default byte budget: the engine's (256 MiB, see docs/DESIGN.md).
+pub use crate::engine::memory::DEFAULT_MAX_MEMORY;
 
 impl Default for RestoreOptions {
     fn default() -> Self {
-        let cores = crate::engine::parallel::cores();
+        let cores = crate::engine::platform::cores();
         RestoreOptions {
             fetch_concurrency: 4,
             fetch_auto: true,

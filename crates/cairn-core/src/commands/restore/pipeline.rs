@@ -206,7 +206,7 @@ fn tune_writers(
     decoders: usize,
 ) -> Vec<super::options::Step> {
     let began = Instant::now();
-    let cores = crate::engine::parallel::cores();
+    let cores = crate::engine::platform::cores();
     let totals = || {
         let written = sh.written.load(Ordering::Relaxed);
         let cpu = crate::engine::platform::process_cpu_time();

@@ -80,6 +80,26 @@ pub struct WriteOptions {
     pub index_stored: bool,
 }
 
+/// Stored packs per index file a pack writer writes unless told otherwise.
+pub const DEFAULT_INDEX_EVERY: usize = 8;
+
+impl WriteOptions {
+    /// A writer of blobs read from another pack (a prune's repack, a copy) into `dst`, with
+    /// `threads` packers: the uploads the destination's backend bears (2 to 8), no memory
+    /// budget yet (the command sets its share), and the stored packs not joining the in-memory
+    /// index.
+    pub fn rewriting(dst: &Repository, codec: Codec, threads: usize) -> Self {
+        WriteOptions {
+            codec,
+            threads,
+            uploads: dst.storage().default_concurrency().clamp(2, 8),
+            index_every: DEFAULT_INDEX_EVERY,
+            memory: None,
+            index_stored: false,
+        }
+    }
+}
+
 /// The bytes a pack of `repo` may take in memory while it is filled: its buffer is made this
 /// large once (the target size and an eighth, so the blob that passes the target fits).
 pub fn pack_buffer(repo: &Repository) -> u64 {

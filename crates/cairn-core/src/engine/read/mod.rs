@@ -344,7 +344,7 @@ impl<'a> Reader<'a> {
             tuning.log.lock().expect("tuning log").push(start);
         }
         let began = Instant::now();
-        let cores = crate::engine::parallel::cores();
+        let cores = crate::engine::platform::cores();
         let mut last = (Instant::now(), self.totals(), CpuTimes::now());
         let mut latency = Duration::ZERO;
         while self.meter.live_fetchers.load(Ordering::Relaxed) > 0 && !self.cancelled() {
