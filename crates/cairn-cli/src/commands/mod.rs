@@ -50,11 +50,12 @@ pub(crate) fn storage_at(global: &Global, repo: &str) -> Result<Arc<dyn Storage>
     let remote = RemoteOptions {
         sftp_key: global.sftp_key.as_ref().map(|p| p.to_string_lossy().into_owned()),
         sftp_known_hosts: Some(global.sftp_known_hosts.clone()),
+        // The token is read only for a server's location, as the password only when a key is needed.
+        server: match Location::parse(repo)? {
+            Location::Server { .. } => serve::server_options(global)?,
+            _ => Default::default(),
+        },
     };
-    let location = Location::parse(repo)?;
-    if let Location::Server { .. } = location {
-        return serve::client_storage(global, &location);
-    }
     Ok(open::storage_at(repo, &remote)?)
 }
 

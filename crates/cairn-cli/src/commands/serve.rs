@@ -5,12 +5,9 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use cairn_core::engine::storage::{
-    Faults, FaultyStorage, Location, RemoteOptions, ServerOptions, ServerStorage, Storage,
-};
+use cairn_core::engine::storage::{Location, RemoteOptions, ServerOptions};
 use cairn_server::tls::Certificate;
 use cairn_server::tokens::{parse_duration, Credentials, Role};
 use clap::{Args as ClapArgs, Subcommand};
@@ -126,6 +123,7 @@ fn serve(g: &Global, credentials: &std::path::Path, a: RunArgs) -> Result<ExitCo
         remote: RemoteOptions {
             sftp_key: g.sftp_key.as_ref().map(|p| p.to_string_lossy().into_owned()),
             sftp_known_hosts: Some(g.sftp_known_hosts.clone()),
+            ..RemoteOptions::default()
         },
         listen: a.listen,
         credentials: credentials.to_path_buf(),
@@ -202,9 +200,9 @@ fn human_secs(s: u64) -> String {
     }
 }
 
-/// The storage of a `cairn+https://` (or loopback `cairn+http://`) repository, with the
-/// global options' token and certificate check.
-pub(crate) fn client_storage(global: &Global, location: &Location) -> Result<Arc<dyn Storage>> {
+/// How to reach a `cairn+https://` (or loopback `cairn+http://`) repository: the global options'
+/// token (`CAIRN_SERVER_TOKEN` or the first line of `--server-token-file`) and certificate check.
+pub(crate) fn server_options(global: &Global) -> Result<ServerOptions> {
     let token = match (&global.server_token_file, std::env::var("CAIRN_SERVER_TOKEN")) {
         (_, Ok(t)) if !t.trim().is_empty() => Some(t.trim().to_string()),
         (Some(file), _) => {
@@ -217,12 +215,5 @@ pub(crate) fn client_storage(global: &Global, location: &Location) -> Result<Arc
         }
         (None, _) => None,
     };
-    let options =
-        ServerOptions { token, fingerprint: global.server_fingerprint.clone(), ca_file: global.server_ca.clone() };
-    let real = ServerStorage::open(location, &options)?;
-    // Fault injection for tests and benchmarks, as for every other backend.
-    match std::env::var("CAIRN_INJECT_FAULTS") {
-        Ok(spec) if !spec.is_empty() => Ok(Arc::new(FaultyStorage::new(real, Faults::parse(&spec)?))),
-        _ => Ok(Arc::new(real)),
-    }
+    Ok(ServerOptions { token, fingerprint: global.server_fingerprint.clone(), ca_file: global.server_ca.clone() })
 }

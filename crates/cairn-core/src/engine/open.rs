@@ -21,17 +21,25 @@ use crate::engine::lock::{FoundLock, Lock};
 use crate::engine::preload::Preload;
 use crate::engine::repository::Repository;
 use crate::engine::signal::Signal;
-use crate::engine::storage::{Faults, FaultyStorage, Location, OpendalStorage, RemoteOptions, Storage};
+use crate::engine::storage::{Faults, FaultyStorage, Location, OpendalStorage, RemoteOptions, ServerStorage, Storage};
 use crate::error::{Error, Result};
 use cairn_format::id::SnapshotId;
 use cairn_format::layout;
 use cairn_format::lock::LockKind;
 use cairn_format::snapshot::Snapshot;
 
-/// The storage at `location` (`/path`, `s3:…`, `sftp:…`). With `CAIRN_INJECT_FAULTS` set (tests
-/// and benchmarks, docs/DESIGN.md), the real backend is wrapped in the faults it names.
+/// The storage at `location` (`/path`, `s3:…`, `sftp:…`, `cairn+https://…`). With
+/// `CAIRN_INJECT_FAULTS` set (tests and benchmarks, docs/DESIGN.md), the real backend is wrapped
+/// in the faults it names.
 pub fn storage_at(location: &str, remote: &RemoteOptions) -> Result<Arc<dyn Storage>> {
-    let real = OpendalStorage::open(&Location::parse(location)?, remote)?;
+    let location = Location::parse(location)?;
+    match location {
+        Location::Server { .. } => with_faults(ServerStorage::open(&location, &remote.server)?),
+        _ => with_faults(OpendalStorage::open(&location, remote)?),
+    }
+}
+
+fn with_faults<S: Storage + 'static>(real: S) -> Result<Arc<dyn Storage>> {
     match std::env::var("CAIRN_INJECT_FAULTS") {
         Ok(spec) if !spec.is_empty() => Ok(Arc::new(FaultyStorage::new(real, Faults::parse(&spec)?))),
         _ => Ok(Arc::new(real)),

@@ -276,6 +276,7 @@ fn storage_helper() {
     let remote = RemoteOptions {
         sftp_key: std::env::var("CAIRN_SFTP_KEY").ok(),
         sftp_known_hosts: std::env::var("CAIRN_SFTP_KNOWN_HOSTS").ok(),
+        ..RemoteOptions::default()
     };
     let storage = OpendalStorage::open(&Location::parse(location).unwrap(), &remote).unwrap();
     match op {

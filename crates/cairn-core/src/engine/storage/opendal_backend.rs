@@ -40,6 +40,8 @@ pub struct RemoteOptions {
     /// SSH host key policy for SFTP: `strict` (default: the host must be in known_hosts),
     /// `add` (trust a new host on first use), `accept` (trust any host key).
     pub sftp_known_hosts: Option<String>,
+    /// How to reach and authenticate to a repository server (`cairn+https://…`).
+    pub server: super::ServerOptions,
 }
 
 /// Ranged reads in flight by default: a local disk gains little from more than a few, while a
