@@ -75,41 +75,6 @@ pub fn one_line(e: &anyhow::Error) -> String {
     parts.join(": ").replace('\n', " ")
 }
 
-/// A node's kind as JSON output names it: `file`, `dir`, `symlink`, `chardevice`,
-/// `blockdevice`, `fifo`.
-pub fn kind(k: cairn_format::tree::NodeKind) -> String {
-    format!("{k:?}").to_lowercase()
-}
-
-/// A mode as `ls -l` writes it: the kind letter, then read, write and execute for owner, group
-/// and others, with setuid, setgid and sticky as `s`/`S` and `t`/`T` (`drwxr-xr-x`,
-/// `-rwsr-x---`).
-pub fn mode_string(k: cairn_format::tree::NodeKind, mode: u32) -> String {
-    use cairn_format::tree::NodeKind;
-    let mut s = String::with_capacity(10);
-    s.push(match k {
-        NodeKind::Dir => 'd',
-        NodeKind::Symlink => 'l',
-        NodeKind::CharDevice => 'c',
-        NodeKind::BlockDevice => 'b',
-        NodeKind::Fifo => 'p',
-        NodeKind::File => '-',
-    });
-    // (shift of the rwx bits, the special bit of that class, its letter when executable)
-    for (shift, special, letter) in [(6, 0o4000, 's'), (3, 0o2000, 's'), (0, 0o1000, 't')] {
-        let bits = (mode >> shift) & 7;
-        s.push(if bits & 4 != 0 { 'r' } else { '-' });
-        s.push(if bits & 2 != 0 { 'w' } else { '-' });
-        s.push(match (bits & 1 != 0, mode & special != 0) {
-            (true, true) => letter,
-            (false, true) => letter.to_ascii_uppercase(),
-            (true, false) => 'x',
-            (false, false) => '-',
-        });
-    }
-    s
-}
-
 /// How a child process ended: `exit status N` or `killed by signal N (NAME)`.
 pub fn exit_status(status: &std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
@@ -117,21 +82,5 @@ pub fn exit_status(status: &std::process::ExitStatus) -> String {
         (Some(code), _) => format!("exit status {code}"),
         (None, Some(sig)) => format!("killed by signal {sig}"),
         _ => status.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use cairn_format::tree::NodeKind;
-
-    #[test]
-    fn mode_strings() {
-        assert_eq!(super::mode_string(NodeKind::File, 0o644), "-rw-r--r--");
-        assert_eq!(super::mode_string(NodeKind::Dir, 0o755), "drwxr-xr-x");
-        assert_eq!(super::mode_string(NodeKind::File, 0o4750), "-rwsr-x---");
-        assert_eq!(super::mode_string(NodeKind::File, 0o2640), "-rw-r-S---");
-        assert_eq!(super::mode_string(NodeKind::Dir, 0o1777), "drwxrwxrwt");
-        assert_eq!(super::mode_string(NodeKind::Dir, 0o1776), "drwxrwxrwT");
-        assert_eq!(super::mode_string(NodeKind::Symlink, 0o777), "lrwxrwxrwx");
     }
 }

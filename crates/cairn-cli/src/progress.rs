@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use cairn_core::commands::backup::{self, BackupOutcome};
+use cairn_core::commands::json;
 use cairn_core::commands::restore::{DryRun, Progress, RestoreOutcome, STAGE_NAMES};
 use cairn_core::engine::signal::{RaiseOnDrop, Signal};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -64,15 +65,7 @@ pub fn restore(p: &Progress, done: &Signal, json: bool) {
             bar.set_message(msg);
         } else if json && last_json.elapsed() >= Duration::from_secs(1) {
             last_json = Instant::now();
-            let secs = started.elapsed().as_secs_f64();
-            outln!(
-                "{}",
-                serde_json::json!({
-                    "message_type": "status", "seconds_elapsed": secs, "bytes_done": now, "total_bytes": total,
-                    "files_done": files.0, "total_files": files.1,
-                    "fetched_bytes": p.fetched_bytes.load(Ordering::Relaxed), "stall": stall,
-                })
-            );
+            outln!("{}", json::line(&json::RestoreStatus::new(p, started.elapsed())));
         }
     }
     if let Some(bar) = bar {
@@ -84,49 +77,7 @@ pub fn restore(p: &Progress, done: &Signal, json: bool) {
 pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, profile: bool) {
     let secs = out.duration.as_secs_f64();
     if json {
-        let stages: Vec<_> = STAGE_NAMES
-            .iter()
-            .zip(&out.profile)
-            .map(|(n, t)| {
-                serde_json::json!({"stage": n, "busy_s": t.busy.as_secs_f64(), "idle_s": t.idle.as_secs_f64(), "blocked_s": t.blocked.as_secs_f64()})
-            })
-            .collect();
-        let tuning: Vec<_> = out
-            .fetch_tuning
-            .iter()
-            .map(|s| {
-                serde_json::json!({"at_s": s.at.as_secs_f64(), "limit": s.limit, "reason": s.reason,
-                    "bytes_per_s": s.throughput, "latency_ms": s.latency.as_secs_f64() * 1000.0,
-                    "cpu_busy": s.cpu_busy})
-            })
-            .collect();
-        let write_tuning: Vec<_> = out
-            .write_tuning
-            .iter()
-            .map(|s| {
-                serde_json::json!({"at_s": s.at.as_secs_f64(), "limit": s.limit, "reason": s.reason,
-                    "bytes_per_s": s.rate, "cpu_share": s.cpu})
-            })
-            .collect();
-        let gaps: Vec<_> = out.read_gaps.iter().map(|g| g.gap).collect();
-        let phases: Vec<_> =
-            out.phases.iter().map(|(n, d)| serde_json::json!({"phase": n, "seconds": d.as_secs_f64()})).collect();
-        outln!(
-            "{}",
-            serde_json::json!({
-                "message_type": "summary", "snapshot_id": snapshot, "files": out.files, "dirs": out.dirs,
-                "others": out.others, "bytes_total": out.bytes_total, "bytes_written": out.bytes_written,
-                "bytes_fetched": out.bytes_fetched, "bytes_in_place": out.bytes_in_place, "bytes_zero": out.bytes_zero,
-                "bytes_reused_source": out.bytes_reused_source, "bytes_reused_target": out.bytes_reused_target,
-                "deleted": out.deleted, "verified": out.verified, "failed": out.failed.len(),
-                "warnings": out.warnings.len(), "stalls": out.stalls, "seconds": secs, "profile": stages,
-                "batches": out.batches,
-                "fetch_tuning": tuning,
-                "write_tuning": write_tuning,
-                "read_gaps": gaps,
-                "phases": phases,
-            })
-        );
+        outln!("{}", json::line(&json::RestoreSummary::new(snapshot, out)));
         return;
     }
     outln!(
@@ -231,13 +182,7 @@ pub fn print_round_trips(storage: &dyn cairn_core::engine::storage::Storage, jso
     let path = trace.critical_path();
     let ms = |d: std::time::Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
     if json {
-        let chain: Vec<&str> = path.chain.iter().map(|s| s.what.as_str()).collect();
-        let chain_ms: Vec<[f64; 2]> = path.chain.iter().map(|s| [ms(s.start), ms(s.end)]).collect();
-        outln!(
-            "{}",
-            serde_json::json!({"message_type": "round_trips", "serial_before_data": chain.len(), "chain": chain,
-                "chain_ms": chain_ms, "first_data_ms": path.first_data.map(ms)})
-        );
+        outln!("{}", json::line(&json::RoundTrips::new(&path)));
     } else {
         let steps: Vec<String> =
             path.chain.iter().map(|s| format!("{} {:.0}–{:.0} ms", s.what, ms(s.start), ms(s.end))).collect();
@@ -251,12 +196,10 @@ pub fn print_round_trips(storage: &dyn cairn_core::engine::storage::Storage, jso
 
 /// With `--profile`: when the restore's lock was let go (`Held`).
 pub fn print_lock_let_go(held: &cairn_core::engine::open::Held, json: bool) {
-    let before_end = match held {
-        cairn_core::engine::open::Held::LetGo(d) => Some(d.as_secs_f64()),
-        _ => None,
-    };
+    let message = json::LockLetGo::new(held);
+    let before_end = message.before_end();
     if json {
-        outln!("{}", serde_json::json!({"message_type": "lock", "let_go_before_end_seconds": before_end}));
+        outln!("{}", json::line(&message));
     } else if let Some(s) = before_end {
         outln!("lock let go once the reads were over, {s:.3} s before the restore ended");
     } else {
@@ -267,14 +210,7 @@ pub fn print_lock_let_go(held: &cairn_core::engine::open::Held, json: bool) {
 /// Prints what a dry run found.
 pub fn print_dry_run(dry: &DryRun, out: &RestoreOutcome, json: bool) {
     if json {
-        outln!(
-            "{}",
-            serde_json::json!({
-                "message_type": "dry_run", "create": dry.create, "update": dry.update,
-                "unchanged": dry.unchanged, "delete": dry.delete, "bytes_to_fetch": out.bytes_fetched,
-                "bytes_reused_source": out.bytes_reused_source, "bytes_reused_target": out.bytes_reused_target,
-            })
-        );
+        outln!("{}", json::line(&json::RestoreDryRun::new(dry, out)));
         return;
     }
     for p in &dry.create {
@@ -330,17 +266,7 @@ pub fn backup(p: &backup::Progress, done: &Signal, json: bool) {
             bar.set_message(msg);
         } else if json && last_json.elapsed() >= Duration::from_secs(1) {
             last_json = Instant::now();
-            let secs = started.elapsed().as_secs_f64();
-            let left = (scanned && now.1 > 0).then(|| secs * (total.1.saturating_sub(now.1)) as f64 / now.1 as f64);
-            outln!(
-                "{}",
-                serde_json::json!({
-                    "message_type": "status", "seconds_elapsed": secs, "seconds_remaining": left,
-                    "files_done": now.0, "total_files": total.0, "bytes_done": now.1, "total_bytes": total.1,
-                    "scan_finished": scanned,
-                    "current_files": reading.iter().map(|f| f.to_string_lossy()).collect::<Vec<_>>(),
-                })
-            );
+            outln!("{}", json::line(&json::BackupStatus::new(p, started.elapsed())));
         }
     }
     if let Some(bar) = bar {
@@ -350,22 +276,11 @@ pub fn backup(p: &backup::Progress, done: &Signal, json: bool) {
 
 /// Prints the end-of-backup summary.
 pub fn print_backup_summary(out: &BackupOutcome, json: bool) {
-    let s = &out.snapshot.summary;
-    let id = out.id.map(|id| id.to_hex());
     if json {
-        outln!(
-            "{}",
-            serde_json::json!({
-                "message_type": "summary", "snapshot_id": id, "dry_run": out.id.is_none(),
-                "parent": out.snapshot.parent.map(|p| p.to_hex()),
-                "files_new": s.files_new, "files_changed": s.files_changed, "files_unmodified": s.files_unmodified,
-                "dirs_new": out.dirs.new, "dirs_changed": out.dirs.changed, "dirs_unmodified": out.dirs.unmodified,
-                "dirs": s.dirs, "bytes_read": s.bytes_read, "bytes_added": s.bytes_added, "bytes_stored": s.bytes_stored,
-                "errors": s.errors, "duration_ms": s.duration_ms,
-            })
-        );
+        outln!("{}", json::line(&json::BackupSummary::new(out)));
         return;
     }
+    let s = &out.snapshot.summary;
     let secs = s.duration_ms as f64 / 1000.0;
     match out.snapshot.parent {
         Some(p) => outln!("using parent snapshot {}", p.short()),
@@ -412,10 +327,7 @@ pub fn check(p: &cairn_core::commands::check::Progress, done: &Signal, json: boo
             let of = if total > 0 { format!("/{}", count(total)) } else { String::new() };
             bar.set_message(format!("{phase} {}{of}", count(n)));
         },
-        || {
-            let ((read, to_read), (phase, n, total)) = (read(), counts());
-            serde_json::json!({"phase": phase, "done": n, "total": total, "bytes_read": read, "bytes_to_read": to_read})
-        },
+        |elapsed| json::line(&json::CheckStatus::new(p, elapsed)),
     );
 }
 
@@ -435,16 +347,13 @@ pub fn copy(p: &cairn_core::commands::copy::CopyProgress, done: &Signal, json: b
             bar.set_position(read);
             bar.set_message(format!("{phase}, {} written", bytes(written)));
         },
-        || {
-            let (phase, total, read, written) = now();
-            serde_json::json!({"phase": phase, "bytes_read": read, "total_bytes": total, "bytes_written": written})
-        },
+        |elapsed| json::line(&json::CopyStatus::new(p, elapsed)),
     );
 }
 
 /// Until `done`, every 100 ms: `show` updates the bar on a terminal; otherwise, with `--json`,
-/// every second a status line of `status`'s fields (plus the message type and the time).
-fn poll_phases(done: &Signal, json: bool, show: impl Fn(&ProgressBar), status: impl Fn() -> serde_json::Value) {
+/// every second the status line `status` makes of the time since the start.
+fn poll_phases(done: &Signal, json: bool, show: impl Fn(&ProgressBar), status: impl Fn(Duration) -> String) {
     let bar = terminal_bar(json);
     let started = Instant::now();
     let mut last_json = Instant::now();
@@ -453,10 +362,7 @@ fn poll_phases(done: &Signal, json: bool, show: impl Fn(&ProgressBar), status: i
             show(bar);
         } else if json && last_json.elapsed() >= Duration::from_secs(1) {
             last_json = Instant::now();
-            let mut line = status();
-            line["message_type"] = "status".into();
-            line["seconds_elapsed"] = started.elapsed().as_secs_f64().into();
-            outln!("{line}");
+            outln!("{}", status(started.elapsed()));
         }
     }
     if let Some(bar) = bar {

@@ -39,8 +39,8 @@ pub struct MountOptions {
     /// Byte budget for decoded blobs: half for the cache of plaintext, half for the
     /// read pipeline's reads in flight.
     pub max_memory: u64,
-    /// Reads in flight in the read pipeline.
-    pub fetch_concurrency: usize,
+    /// Reads in flight in the read pipeline; `None`: the storage's own default.
+    pub fetch_concurrency: Option<usize>,
     /// Decode workers of the read pipeline.
     pub decode_threads: usize,
     /// Threads answering the kernel's requests.
@@ -151,7 +151,7 @@ pub fn mount(
         // plaintext count, so about a quarter of it in plaintext): read-ahead does not evict
         // what it brought before it is read.
         window: budget / 2,
-        fetchers: opts.fetch_concurrency.max(1),
+        fetchers: opts.fetch_concurrency.unwrap_or_else(|| repo.storage().default_concurrency()).max(1),
         decoders: opts.decode_threads.max(1),
     };
     let prefetch = prefetch::Prefetch::start(repo.clone(), cache.clone(), limits)?;

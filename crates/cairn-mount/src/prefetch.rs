@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use cairn_core::engine::read::{
-    coalesce, coalesce_gap, ordered_reads, Decoded, PackRead, Plain, Queued, Reader, Sink, Slots,
+    coalesce, coalesce_gap, ordered_reads, Decoded, PackRead, Plain, Queued, ReadRef, Reader, Sink, Slots,
 };
 use cairn_core::engine::repository::Repository;
 use cairn_core::error::{Error, Result};
@@ -459,7 +459,7 @@ struct ToCache<'s> {
 }
 
 impl<'s> Sink<'s> for ToCache<'s> {
-    fn blobs(&self, _read: &'s PackRead, blobs: Vec<Decoded<'s>>) -> bool {
+    fn blobs(&self, _read: ReadRef<'s>, blobs: Vec<Decoded<'s>>) -> bool {
         for Decoded { id, data, .. } in blobs {
             let plain = match data {
                 Plain::Own(v) => v,
@@ -470,7 +470,7 @@ impl<'s> Sink<'s> for ToCache<'s> {
         true
     }
 
-    fn failed(&self, _read: &'s PackRead, blob: &BlobEntry, _why: &Error) {
+    fn failed(&self, _read: ReadRef<'s>, blob: &BlobEntry, _why: &Error) {
         // The reader reads it again on its own and reports the error then.
         self.shared.arrived(blob.id, None);
         self.shared.cache.wake();

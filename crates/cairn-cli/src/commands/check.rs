@@ -7,9 +7,8 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use cairn_core::commands::check::{self, CheckOptions, CheckReport, Progress, ReadData};
-use cairn_core::engine::open::{self, OpenOptions, Opened};
-use cairn_core::engine::preload::Preload;
-use cairn_format::lock::LockKind;
+use cairn_core::commands::json;
+use cairn_core::engine::open::Opened;
 use clap::Args as ClapArgs;
 
 use super::{machine, options, parse_size, repository, set_on_sigint, Global, SnapshotArgs};
@@ -62,36 +61,25 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     }
     let max_duration = a.max_duration.as_deref().map(cairn_core::engine::platform::parse_duration).transpose()?;
     let max_memory = a.max_memory.as_deref().map(parse_size).transpose()?;
-    // Keys, index, snapshots and the pack listing are listed and fetched beside the lock and
-    // the key's round trips, and the check starts while the lock is still being taken: it only
-    // reads, and it stops (the lock's error is reported) if the lock cannot be had.
     let cancel = Arc::new(AtomicBool::new(false));
-    let (storage, pw) = repository(g)?;
-    let opts = OpenOptions {
-        lock: Some(LockKind::Shared),
-        preload: Preload::everything(true),
-        stop: Some(&cancel),
-        ..options(g)
+    let opts = CheckOptions {
+        read_data,
+        record_dir: record_base,
+        resume: a.resume,
+        max_duration,
+        filter: a.snapshots.filter(),
+        concurrency: a.fetch_concurrency,
+        max_memory,
+        cancel: cancel.clone(),
+        ..CheckOptions::default()
     };
-    let (Opened { repo, lock: _lock }, report) = open::open_then(storage, &pw, opts, |repo| -> Result<_> {
-        set_on_sigint(&cancel)?;
-        let opts = CheckOptions {
-            read_data,
-            record: record_base.map(|b| b.join(&repo.config().id).join("check-verified")),
-            resume: a.resume,
-            max_duration,
-            filter: a.snapshots.filter(),
-            concurrency: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency().max(8)).max(1),
-            max_memory,
-            cancel: cancel.clone(),
-            ..CheckOptions::default()
-        };
-        let progress = Progress::default();
-        Ok(crate::progress::while_showing(
-            |done| crate::progress::check(&progress, done, g.json),
-            || check::check(repo, &opts, &progress),
-        ))
-    })?;
+    let progress = Progress::default();
+    let (storage, pw) = repository(g)?;
+    set_on_sigint(&cancel)?;
+    let (Opened { repo, lock: _lock }, report) = crate::progress::while_showing(
+        |done| crate::progress::check(&progress, done, g.json),
+        || check::open_and_check(storage, &pw, &opts, options(g), &progress),
+    )?;
     let report = match report {
         Err(cairn_core::Error::Interrupted) => {
             eprintln!("cairn: check interrupted");
@@ -108,12 +96,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
 
 fn print(r: &CheckReport, json: bool) {
     if json {
-        let mut v = serde_json::to_value(r).expect("a report serializes");
-        v["message_type"] = "summary".into();
-        v["seconds"] = r.duration.as_secs_f64().into();
-        v["errors"] = r.errors().into();
-        v["notices"] = r.notices().into();
-        outln!("{v}");
+        outln!("{}", json::line(&json::CheckSummary::new(r)));
         return;
     }
     for f in &r.findings {

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use cairn_core::commands::copy::{self, CopyOptions, CopyProgress, CopyReport};
+use cairn_core::commands::json;
 use cairn_core::engine::repository::Repository;
 use cairn_format::lock::LockKind;
 use clap::Args as ClapArgs;
@@ -105,7 +106,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
 
 fn print(r: &CopyReport, json: bool) {
     if json {
-        outln!("{}", serde_json::to_value(r.summary()).expect("a summary serializes"));
+        outln!("{}", json::line(&r.summary()));
         return;
     }
     if !r.copied.is_empty() {

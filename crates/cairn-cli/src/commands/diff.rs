@@ -11,16 +11,16 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use cairn_core::commands::diff::{self, Counts, DiffOptions, DiffStats, Entry, Root, Side};
+use cairn_core::commands::diff::{self, DiffOptions, DiffStats, Entry, Root};
+use cairn_core::commands::json;
 use cairn_core::engine::repository::Repository;
 use cairn_core::engine::trees::{below_root, resolve};
 use cairn_format::lock::LockKind;
 use cairn_format::tree::NodeKind;
 use clap::Args as ClapArgs;
-use serde_json::json;
 
 use super::{open_locked, split_spec, Global, WalkMemory};
-use crate::output::{self, bytes, count};
+use crate::output::{bytes, count};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -53,9 +53,9 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let (entries, stats) = diff::diff(&repo, before, after, &base, opts, &shares.loading())?;
     if g.json {
         for e in &entries {
-            outln!("{}", change_json(e));
+            outln!("{}", json::line(&json::DiffChange::new(e)));
         }
-        outln!("{}", stats_json(&stats, &before_id, &after_id));
+        outln!("{}", json::line(&json::DiffStatistics::new(&stats, &before_id, &after_id)));
     } else {
         outln!("comparing snapshot {before_id} to {after_id}:");
         outln!("");
@@ -93,37 +93,6 @@ fn change_line(e: &Entry) -> String {
     let size = if shown.kind == NodeKind::Dir { String::new() } else { bytes(shown.size) };
     let slash = if shown.kind == NodeKind::Dir { "/" } else { "" };
     format!("{} {size:>11}  {}{slash}", e.change.code(), e.path.display())
-}
-
-fn change_json(e: &Entry) -> serde_json::Value {
-    let side = |s: Option<Side>| s.map(|s| json!({"type": output::kind(s.kind), "size": s.size}));
-    json!({
-        "message_type": "change",
-        "path": e.path.to_string_lossy(),
-        "modifier": e.change.code().to_string(),
-        "change": e.change.name(),
-        "before": side(e.before),
-        "after": side(e.after),
-    })
-}
-
-fn stats_json(s: &DiffStats, before: &str, after: &str) -> serde_json::Value {
-    let counts = |c: Counts| json!({"added": c.added, "removed": c.removed, "changed": c.changed});
-    json!({
-        "message_type": "statistics",
-        "source_snapshot": before,
-        "target_snapshot": after,
-        "files": counts(s.files),
-        "dirs": counts(s.dirs),
-        "others": counts(s.others),
-        "type_changes": s.type_changes,
-        "metadata_changes": s.metadata_changes,
-        "blobs_added": s.blobs_added,
-        "blobs_removed": s.blobs_removed,
-        "bytes_added": s.bytes_added,
-        "bytes_removed": s.bytes_removed,
-        "trees_read": s.trees_read,
-    })
 }
 
 fn print_stats(s: &DiffStats) {

@@ -34,12 +34,12 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         bail!("refusing to write a dump to a terminal: redirect stdout to a file or a pipe");
     }
     let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-    let concurrency = a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency());
     let max_memory = super::parse_size(&a.max_memory)?;
     let path = path.unwrap_or(std::path::Path::new("/"));
-    let written = cairn_core::commands::dump::dump(&repo, &snap, &id.short(), path, &mut out, concurrency, max_memory)
-        .map_err(anyhow::Error::from)
-        .and_then(|_| out.flush().context("cannot write to stdout"));
+    let written =
+        cairn_core::commands::dump::dump(&repo, &snap, &id.short(), path, &mut out, a.fetch_concurrency, max_memory)
+            .map_err(anyhow::Error::from)
+            .and_then(|_| out.flush().context("cannot write to stdout"));
     match written {
         // `cairn dump … | tar -t` whose reader stopped: end as a filter would.
         Err(e) if crate::output::is_broken_pipe(&e) => crate::output::end_by_sigpipe(),

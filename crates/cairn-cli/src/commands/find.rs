@@ -7,10 +7,10 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use cairn_core::commands::find::{self, Matcher};
+use cairn_core::commands::json;
 use cairn_format::lock::LockKind;
 use cairn_format::tree::{NodeKind, Timestamp};
 use clap::Args as ClapArgs;
-use serde_json::json;
 
 use super::{open_locked, plural, Global, SnapshotArgs, WalkMemory};
 use crate::output;
@@ -56,15 +56,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
             last = Some(*id);
         }
         if g.json {
-            outln!(
-                "{}",
-                json!({
-                    "snapshot": id.to_hex(), "short_id": id.short(), "snapshot_time": snap.time.secs,
-                    "hostname": snap.hostname, "path": path.to_string_lossy(), "type": output::kind(node.kind),
-                    "size": node.size, "mode": node.mode, "permissions": output::mode_string(node.kind, node.mode),
-                    "mtime": node.mtime.secs, "mtime_nanos": node.mtime.nanos,
-                })
-            );
+            outln!("{}", json::line(&json::FindMatch::new(id, snap, path, node)));
         } else {
             let size = if node.kind == NodeKind::Dir { String::new() } else { output::bytes(node.size) };
             let slash = if node.kind == NodeKind::Dir { "/" } else { "" };

@@ -10,12 +10,12 @@
 use std::process::ExitCode;
 
 use anyhow::{bail, Result};
-use cairn_core::commands::forget::{self, Count, GroupBy, GroupDecision, Plan, Policy, Span};
+use cairn_core::commands::forget::{self, Count, GroupBy, Plan, Policy, Span};
+use cairn_core::commands::json;
 use cairn_format::id::SnapshotId;
 use cairn_format::lock::LockKind;
 use cairn_format::snapshot::Snapshot;
 use clap::Args as ClapArgs;
-use serde_json::json;
 
 use super::{open_locked, plural, snapshots, FilterArgs, Global};
 
@@ -134,7 +134,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         forget::remove(&repo, &plan.removed())?;
     }
     if g.json {
-        outln!("{}", serde_json::Value::Array(plan.groups.iter().map(group_json).collect()));
+        outln!("{}", json::line(&plan.groups.iter().map(json::ForgetGroup::new).collect::<Vec<_>>()));
     } else {
         outln!("{}", summary(&plan, policy.is_empty(), a.dry_run));
     }
@@ -196,23 +196,4 @@ fn summary(plan: &Plan, no_policy: bool, dry_run: bool) -> String {
         (true, true) => format!("would remove {removed} (dry run: nothing was removed)"),
         (true, false) => format!("would remove {removed}, keep {} (dry run: nothing was removed)", plan.kept()),
     }
-}
-
-fn group_json(g: &GroupDecision) -> serde_json::Value {
-    let snap = |id: &SnapshotId, s: &Snapshot| json!({"id": id.to_hex(), "short_id": id.short(), "time": s.time.secs});
-    let keep: Vec<_> = g
-        .keep
-        .iter()
-        .map(|k| {
-            let mut v = snap(&k.id, &k.snapshot);
-            v["reasons"] = k.reasons.iter().map(ToString::to_string).collect();
-            v
-        })
-        .collect();
-    let remove: Vec<_> = g.remove.iter().map(|r| snap(&r.id, &r.snapshot)).collect();
-    json!({
-        "group": {"host": g.key.host, "paths": g.key.paths, "tags": g.key.tags},
-        "keep": keep,
-        "remove": remove,
-    })
 }

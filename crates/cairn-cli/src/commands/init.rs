@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
+use cairn_core::commands::json;
 use cairn_core::engine::repository::{InitOptions, Repository};
 use cairn_format::keyfile::KdfParams;
 use clap::Args as ClapArgs;
@@ -71,10 +72,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let pw = password::get(g.password_file.as_deref(), "CAIRN_PASSWORD", "new repository password", true)?;
     let repo = Repository::init(storage.clone(), &pw, &opts)?;
     if g.json {
-        outln!(
-            "{}",
-            serde_json::json!({"message_type": "initialized", "id": repo.config().id, "repository": storage.location()})
-        );
+        outln!("{}", json::line(&json::Initialized::new(&repo.config().id, storage.location())));
     } else {
         outln!("created cairn repository {} at {}", &repo.config().id[..8], storage.location());
         outln!("Keep the password safe: without it the data cannot be read.");

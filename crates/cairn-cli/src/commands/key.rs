@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
+use cairn_core::commands::json;
 use cairn_format::keyfile::KdfParams;
 use cairn_format::lock::LockKind;
 use clap::{Args as ClapArgs, Subcommand};
-use serde_json::json;
 
 use super::{lock, open, Global};
 use crate::password;
@@ -78,16 +78,9 @@ pub fn run(g: &Global, k: Args) -> Result<ExitCode> {
 fn list(g: &Global, repo: &cairn_core::engine::repository::Repository) -> Result<()> {
     let keys = repo.keys()?;
     if g.json {
-        let list: Vec<_> = keys
-            .iter()
-            .map(|(id, kf)| {
-                json!({
-                    "id": id.to_hex(), "short_id": id.short(), "current": repo.key_id() == Some(*id),
-                    "created": kf.created, "hostname": kf.hostname, "username": kf.username,
-                })
-            })
-            .collect();
-        outln!("{}", serde_json::Value::Array(list));
+        let list: Vec<_> =
+            keys.iter().map(|(id, kf)| json::KeyEntry::new(id, kf, repo.key_id() == Some(*id))).collect();
+        outln!("{}", json::line(&list));
         return Ok(());
     }
     outln!(" {:<10} {:<16} {:<20} created", "ID", "user", "host");

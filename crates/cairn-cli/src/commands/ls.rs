@@ -4,6 +4,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
+use cairn_core::commands::json;
 use cairn_format::tree::{Node, NodeKind};
 use clap::Args as ClapArgs;
 
@@ -49,22 +50,14 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
 
 fn print_node(g: &Global, a: &Args, path: &Path, n: &Node) {
     if g.json {
-        outln!(
-            "{}",
-            serde_json::json!({
-                "path": path.to_string_lossy(), "type": output::kind(n.kind), "mode": n.mode,
-                "permissions": output::mode_string(n.kind, n.mode),
-                "uid": n.uid, "gid": n.gid, "user": n.user, "group": n.group, "size": n.size,
-                "mtime": n.mtime.secs, "mtime_nanos": n.mtime.nanos,
-            })
-        );
+        outln!("{}", json::line(&json::NodeEntry::new(path, n)));
     } else if a.long {
         let owner = if n.user.is_empty() { n.uid.to_string() } else { n.user.clone() };
         let group = if n.group.is_empty() { n.gid.to_string() } else { n.group.clone() };
         let size = if a.bytes { n.size.to_string() } else { output::bytes(n.size) };
         let mut line = format!(
             "{} {owner:>8} {group:>8} {size:>10} {} {}",
-            output::mode_string(n.kind, n.mode),
+            json::mode_string(n.kind, n.mode),
             cairn_core::engine::platform::format_local(n.mtime),
             path.display()
         );

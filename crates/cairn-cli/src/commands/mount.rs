@@ -42,7 +42,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let snapshots = a.snapshots.filter().select(&repo)?;
     let opts = cairn_mount::MountOptions {
         max_memory,
-        fetch_concurrency: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency()).max(1),
+        fetch_concurrency: a.fetch_concurrency,
         decode_threads: cairn_core::engine::platform::cores(),
         fuse_threads: 4,
         allow_other: a.allow_other,

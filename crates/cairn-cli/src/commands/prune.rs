@@ -4,6 +4,7 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 
 use anyhow::Result;
+use cairn_core::commands::json;
 use cairn_core::commands::prune::{self, CodecUse, Limit, PlanOptions, PruneOptions, PruneReport, RepackOptions};
 use cairn_core::engine::repository::Repository;
 use cairn_format::lock::LockKind;
@@ -118,11 +119,7 @@ fn background_priority() {
 
 fn print(r: &PruneReport, dry_run: bool, json: bool) {
     if json {
-        let mut v = serde_json::to_value(r).expect("a report serializes");
-        v["message_type"] = "summary".into();
-        v["dry_run"] = dry_run.into();
-        v["freed_bytes"] = r.size_before.saturating_sub(r.size_after).into();
-        outln!("{v}");
+        outln!("{}", json::line(&json::PruneSummary::new(r, dry_run)));
         return;
     }
     for e in &r.earlier {

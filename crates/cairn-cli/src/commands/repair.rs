@@ -3,13 +3,12 @@
 
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
-use cairn_core::commands::repair;
-use cairn_format::id::PackId;
+use anyhow::Result;
+use cairn_core::commands::{json, repair};
 use cairn_format::lock::LockKind;
 use clap::{Args as ClapArgs, Subcommand};
 
-use super::{lock, open, Global, SnapshotArgs};
+use super::{open_locked, Global, SnapshotArgs};
 
 #[derive(Subcommand, Debug)]
 pub enum Args {
@@ -48,21 +47,15 @@ pub struct PacksArgs {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
-    let repo = open(g)?;
-    let threads = repo.storage().default_concurrency().max(8);
     match a {
         Args::Index(a) => {
-            let _lock = lock(&repo, LockKind::Exclusive)?;
-            let r = repair::repair_index(&repo, a.read_all_packs, threads)?;
+            let (repo, _lock) = open_locked(g, LockKind::Exclusive)?;
+            let r = repair::repair_index(&repo, a.read_all_packs)?;
             for (file, why) in &r.failed {
                 eprintln!("warning: {file} could not be indexed (left in place): {why}");
             }
             if g.json {
-                outln!(
-                    "{}",
-                    serde_json::json!({"message_type": "summary", "kept": r.kept, "read": r.read, "missing": r.missing,
-                        "bad_blobs": r.bad_blobs, "failed": r.failed.len(), "written": r.written, "removed": r.removed})
-                );
+                outln!("{}", json::line(&json::IndexRepairSummary::new(&r)));
             } else if r.written == 0 && r.removed == 0 {
                 outln!("the index is whole: {} packs, nothing to repair", r.kept);
             } else {
@@ -75,21 +68,16 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         }
         Args::Snapshots(a) => {
             let kind = if a.forget && !a.dry_run { LockKind::Exclusive } else { LockKind::Shared };
-            let _lock = lock(&repo, kind)?;
+            let (repo, _lock) = open_locked(g, kind)?;
             repo.load_index()?;
             let done = repair::repair_snapshots(&repo, &a.snapshots.filter(), a.forget, a.dry_run)?;
             let verb = if a.dry_run { "would repair" } else { "repaired" };
             for r in &done {
-                let new = r.new.map_or_else(|| "(dry run)".to_string(), |id| id.short());
                 if g.json {
-                    outln!(
-                        "{}",
-                        serde_json::json!({"message_type": "repaired", "old": r.old.to_hex(), "new": r.new.map(|i| i.to_hex()),
-                            "cut": r.cut.iter().map(|(p, a, b)| serde_json::json!({"path": p, "size": a, "new_size": b})).collect::<Vec<_>>(),
-                            "emptied": r.emptied, "forgotten": r.forgotten})
-                    );
+                    outln!("{}", json::line(&json::SnapshotRepaired::new(r)));
                     continue;
                 }
+                let new = r.new.map_or_else(|| "(dry run)".to_string(), |id| id.short());
                 outln!(
                     "{verb} {} -> {new}: {} files cut, {} dirs emptied",
                     r.old.short(),
@@ -112,29 +100,15 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Args::Packs(a) => {
-            let _lock = lock(&repo, LockKind::Exclusive)?;
+            let (repo, _lock) = open_locked(g, LockKind::Exclusive)?;
             repo.load_index()?;
-            let listed: Vec<PackId> = repo.list_packs()?.into_keys().collect();
-            let mut ids = Vec::new();
-            for spec in &a.ids {
-                let spec = spec.to_ascii_lowercase();
-                let found: Vec<&PackId> = listed.iter().filter(|id| id.to_hex().starts_with(&spec)).collect();
-                match found.as_slice() {
-                    [one] => ids.push(**one),
-                    [] => bail!("no pack matches {spec:?}"),
-                    _ => bail!("{spec:?} matches several packs; give more of the ID"),
-                }
-            }
+            let ids = repair::find_packs(&repo, &a.ids)?;
             let r = repair::repair_packs(&repo, &ids)?;
             for (pack, blob) in &r.lost {
                 outln!("lost blob {} of pack {}", blob.short(), pack.short());
             }
             if g.json {
-                outln!(
-                    "{}",
-                    serde_json::json!({"message_type": "summary", "salvaged": r.salvaged, "elsewhere": r.elsewhere,
-                        "lost": r.lost.len(), "reindexed": r.reindexed})
-                );
+                outln!("{}", json::line(&json::PackRepairSummary::new(&r)));
             } else {
                 outln!(
                     "{} packs removed: {} blobs copied into new packs, {} already elsewhere, {} lost{}",

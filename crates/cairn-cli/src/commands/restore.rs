@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use cairn_core::commands::restore::{self, LocalData, Progress, RestoreOptions};
-use cairn_core::engine::open::{self, OpenOptions, Opened};
-use cairn_core::engine::preload::Preload;
-use cairn_format::lock::LockKind;
+use cairn_core::engine::open::Opened;
 use clap::Args as ClapArgs;
 
 use super::{options, parse_size, repository, set_on_sigint, split_spec, Global};
@@ -84,14 +82,8 @@ pub struct Args {
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let (name, path) = split_spec(&a.snapshot)?;
-    let defaults = RestoreOptions::default();
     let cancel = Arc::new(AtomicBool::new(false));
-    let mut opts = RestoreOptions {
-        fetch_concurrency: a.fetch_concurrency.unwrap_or(defaults.fetch_concurrency),
-        fetch_auto: a.fetch_concurrency.is_none(),
-        decode_threads: a.decode_threads.unwrap_or(defaults.decode_threads),
-        write_threads: a.write_threads.unwrap_or(defaults.write_threads),
-        write_auto: a.write_threads.is_none(),
+    let opts = RestoreOptions {
         max_memory: parse_size(&a.max_memory)?,
         overwrite: a.overwrite.parse()?,
         delete: a.delete,
@@ -114,37 +106,16 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
                 .ok_or_else(|| anyhow::anyhow!("CAIRN_INJECT_WRITE_LATENCY: bad duration {v:?}: use e.g. 20ms"))?,
             _ => Duration::ZERO,
         },
-    };
-    // The restore runs while the shared lock is being taken (three round trips one after
-    // another): if the lock cannot be had, it is stopped and the lock's error reported. What it
-    // wrote by then is verified data in the target, as after an interrupted restore
-    // (docs/DESIGN.md, "Starting at once"). Once the restore reads nothing more from the
-    // repository, the lock is let go beside its last writes (one round trip off its end).
+        ..RestoreOptions::default()
+    }
+    .with_threads(a.fetch_concurrency, a.decode_threads, a.write_threads);
     let progress = Progress::default();
-    let tree_packs = restore::tree_pack_share(opts.max_memory);
     let (storage, pw) = repository(g)?;
-    let opts_open = OpenOptions {
-        lock: Some(LockKind::Shared),
-        // The tree packs the start hint names are read beside the index, within the share the
-        // walk would give them.
-        preload: Preload::snapshot(name, true).with_tree_packs(tree_packs),
-        stop: Some(&cancel),
-        release: Some(&progress.reads_over),
-        ..options(g)
-    };
-    let (Opened { repo, lock: held }, (id, result)) = open::open_then(storage, &pw, opts_open, |repo| -> Result<_> {
-        set_on_sigint(&cancel)?;
-        repo.load_index()?;
-        let (id, snap) = repo.find_snapshot(name)?;
-        if a.fetch_concurrency.is_none() {
-            opts.fetch_concurrency = repo.storage().default_concurrency();
-        }
-        let result = crate::progress::while_showing(
-            |done| crate::progress::restore(&progress, done, g.json),
-            || restore::restore(repo, &snap, &id.short(), path, &a.target, &opts, &progress),
-        );
-        Ok((id, result))
-    })?;
+    set_on_sigint(&cancel)?;
+    let (Opened { repo, lock: held }, id, result) = crate::progress::while_showing(
+        |done| crate::progress::restore(&progress, done, g.json),
+        || restore::open_and_restore(storage, &pw, name, path, &a.target, &opts, options(g), &progress),
+    )?;
     let out = match result {
         Err(cairn_core::Error::Interrupted) => {
             eprintln!("cairn: restore interrupted; run the same command again to finish it");

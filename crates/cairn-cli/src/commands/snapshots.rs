@@ -4,10 +4,10 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use cairn_core::commands::forget::{self, GroupBy, GroupKey};
+use cairn_core::commands::json;
 use cairn_format::id::SnapshotId;
 use cairn_format::snapshot::Snapshot;
 use clap::Args as ClapArgs;
-use serde_json::json;
 
 use super::{open, FilterArgs, Global};
 
@@ -45,23 +45,15 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         let mut all: Vec<_> = groups.drain(..).flat_map(|(_, m)| m).collect();
         all.sort_by(|x, y| x.1.time.cmp(&y.1.time).then(x.0.cmp(&y.0)));
         if g.json {
-            outln!("{}", serde_json::Value::Array(all.iter().map(|(id, s)| snapshot_json(id, s)).collect()));
+            outln!("{}", json::line(&all.iter().map(|(id, s)| json::SnapshotEntry::new(id, s)).collect::<Vec<_>>()));
         } else {
             print_table(&all);
         }
         return Ok(ExitCode::SUCCESS);
     }
     if g.json {
-        let list: Vec<_> = groups
-            .iter()
-            .map(|(key, members)| {
-                json!({
-                    "group_key": {"host": key.host, "paths": key.paths, "tags": key.tags},
-                    "snapshots": members.iter().map(|(id, s)| snapshot_json(id, s)).collect::<Vec<_>>(),
-                })
-            })
-            .collect();
-        outln!("{}", serde_json::Value::Array(list));
+        let list: Vec<_> = groups.iter().map(|(key, members)| json::SnapshotGroup::new(key, members)).collect();
+        outln!("{}", json::line(&list));
         return Ok(ExitCode::SUCCESS);
     }
     for (i, (key, members)) in groups.iter().enumerate() {
@@ -80,13 +72,6 @@ fn print_table(snaps: &[&(SnapshotId, Snapshot)]) {
         outln!("{}", row(id, s, ""));
     }
     outln!("{}", super::plural(snaps.len(), "snapshot"));
-}
-
-fn snapshot_json(id: &SnapshotId, s: &Snapshot) -> serde_json::Value {
-    json!({
-        "id": id.to_hex(), "short_id": id.short(), "time": s.time.secs, "time_nanos": s.time.nanos,
-        "hostname": s.hostname, "username": s.username, "paths": s.paths, "tags": s.tags, "tree": s.tree.to_hex(),
-    })
 }
 
 /// One line of a snapshot table: ID, time, host and tags in columns, then `extra` (more

@@ -6,10 +6,10 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use cairn_core::commands::stats::{self, Stats};
+use cairn_core::commands::json;
+use cairn_core::commands::stats;
 use cairn_format::lock::LockKind;
 use clap::{Args as ClapArgs, ValueEnum};
-use serde_json::json;
 
 use super::{open_locked, FilterArgs, Global, WalkMemory};
 use crate::output::{bytes, count};
@@ -43,7 +43,11 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let shares = a.memory.shares(&repo, repo.index().len().div_ceil(8) as u64)?;
     let s = stats::stats(&repo, &snaps, shares.threads, &shares.loading())?;
     if g.json {
-        outln!("{}", to_json(&s, a.mode));
+        let mode = match a.mode {
+            Mode::RestoreSize => "restore-size",
+            Mode::RawData => "raw-data",
+        };
+        outln!("{}", json::line(&json::StatsReport::new(&s, mode)));
         return Ok(ExitCode::SUCCESS);
     }
     outln!("snapshots:      {}", count(s.snapshots));
@@ -77,21 +81,4 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn to_json(s: &Stats, mode: Mode) -> serde_json::Value {
-    let (r, raw) = (&s.restore, &s.raw);
-    json!({
-        "mode": match mode { Mode::RestoreSize => "restore-size", Mode::RawData => "raw-data" },
-        "snapshots": s.snapshots,
-        "restore_size": {
-            "files": r.files, "dirs": r.dirs, "others": r.others, "bytes": r.bytes, "hard_links": r.hard_links,
-        },
-        "raw_data": {
-            "data_blobs": raw.data_blobs, "tree_blobs": raw.tree_blobs, "plaintext_bytes": raw.plain,
-            "data_plaintext_bytes": raw.data_plain, "stored_bytes": raw.stored, "zero_bytes": raw.zero_bytes,
-            "dedup_ratio": s.dedup_ratio(), "compression_ratio": raw.compression_ratio(),
-            "by_codec": raw.by_codec,
-        },
-    })
 }

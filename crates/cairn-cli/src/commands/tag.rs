@@ -7,6 +7,7 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
+use cairn_core::commands::json;
 use cairn_core::commands::tag::{self, TagChange};
 use cairn_format::lock::LockKind;
 use clap::{ArgGroup, Args as ClapArgs};
@@ -49,11 +50,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let snaps = a.filters.filter(&a.ids).select(&repo)?;
     let done = tag::retag(&repo, &snaps, &change)?;
     if g.json {
-        let changed: Vec<_> = done
-            .iter()
-            .map(|r| serde_json::json!({"old": r.old.to_hex(), "new": r.new.to_hex(), "tags": r.tags}))
-            .collect();
-        outln!("{}", serde_json::json!({"modified": done.len(), "snapshots": changed}));
+        outln!("{}", json::line(&json::TagReport::new(&done)));
         return Ok(ExitCode::SUCCESS);
     }
     for r in &done {

@@ -16,6 +16,7 @@ mod browse;
 mod check_repair;
 mod copy;
 mod golden;
+mod json_schema;
 mod lifecycle;
 mod mount;
 mod profiles;

@@ -86,7 +86,7 @@ pub struct Entry {
 }
 
 /// Added, removed and changed objects of one kind.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Counts {
     /// Only in the second snapshot.
     pub added: u64,

@@ -15,7 +15,7 @@ use crossbeam_channel::{unbounded, Receiver, Sender};
 
 use super::restore::plan::{self, BatchLimit, Filter, Top};
 use super::restore::types::{Entry, Link};
-use crate::engine::read::{coalesce_gap, ordered_reads, Decoded, Pace, Paced, PackRead, Plain, Reader, Sink, MAX_READ};
+use crate::engine::read::{coalesce_gap, ordered_reads, Decoded, Pace, Paced, Plain, ReadRef, Reader, Sink, MAX_READ};
 use crate::engine::repository::Repository;
 use crate::error::{Error, Result};
 use cairn_format::id::BlobId;
@@ -39,28 +39,21 @@ enum Arrival<'s> {
 }
 
 /// The dump's end of the read path: every read's outcome goes to the writer, keyed by its
-/// place in the list of reads.
+/// place in the list of reads (the reader numbers them in the order it was given them).
 #[derive(Clone)]
 struct ToStream<'s> {
-    first: usize,
     arrived: Sender<(usize, Arrival<'s>)>,
 }
 
-impl<'s> ToStream<'s> {
-    fn seq(&self, read: &PackRead) -> usize {
-        (read as *const PackRead as usize - self.first) / std::mem::size_of::<PackRead>()
-    }
-}
-
 impl<'s> Sink<'s> for ToStream<'s> {
-    fn blobs(&self, read: &'s PackRead, blobs: Vec<Decoded<'s>>) -> bool {
-        self.arrived.send((self.seq(read), Arrival::Blobs(blobs))).is_ok()
+    fn blobs(&self, read: ReadRef<'s>, blobs: Vec<Decoded<'s>>) -> bool {
+        self.arrived.send((read.seq, Arrival::Blobs(blobs))).is_ok()
     }
 
-    fn failed(&self, read: &'s PackRead, blob: &BlobEntry, why: &Error) {
+    fn failed(&self, read: ReadRef<'s>, blob: &BlobEntry, why: &Error) {
         let why =
             Error::corrupt(cairn_format::layout::pack_path(&read.pack), format!("blob {}: {why}", blob.id.short()));
-        let _ = self.arrived.send((self.seq(read), Arrival::Failed(why)));
+        let _ = self.arrived.send((read.seq, Arrival::Failed(why)));
     }
 }
 
@@ -174,7 +167,8 @@ impl<'o, 's> ContentReader<'o, 's> {
 }
 
 /// Writes `path` of `snapshot` to `out`: a regular file raw, a directory (or `/`) as a tar
-/// stream. `fetchers` reads are in flight at once; `max_memory` bounds the whole dump (the
+/// stream. `fetchers` reads are in flight at once (`None`: the storage's own default);
+/// `max_memory` bounds the whole dump (the
 /// index, a batch of entries, the trees read ahead and the data in flight).
 pub fn dump(
     repo: &Repository,
@@ -182,9 +176,10 @@ pub fn dump(
     name: &str,
     path: &Path,
     out: &mut dyn Write,
-    fetchers: usize,
+    fetchers: Option<usize>,
     max_memory: u64,
 ) -> Result<DumpStats> {
+    let fetchers = fetchers.unwrap_or_else(|| repo.storage().default_concurrency()).max(1);
     let base = crate::engine::trees::below_root(path).unwrap_or(Path::new("/"));
     let (top, single) = match crate::engine::trees::resolve(repo, &snapshot.tree, base, name)? {
         None => (Top::Tree(snapshot.tree), false),
@@ -251,7 +246,7 @@ fn read_entries<T>(
     let pace = Pace::default();
     std::thread::scope(|s| {
         let (tx, rx) = unbounded();
-        let sink = ToStream { first: reads.as_ptr() as usize, arrived: tx };
+        let sink = ToStream { arrived: tx };
         let feed = Paced::new(&reads, window, &pace, || reader.cancelled());
         let workers = reader.start(s, feed, fetchers, crate::engine::platform::cores(), sink);
         let mut stream = Stream {

@@ -8,6 +8,7 @@ pub mod diff;
 pub mod dump;
 pub mod find;
 pub mod forget;
+pub mod json;
 pub mod prune;
 pub mod repair;
 pub mod restore;

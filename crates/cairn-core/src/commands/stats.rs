@@ -21,7 +21,7 @@ use cairn_format::snapshot::Snapshot;
 use cairn_format::tree::{Chunk, NodeKind, TreeBytes};
 
 /// What restoring the snapshots (each in turn) would create and write.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RestoreSize {
     /// Regular files (every path, hard links included).
     pub files: u64,

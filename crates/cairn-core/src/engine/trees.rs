@@ -29,7 +29,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use crossbeam_channel::{bounded, Receiver, Sender};
 
 use crate::engine::memory::MaxMemory;
-use crate::engine::read::{coalesce, coalesce_gap, Decoded, PackRead, Reader, Sink};
+use crate::engine::read::{coalesce, coalesce_gap, Decoded, PackRead, ReadRef, Reader, Sink};
 use crate::engine::repository::Repository;
 use crate::error::{Error, Result};
 use cairn_format::id::{BlobId, IdMap, IdSet, PackId};
@@ -661,14 +661,14 @@ struct ToTrees<'s> {
 }
 
 impl<'s> Sink<'s> for ToTrees<'s> {
-    fn blobs(&self, _read: &'s PackRead, blobs: Vec<Decoded<'s>>) -> bool {
+    fn blobs(&self, _read: ReadRef<'s>, blobs: Vec<Decoded<'s>>) -> bool {
         for b in &blobs {
             (self.each)(b.id, Ok(&b.data));
         }
         true
     }
 
-    fn failed(&self, _read: &'s PackRead, blob: &BlobEntry, why: &Error) {
+    fn failed(&self, _read: ReadRef<'s>, blob: &BlobEntry, why: &Error) {
         (self.each)(blob.id, Err(Error::corrupt(format!("tree {}", blob.id.short()), why.to_string())));
     }
 }

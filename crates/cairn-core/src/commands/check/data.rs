@@ -13,7 +13,7 @@ use super::packhash::{self, PackHash};
 use super::record::Record;
 use super::structure::IndexedPackInfo;
 use super::{CheckOptions, CheckReport, Finding, FindingKind, Progress, ReadData};
-use crate::engine::read::{coalesce, Decoded, PackRead, Reader, Sink, MAX_READ};
+use crate::engine::read::{coalesce, Decoded, PackRead, ReadRef, Reader, Sink, MAX_READ};
 use crate::engine::repository::Repository;
 use crate::error::{Error, Result};
 use cairn_format::id::PackId;
@@ -112,7 +112,7 @@ pub fn read(
             }
             go
         });
-        let workers = reader.start(s, feed, opts.concurrency, opts.decode_threads, ToCheck { state });
+        let workers = reader.start(s, feed, opts.fetches(repo), opts.decode_threads, ToCheck { state });
         for w in workers {
             w.join().expect("a check worker panicked");
         }
@@ -280,7 +280,7 @@ struct ToCheck<'s> {
 }
 
 impl<'s> Sink<'s> for ToCheck<'s> {
-    fn fetched(&self, read: &'s PackRead, bytes: &[u8]) {
+    fn fetched(&self, read: ReadRef<'s>, bytes: &[u8]) {
         let st = self.state;
         st.progress.bytes_read.fetch_add(read.length, Ordering::Relaxed);
         let Some((size, pack)) = st.packs.get(&read.pack) else { return };
@@ -305,7 +305,7 @@ impl<'s> Sink<'s> for ToCheck<'s> {
         }
     }
 
-    fn blobs(&self, read: &'s PackRead, blobs: Vec<Decoded<'s>>) -> bool {
+    fn blobs(&self, read: ReadRef<'s>, blobs: Vec<Decoded<'s>>) -> bool {
         self.verified(read, blobs.len())
     }
 
@@ -313,18 +313,18 @@ impl<'s> Sink<'s> for ToCheck<'s> {
         true
     }
 
-    fn verified(&self, _read: &'s PackRead, count: usize) -> bool {
+    fn verified(&self, _read: ReadRef<'s>, count: usize) -> bool {
         self.state.blobs.fetch_add(count as u64, Ordering::Relaxed);
         true
     }
 
-    fn failed(&self, read: &'s PackRead, blob: &BlobEntry, why: &Error) {
+    fn failed(&self, read: ReadRef<'s>, blob: &BlobEntry, why: &Error) {
         let file = pack_path(&read.pack);
         let f = Finding::new(FindingKind::DamagedBlob, Some(file), why.to_string()).with_blob(blob.id);
         self.state.findings.lock().expect("lock").push(f);
     }
 
-    fn read_failed(&self, read: &'s PackRead, why: &Error) {
+    fn read_failed(&self, read: ReadRef<'s>, why: &Error) {
         let mut u = self.state.unreadable.lock().expect("lock");
         if !u.iter().any(|(id, _)| *id == read.pack) {
             u.push((read.pack, format!("{}: cannot be read: {why}", pack_path(&read.pack))));

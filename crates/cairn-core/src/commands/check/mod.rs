@@ -36,10 +36,14 @@ use serde::Serialize;
 
 pub use data::Subset;
 
+use crate::engine::open::{self, OpenOptions, Opened};
+use crate::engine::preload::Preload;
 use crate::engine::repository::Repository;
 use crate::engine::select::SnapshotFilter;
+use crate::engine::storage::Storage;
 use crate::error::Result;
 use cairn_format::id::{BlobId, IdSet, PackId};
+use cairn_format::lock::LockKind;
 
 /// What kind of problem a finding is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -155,17 +159,19 @@ pub enum ReadData {
 pub struct CheckOptions {
     /// Pack data to read.
     pub read_data: ReadData,
-    /// Where the record of packs read (and when) is kept; with `resume`, subsets pick the packs
-    /// read longest ago. Updated whenever packs are read in full.
-    pub record: Option<PathBuf>,
+    /// The machine's directory for what it learns about repositories (the cache directory):
+    /// the record of packs read (and when) is kept in `DIR/<repository ID>/check-verified`;
+    /// with `resume`, subsets pick the packs read longest ago. Updated whenever packs are read
+    /// in full. `None`: no record.
+    pub record_dir: Option<PathBuf>,
     /// Pick subsets from the record (never-read packs first) instead of at random.
     pub resume: bool,
     /// Stop handing out pack reads after this long (what was read is recorded).
     pub max_duration: Option<Duration>,
     /// Limit the check to what these snapshots need.
     pub filter: SnapshotFilter,
-    /// Requests in flight.
-    pub concurrency: usize,
+    /// Requests in flight; `None`: the storage's own default, at least 8.
+    pub concurrency: Option<usize>,
     /// Threads that decode.
     pub decode_threads: usize,
     /// Bound on the whole check (`check/memory.rs`): the index, the packs and what the walk
@@ -176,15 +182,22 @@ pub struct CheckOptions {
     pub cancel: Arc<AtomicBool>,
 }
 
+impl CheckOptions {
+    /// The requests in flight on `repo`.
+    pub(crate) fn fetches(&self, repo: &Repository) -> usize {
+        self.concurrency.unwrap_or_else(|| repo.storage().default_concurrency().max(8)).max(1)
+    }
+}
+
 impl Default for CheckOptions {
     fn default() -> Self {
         CheckOptions {
             read_data: ReadData::None,
-            record: None,
+            record_dir: None,
             resume: false,
             max_duration: None,
             filter: SnapshotFilter::default(),
-            concurrency: 4,
+            concurrency: None,
             decode_threads: crate::engine::platform::cores(),
             max_memory: None,
             cancel: Arc::default(),
@@ -285,13 +298,34 @@ const DECODE_RATE: f64 = 320.0 * 1024.0 * 1024.0;
 /// The cap on pack data in flight: `given`, else [`DEFAULT_MAX_MEMORY`], raised over a slow link
 /// to twice what [`DECODE_RATE`] fills in the link's measured round trip (at most
 /// [`SLOW_LINK_MAX_MEMORY`]). Bytes in flight over the round trip bound a remote read: 16 MiB
-/// at 50 ms per request is 320 MiB/s at best, and by hand (session 17) kept 59% of the 0 ms
+/// at 50 ms per request is 320 MiB/s at best, and by hand kept 59% of the 0 ms
 /// throughput, 32 MiB 84%. A local check keeps the smaller peak (80 MB, restic's 85-109 MiB).
 pub fn data_budget(repo: &Repository, given: Option<u64>) -> u64 {
     given.unwrap_or_else(|| {
         let over_link = repo.link().latency().map_or(0.0, |rtt| 2.0 * DECODE_RATE * rtt.as_secs_f64());
         (over_link as u64).clamp(DEFAULT_MAX_MEMORY, SLOW_LINK_MAX_MEMORY)
     })
+}
+
+/// Opens the repository at `storage` and checks it, as `cairn check` does: keys, index files,
+/// snapshots and the pack listing are fetched beside the lock and the key's round trips, and
+/// the check starts while the shared lock is still being taken (it only reads; if the lock
+/// cannot be had it stops, and the lock's error is returned). The check's own outcome comes
+/// second, after the open's, so a front end can tell an interrupted check from a failed open.
+pub fn open_and_check(
+    storage: Arc<dyn Storage>,
+    password: &[u8],
+    opts: &CheckOptions,
+    open: OpenOptions<'_>,
+    progress: &Progress,
+) -> Result<(Opened, Result<CheckReport>)> {
+    let open = OpenOptions {
+        lock: Some(LockKind::Shared),
+        preload: Preload::everything(true),
+        stop: Some(&opts.cancel),
+        ..open
+    };
+    open::open_then(storage, password, open, |repo| Ok::<_, crate::Error>(check(repo, opts, progress)))
 }
 
 /// Small requests (headers, index and snapshot files) in flight at once.
@@ -303,7 +337,7 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
     let mut report = CheckReport::default();
     // Listings, small files and pack headers: tiny requests, many in flight (a remote one waits
     // a round trip; a local one costs a thread).
-    let threads = opts.concurrency.max(HEADER_READS);
+    let threads = opts.fetches(repo).max(HEADER_READS);
     // Keys, index files, snapshots and the pack listing do not depend on each other: they are
     // read at once, so a remote repository waits for the slowest, not for the sum.
     progress.phase("index", 0);
@@ -374,7 +408,8 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
     report.packs = chosen.len() as u64;
     report.bytes = chosen.iter().map(|p| p.size).sum();
     report.blobs = chosen.iter().map(|p| p.blobs.len() as u64).sum();
-    let mut record = match &opts.record {
+    let record_path = opts.record_dir.as_ref().map(|d| d.join(&repo.config().id).join("check-verified"));
+    let mut record = match &record_path {
         Some(path) => Some(record::Record::load(path)?),
         None => None,
     };
@@ -382,7 +417,7 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
         let deadline = opts.max_duration.map(|d| started + d);
         let limits = data::Limits { deadline, bytes_in_flight: reads };
         data::read(repo, &chosen, opts, record.as_mut(), limits, &mut report, progress)?;
-        if let (Some(rec), Some(path)) = (&record, &opts.record) {
+        if let (Some(rec), Some(path)) = (&record, &record_path) {
             rec.save(path)?;
         }
     }

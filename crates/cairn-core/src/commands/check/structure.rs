@@ -210,7 +210,7 @@ pub fn trees(
         let kept = plain.and_then(|p| Kept::of(id, p, &repo.index(), collect));
         loaded.lock().expect("lock").insert(id, kept);
     };
-    load_listed(repo, listed, opts.concurrency, budget, opts.cancel.clone(), &keep);
+    load_listed(repo, listed, opts.fetches(repo), budget, opts.cancel.clone(), &keep);
     let loaded = loaded.into_inner().expect("lock");
     let mut needed: IdSet<BlobId> = IdSet::default();
     let mut missing: IdSet<BlobId> = IdSet::default();

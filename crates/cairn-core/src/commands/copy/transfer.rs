@@ -16,7 +16,7 @@ use crossbeam_channel::Sender;
 use super::marks::Marks;
 use super::CopyProgress;
 use crate::engine::packwrite::{Job, Payload};
-use crate::engine::read::{coalesce, coalesce_gap, Decoded, PackRead, Reader, Sink};
+use crate::engine::read::{coalesce, coalesce_gap, Decoded, PackRead, ReadRef, Reader, Sink};
 use crate::engine::repository::Repository;
 use crate::error::{Error, Result};
 use cairn_format::compress::Codec;
@@ -138,12 +138,12 @@ impl<'s> Sink<'s> for ToDestination<'s> {
         true
     }
 
-    fn blobs(&self, read: &'s PackRead, blobs: Vec<Decoded<'s>>) -> bool {
+    fn blobs(&self, read: ReadRef<'s>, blobs: Vec<Decoded<'s>>) -> bool {
         for d in blobs {
             let Some(entry) = read.blobs.iter().find(|b| b.id == d.id) else { continue };
             self.progress.read_bytes.fetch_add(u64::from(entry.length), Ordering::Relaxed);
             let id = if self.dst.rekey {
-                match self.renamed(entry, &d.data, read) {
+                match self.renamed(entry, &d.data, read.read) {
                     Some(id) if self.dst.wants(id) => id,
                     _ => continue,
                 }
@@ -158,7 +158,7 @@ impl<'s> Sink<'s> for ToDestination<'s> {
         true
     }
 
-    fn failed(&self, read: &'s PackRead, blob: &BlobEntry, why: &Error) {
+    fn failed(&self, read: ReadRef<'s>, blob: &BlobEntry, why: &Error) {
         self.fail(format!("blob {} of the source's {} cannot be read: {why}", blob.id.short(), pack_path(&read.pack)));
     }
 }

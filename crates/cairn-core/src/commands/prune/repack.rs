@@ -11,7 +11,7 @@ use crossbeam_channel::Sender;
 use super::memory::Shares;
 use super::plan::{PlanOptions, PlannedPack};
 use crate::engine::packwrite::{write_packs, Job, Payload, WriteOptions, Written};
-use crate::engine::read::{coalesce, coalesce_gap, Decoded, PackRead, Reader, Sink};
+use crate::engine::read::{coalesce, coalesce_gap, Decoded, ReadRef, Reader, Sink};
 use crate::engine::repository::Repository;
 use crate::error::{Error, Result};
 use cairn_format::index::BlobLocation;
@@ -138,7 +138,7 @@ impl<'s> Sink<'s> for ToPacks<'s> {
         true
     }
 
-    fn blobs(&self, read: &'s PackRead, blobs: Vec<Decoded<'s>>) -> bool {
+    fn blobs(&self, read: ReadRef<'s>, blobs: Vec<Decoded<'s>>) -> bool {
         for d in blobs {
             let Some(entry) = read.blobs.iter().find(|b| b.id == d.id) else { continue };
             let payload = if self.plan.reencodes(entry) {
@@ -159,7 +159,7 @@ impl<'s> Sink<'s> for ToPacks<'s> {
         true
     }
 
-    fn failed(&self, read: &'s PackRead, blob: &BlobEntry, why: &Error) {
+    fn failed(&self, read: ReadRef<'s>, blob: &BlobEntry, why: &Error) {
         self.fail(format!("blob {} of {} cannot be read: {why}", blob.id.short(), pack_path(&read.pack)));
     }
 }

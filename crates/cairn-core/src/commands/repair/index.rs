@@ -39,8 +39,10 @@ pub struct IndexRepair {
     pub removed: u64,
 }
 
-/// Rebuilds the index on `threads` requests at once. The caller holds the exclusive lock.
-pub fn repair_index(repo: &Repository, read_all: bool, threads: usize) -> Result<IndexRepair> {
+/// Rebuilds the index, reading pack headers many at once. The caller holds the exclusive lock.
+pub fn repair_index(repo: &Repository, read_all: bool) -> Result<IndexRepair> {
+    // Header reads are small: many in flight whatever the storage's own default.
+    let threads = repo.storage().default_concurrency().max(8);
     let mut out = IndexRepair::default();
     let listed: IdMap<PackId, u64> = repo.list_packs()?;
     let files = repo.index_files()?;

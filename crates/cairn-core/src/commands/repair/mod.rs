@@ -11,5 +11,5 @@ mod packs;
 mod snapshots;
 
 pub use index::{repair_index, IndexRepair};
-pub use packs::{repair_packs, PackRepair};
+pub use packs::{find_packs, repair_packs, PackRepair};
 pub use snapshots::{repair_snapshots, SnapshotRepair};

@@ -3,7 +3,7 @@
 //! saved is named; `repair snapshots` then fixes the snapshots that needed it.
 
 use crate::engine::repository::Repository;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use cairn_format::id::{BlobId, IdSet, PackId};
 use cairn_format::index::IndexedPack;
 use cairn_format::layout::{index_path, pack_path};
@@ -20,6 +20,23 @@ pub struct PackRepair {
     pub lost: Vec<(PackId, BlobId)>,
     /// Index files written again without the damaged packs.
     pub reindexed: u64,
+}
+
+/// The packs `names` name: full IDs or unique prefixes (any case), as `check` prints them.
+pub fn find_packs(repo: &Repository, names: &[String]) -> Result<Vec<PackId>> {
+    let listed: Vec<PackId> = repo.list_packs()?.into_keys().collect();
+    names
+        .iter()
+        .map(|name| {
+            let prefix = name.to_ascii_lowercase();
+            let found: Vec<&PackId> = listed.iter().filter(|id| id.to_hex().starts_with(&prefix)).collect();
+            match found.as_slice() {
+                [one] => Ok(**one),
+                [] => Err(Error::Usage(format!("no pack matches {prefix:?}; `cairn check` names the damaged packs"))),
+                _ => Err(Error::Usage(format!("{prefix:?} matches several packs; give more of the ID"))),
+            }
+        })
+        .collect()
 }
 
 /// Salvages `packs` (the index must be loaded; the caller holds the exclusive lock).

@@ -47,15 +47,57 @@ pub use options::{
 pub use plan::Filter;
 pub use types::Plan;
 
+use crate::engine::open::{self, OpenOptions, Opened};
+use crate::engine::preload::Preload;
 use crate::engine::repository::Repository;
+use crate::engine::storage::Storage;
 use crate::error::{Error, Result};
 use batch::Run;
+use cairn_format::id::SnapshotId;
+use cairn_format::lock::LockKind;
 use cairn_format::snapshot::Snapshot;
+use std::sync::Arc;
 
 /// Bytes of whole tree packs a restore within `max_memory` holds at its start: what the start
 /// hint may read while the repository opens ([`crate::engine::preload::Preload::with_tree_packs`]).
 pub fn tree_pack_share(max_memory: u64) -> u64 {
     plan::BatchLimit::for_memory(max_memory).tree_packs()
+}
+
+/// Opens the repository at `storage` and restores the snapshot `name` (`latest` or an ID
+/// prefix), or `path` inside it, into `target`, as `cairn restore` does. The index, the snapshot
+/// and the tree packs the start hint names (within the walk's share of the memory) are read
+/// beside the lock and the key's round trips; the restore runs while the shared lock is being
+/// taken (if it cannot be had, the restore stops — what it wrote by then is verified data in the
+/// target, as after an interrupted restore — and the lock's error is returned); once the restore
+/// reads nothing more from the repository, the lock is let go beside its last writes
+/// (docs/DESIGN.md, "Starting at once"). The restore's own outcome comes second, after the
+/// open's, so a front end can tell an interrupted restore from a failed open.
+#[allow(clippy::too_many_arguments)]
+pub fn open_and_restore(
+    storage: Arc<dyn Storage>,
+    password: &[u8],
+    name: &str,
+    path: Option<&Path>,
+    target: &Path,
+    opts: &RestoreOptions,
+    open: OpenOptions<'_>,
+    progress: &Progress,
+) -> Result<(Opened, SnapshotId, Result<RestoreOutcome>)> {
+    let stop = opts.cancel.clone();
+    let open = OpenOptions {
+        lock: Some(LockKind::Shared),
+        preload: Preload::snapshot(name, true).with_tree_packs(tree_pack_share(opts.max_memory)),
+        stop: stop.as_deref(),
+        release: Some(&progress.reads_over),
+        ..open
+    };
+    let (opened, (id, result)) = open::open_then(storage, password, open, |repo| -> Result<_> {
+        repo.load_index()?;
+        let (id, snap) = repo.find_snapshot(name)?;
+        Ok((id, restore(repo, &snap, &id.short(), path, target, opts, progress)))
+    })?;
+    Ok((opened, id, result))
 }
 
 /// Restores `snapshot` (named `name` in messages), or its `path` (absolute inside the
@@ -76,6 +118,14 @@ pub fn restore(
     progress: &Progress,
 ) -> Result<RestoreOutcome> {
     let started = Instant::now();
+    // A tuned fetch starts at what the storage does best on its own.
+    let resolved;
+    let opts = if opts.fetch_auto {
+        resolved = RestoreOptions { fetch_concurrency: repo.storage().default_concurrency(), ..opts.clone() };
+        &resolved
+    } else {
+        opts
+    };
     let base = path.and_then(crate::engine::trees::below_root);
     let (top, into_dir, target_node) = plan::start(repo, snapshot, name, base)?;
     let filter = Filter::new(&opts.include, &opts.exclude)?;

@@ -118,7 +118,8 @@ pub const RESERVE_MIN: u64 = 1024 * 1024;
 /// How to restore.
 #[derive(Clone, Debug)]
 pub struct RestoreOptions {
-    /// Ranged reads in flight (at first only, with `fetch_auto`).
+    /// Ranged reads in flight (with `fetch_auto`, [`restore`](super::restore) starts at the
+    /// storage's own default instead).
     pub fetch_concurrency: usize,
     /// Move the reads in flight while restoring from what is measured (`read/tune.rs`); off
     /// when the user chose `--fetch-concurrency`.
@@ -171,6 +172,21 @@ pub const STAGE_NAMES: [&str; 3] = ["fetch", "decode", "write"];
 
 /// Default byte budget: the engine's (256 MiB, see docs/DESIGN.md).
 pub use crate::engine::memory::DEFAULT_MAX_MEMORY;
+
+impl RestoreOptions {
+    /// These options with the user's choice of threads: a count given is kept fixed; `None`
+    /// leaves the fetch concurrency and the files written at once tuned while restoring and the
+    /// decoders at one per core.
+    pub fn with_threads(mut self, fetch: Option<usize>, decode: Option<usize>, write: Option<usize>) -> Self {
+        let defaults = RestoreOptions::default();
+        self.fetch_concurrency = fetch.unwrap_or(defaults.fetch_concurrency);
+        self.fetch_auto = fetch.is_none();
+        self.decode_threads = decode.unwrap_or(defaults.decode_threads);
+        self.write_threads = write.unwrap_or(defaults.write_threads);
+        self.write_auto = write.is_none();
+        self
+    }
+}
 
 impl Default for RestoreOptions {
     fn default() -> Self {

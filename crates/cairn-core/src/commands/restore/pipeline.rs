@@ -13,7 +13,7 @@ use super::shared::Shared;
 use super::watchdog::{self, Base};
 use super::write;
 use super::writers::{self, Controller, Sample};
-use crate::engine::read::{spawn_named, Decoded, PackRead, Sink};
+use crate::engine::read::{spawn_named, Decoded, ReadRef, Sink};
 use crate::error::Error;
 use cairn_format::pack::BlobEntry;
 
@@ -97,7 +97,7 @@ impl<'s> ToWriters<'s> {
 type Handfuls<'s> = VecDeque<Vec<Decoded<'s>>>;
 
 impl<'s> Sink<'s> for ToWriters<'s> {
-    fn blobs(&self, _read: &'s PackRead, batch: Vec<Decoded<'s>>) -> bool {
+    fn blobs(&self, _read: ReadRef<'s>, batch: Vec<Decoded<'s>>) -> bool {
         // Writes to one file from two threads serialize on the file's inode lock, and spinning
         // on it cost more than it gained (a 4 GiB image: write busy 1.9 s with one writer,
         // 5.2 s with two). So the chunks of a file with more still to write go to one writer,
@@ -131,7 +131,7 @@ impl<'s> Sink<'s> for ToWriters<'s> {
         self.hand_out(&mut own, &mut handfuls(anyone))
     }
 
-    fn failed(&self, _read: &'s PackRead, blob: &BlobEntry, why: &Error) {
+    fn failed(&self, _read: ReadRef<'s>, blob: &BlobEntry, why: &Error) {
         self.sh.failures.blob(&blob.id, &why.to_string());
     }
 }

@@ -8,7 +8,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::buffers::{Buf, BufferPool};
 use super::tune::Gate;
-use super::{keeps_no_plaintext, PackRead, Reader, Sink, POOLED_BLOB};
+use super::{keeps_no_plaintext, ReadRef, Reader, Sink, POOLED_BLOB};
 use crate::engine::memory::Reservation;
 use crate::engine::profile::work;
 use cairn_format::crypto::ObjectKey;
@@ -18,7 +18,7 @@ use cairn_format::pack::BlobKind;
 /// One ranged read of a pack, still encrypted.
 pub struct Fetched<'b> {
     /// What was read: the pack, the range and the blobs in it.
-    pub read: &'b PackRead,
+    pub read: ReadRef<'b>,
     /// The pack's key.
     pub key: ObjectKey,
     /// The pack's path, for errors.
@@ -58,7 +58,7 @@ impl Drop for Place<'_> {
 /// Runs until `reads` is drained, the reader is cancelled, or `out` is closed.
 pub fn fetch_worker<'s, S: Sink<'s>>(
     r: &'s Reader<'_>,
-    reads: Receiver<&'s PackRead>,
+    reads: Receiver<ReadRef<'s>>,
     out: Sender<Fetched<'s>>,
     sink: S,
 ) {

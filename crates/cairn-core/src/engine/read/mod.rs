@@ -120,19 +120,38 @@ pub fn coalesce(mut located: Vec<BlobLocation>, budget: u64, gap: u64) -> Vec<Pa
     reads
 }
 
+/// A read as a [`Reader`] hands it to its [`Sink`]: the read, and its place among the reads the
+/// feed gave it (0 for the first), so a sink that puts reads back in order knows which one it
+/// has. Dereferences to the read.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadRef<'r> {
+    /// The read's place in the feed.
+    pub seq: usize,
+    /// The read.
+    pub read: &'r PackRead,
+}
+
+impl std::ops::Deref for ReadRef<'_> {
+    type Target = PackRead;
+
+    fn deref(&self) -> &PackRead {
+        self.read
+    }
+}
+
 /// What the caller does with the blobs a [`Reader`] reads. Each fetch and decode worker gets a
 /// clone of its own, dropped when the worker ends (so a sink that holds channel senders closes
 /// them when reading is over).
 pub trait Sink<'r>: Clone + Send + 'r {
     /// The verified blobs of one read, in the read's order (a blob that failed is left out and
     /// was given to [`Sink::failed`]). Returns false to stop this worker (the caller is gone).
-    fn blobs(&self, read: &'r PackRead, blobs: Vec<Decoded<'r>>) -> bool;
+    fn blobs(&self, read: ReadRef<'r>, blobs: Vec<Decoded<'r>>) -> bool;
 
     /// A blob that could not be decoded, even after reading it again.
-    fn failed(&self, read: &'r PackRead, blob: &BlobEntry, why: &Error);
+    fn failed(&self, read: ReadRef<'r>, blob: &BlobEntry, why: &Error);
 
     /// A read that could not be fetched: by default each of its blobs failed.
-    fn read_failed(&self, read: &'r PackRead, why: &Error) {
+    fn read_failed(&self, read: ReadRef<'r>, why: &Error) {
         for b in &read.blobs {
             self.failed(read, b, why);
         }
@@ -140,7 +159,7 @@ pub trait Sink<'r>: Clone + Send + 'r {
 
     /// A read's bytes as fetched, before anything is decrypted (a data check hashes whole packs
     /// here).
-    fn fetched(&self, _read: &'r PackRead, _bytes: &[u8]) {}
+    fn fetched(&self, _read: ReadRef<'r>, _bytes: &[u8]) {}
 
     /// Whether the sink only wants to know that blobs verified, not their plaintext (a data
     /// check). Then each blob is decoded into one reused buffer and dropped, [`Sink::verified`]
@@ -159,7 +178,7 @@ pub trait Sink<'r>: Clone + Send + 'r {
     }
 
     /// With [`Sink::verify_only`]: this many blobs of `read` verified. Returns false to stop.
-    fn verified(&self, _read: &'r PackRead, _count: usize) -> bool {
+    fn verified(&self, _read: ReadRef<'r>, _count: usize) -> bool {
         true
     }
 }
@@ -311,8 +330,8 @@ impl<'a> Reader<'a> {
         let (fetched_tx, fetched_rx) = bounded(decoders * 4);
         let reads = reads.into_iter();
         workers.push(spawn_named(s, "feed", move || {
-            for read in reads {
-                if self.cancelled() || reads_tx.send(read).is_err() {
+            for (seq, read) in reads.enumerate() {
+                if self.cancelled() || reads_tx.send(ReadRef { seq, read }).is_err() {
                     break;
                 }
             }

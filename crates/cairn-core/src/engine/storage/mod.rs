@@ -18,7 +18,7 @@ pub use opendal_backend::{OpendalStorage, RemoteOptions};
 pub use server_client::{
     parse_fingerprint, tls_config as server_tls_config, ServerOptions, ServerStorage, PROTOCOL as SERVER_PROTOCOL,
 };
-pub use trace::RequestTrace;
+pub use trace::{CriticalPath, RequestTrace};
 
 use crate::error::{Error, Result};
 
