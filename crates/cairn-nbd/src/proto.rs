@@ -257,7 +257,8 @@ pub fn parse_option(code: u32, data: &[u8]) -> Result<Opt, Malformed> {
 /// The metadata contexts of `queries` this server serves: `base:allocation` when asked for it
 /// or for everything under `base:` (a list with no queries asks for all).
 pub fn serves_base_allocation(queries: &[Vec<u8>], listing: bool) -> bool {
-    (listing && queries.is_empty()) || queries.iter().any(|q| q == BASE_ALLOCATION.as_bytes() || (listing && q == b"base:"))
+    (listing && queries.is_empty())
+        || queries.iter().any(|q| q == BASE_ALLOCATION.as_bytes() || (listing && q == b"base:"))
 }
 
 /// An option reply: its header and `data`.

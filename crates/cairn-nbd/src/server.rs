@@ -118,7 +118,8 @@ pub fn handshake<R: Read, W: Write>(
     output.write_all(&hello)?;
     output.flush()?;
     let client = read_u32(input)?;
-    if client & proto::CLIENT_FIXED_NEWSTYLE == 0 || client & !(proto::CLIENT_FIXED_NEWSTYLE | proto::CLIENT_NO_ZEROES) != 0
+    if client & proto::CLIENT_FIXED_NEWSTYLE == 0
+        || client & !(proto::CLIENT_FIXED_NEWSTYLE | proto::CLIENT_NO_ZEROES) != 0
     {
         return Err(protocol_error("the client does not speak the fixed newstyle handshake"));
     }
@@ -488,10 +489,8 @@ mod tests {
         data.extend_from_slice(&10u64.to_be_bytes());
         data.extend_from_slice(&[10, 11, 12, 13]);
         assert!(find(&data).is_some(), "the read's reply");
-        let status = proto::block_status_chunk(
-            2,
-            &[Extent { length: 1 << 19, state: 0 }, Extent { length: 1 << 19, state: 3 }],
-        );
+        let status =
+            proto::block_status_chunk(2, &[Extent { length: 1 << 19, state: 0 }, Extent { length: 1 << 19, state: 3 }]);
         assert!(find(&status).is_some(), "the block status reply");
         assert!(find(&proto::chunk_header(3, 1, proto::reply::ERROR, 6 + 43)[..8]).is_some(), "EIO for one read");
         let mut eio = proto::chunk_header(3, 1, proto::reply::ERROR, 0)[..16].to_vec();

@@ -18,6 +18,7 @@ mod copy;
 mod golden;
 mod lifecycle;
 mod mount;
+mod nbd;
 mod profiles;
 mod remote;
 mod restore;
