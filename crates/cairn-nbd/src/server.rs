@@ -220,6 +220,44 @@ struct Job {
     data: Vec<u8>,
 }
 
+/// Most bytes of data (writes' and reads' buffers) one connection's requests hold at once: a
+/// client sending many large requests waits for replies instead of filling the memory.
+pub const CONNECTION_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The bytes a connection's requests in hand hold.
+#[derive(Default)]
+struct Held {
+    bytes: Mutex<u64>,
+    freed: std::sync::Condvar,
+}
+
+impl Held {
+    /// Waits until `n` more bytes fit [`CONNECTION_BYTES`] (a request alone always fits).
+    fn acquire(&self, n: u64) {
+        let mut b = self.bytes.lock().expect("held lock");
+        while *b > 0 && *b + n > CONNECTION_BYTES {
+            b = self.freed.wait(b).expect("held lock");
+        }
+        *b += n;
+    }
+
+    fn release(&self, n: u64) {
+        *self.bytes.lock().expect("held lock") -= n;
+        self.freed.notify_all();
+    }
+}
+
+impl Job {
+    /// The bytes answering it holds: a write's data, or a read's reply (its data twice, as the
+    /// export may copy it).
+    fn cost(&self) -> u64 {
+        match self.request.command {
+            Command::Read => 2 * u64::from(self.request.length.min(proto::MAX_REQUEST)),
+            _ => self.data.len() as u64,
+        }
+    }
+}
+
 /// Transmission: reads requests until the client disconnects (or goes), answering each with
 /// `workers` at once.
 pub fn transmit<R: Read, W: Write + Send>(
@@ -231,15 +269,19 @@ pub fn transmit<R: Read, W: Write + Send>(
 ) -> io::Result<()> {
     let output = Mutex::new(output);
     let broken = AtomicBool::new(false);
+    let held = Held::default();
     let answer = |job: Job| {
         let bytes = answer(export, session, &job);
         let mut out = output.lock().expect("writer lock");
         if out.write_all(&bytes).and_then(|_| out.flush()).is_err() {
             broken.store(true, Ordering::Relaxed);
         }
+        drop(out);
+        held.release(job.cost());
     };
     if workers <= 1 {
         while let Some(job) = next_job(&mut input)? {
+            held.acquire(job.cost());
             answer(job);
             if broken.load(Ordering::Relaxed) {
                 break;
@@ -267,6 +309,7 @@ pub fn transmit<R: Read, W: Write + Send>(
         let read = loop {
             match next_job(&mut input) {
                 Ok(Some(job)) if !broken.load(Ordering::Relaxed) => {
+                    held.acquire(job.cost());
                     if tx.send(job).is_err() {
                         break Ok(());
                     }
