@@ -538,3 +538,28 @@ fn a_vm_boots_from_the_export_and_its_write_lands_in_the_overlay() {
     }
     assert!(written > 0 && written < 1024, "{written} blocks written by the guest");
 }
+
+#[test]
+fn bad_arguments_get_one_line_naming_what_is_wrong() {
+    let fx = disk_fixture();
+    fs::create_dir_all(fx.src.join("dir")).unwrap();
+    fx.cairn.backup(&[&fx.src], &["--chunker", "fixed:64K"]);
+    let image = fx.snap_path("disk.img");
+    let dir = fx.snap_path("dir");
+    let busy = fx.path("busy.sock");
+    let _export = Export::start(&fx.cairn, &format!("latest:{image}"), &busy, &[]);
+    let cases: [(Vec<String>, &str); 6] = [
+        (vec!["latest".into()], "give the file to export as SNAPSHOT:PATH"),
+        (vec!["latest:/no/such/file".into()], "not found in snapshot"),
+        (vec![format!("latest:{dir}")], "is not a regular file of snapshot"),
+        (vec!["nosuch:/x".into()], "no snapshot matches"),
+        (vec![format!("latest:{image}"), "--overlay".into(), "o".into()], "add --writable"),
+        (vec![format!("latest:{image}"), "--socket".into(), busy.to_str().unwrap().into()], "a server already listens"),
+    ];
+    for (args, want) in cases {
+        let out = fx.cairn.command().arg("nbd").args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    }
+}
