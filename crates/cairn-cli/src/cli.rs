@@ -147,6 +147,8 @@ enum Command {
     Man(commands::man::Args),
     /// Browse the snapshots as a read-only file system (FUSE) at MOUNTPOINT until Ctrl-C
     Mount(commands::mount::Args),
+    /// Serve a file of a snapshot (a disk image) as a Network Block Device export until Ctrl-C
+    Nbd(commands::nbd::Args),
     /// Copy snapshots from another repository (--from-repo) into this one
     Copy(commands::copy::Args),
     /// Show the configuration: `config show` prints the effective settings and where each came from
@@ -181,6 +183,7 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
         Command::Completions(a) => commands::completions::run(a),
         Command::Man(a) => commands::man::run(a),
         Command::Mount(a) => commands::mount::run(g, a),
+        Command::Nbd(a) => commands::nbd::run(g, a),
         Command::Copy(a) => commands::copy::run(g, a),
         Command::Config(a) => commands::config::run(g, a),
         Command::Serve(a) => commands::serve::run(g, a),

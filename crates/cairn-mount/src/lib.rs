@@ -12,10 +12,14 @@
 //! (`content`, `prefetch`, `walk`, `cache`). Trees are loaded lazily, one directory when it is first
 //! visited (`inodes`, through the repository's tree reader and its metadata cache).
 //!
+//! [`disk`] serves one file of a snapshot (a disk image) the same way, as the block device
+//! `cairn nbd` exports ([`cairn_nbd`]).
+//!
 //! This crate keeps FUSE out of `cairn-core`: it depends on the core, never the other way.
 
 mod cache;
 mod content;
+pub mod disk;
 mod fs;
 mod inodes;
 mod layout;
@@ -31,6 +35,7 @@ use cairn_format::id::SnapshotId;
 use cairn_format::snapshot::Snapshot;
 use fuser::{MountOption, Session, SessionACL};
 
+pub use disk::{Disk, DiskOptions};
 pub use layout::time_name;
 
 /// How a mount reads and who may use it.
@@ -176,4 +181,25 @@ pub fn mount(
         ))
     })?;
     Ok(Mounted { session, point: mountpoint.to_path_buf() })
+}
+
+/// What `cairn nbd` serves: the file at `path` of snapshot `id` of `repo` (its index loaded),
+/// read-only, or with its writes kept in the copy-on-write `overlay` file (created if missing,
+/// else checked to have been made for this snapshot and path).
+pub fn nbd_export(
+    repo: Repository,
+    id: &SnapshotId,
+    snapshot: &Snapshot,
+    path: &Path,
+    opts: &DiskOptions,
+    overlay: Option<&Path>,
+) -> Result<Box<dyn cairn_nbd::Export>> {
+    let disk = Disk::open(repo, id, snapshot, path, opts)?;
+    let Some(file) = overlay else { return Ok(Box::new(disk)) };
+    let identity = *disk.identity();
+    let overlaid = cairn_nbd::Overlay::open(disk, file, &identity).map_err(|e| match e.kind() {
+        std::io::ErrorKind::InvalidData => Error::Usage(e.to_string()),
+        _ => Error::io(file, "cannot open the overlay file", e),
+    })?;
+    Ok(Box::new(overlaid))
 }

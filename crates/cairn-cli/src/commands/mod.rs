@@ -28,6 +28,7 @@ pub mod key;
 pub mod ls;
 pub mod man;
 pub mod mount;
+pub mod nbd;
 pub mod prune;
 pub mod recompress;
 pub mod repair;

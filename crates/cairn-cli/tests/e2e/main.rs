@@ -19,6 +19,7 @@ mod golden;
 mod json_schema;
 mod lifecycle;
 mod mount;
+mod nbd;
 mod profiles;
 mod remote;
 mod restore;
