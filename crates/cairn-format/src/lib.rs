@@ -21,6 +21,7 @@
 //! | [`deletion`] | deletion manifests (prune beside backups) | §13 |
 //! | [`lock`] | lock objects | §12 |
 //! | [`hint`] | the start hint | §14 |
+//! | [`protocol`] | the server protocol's requests: routes, names, headers | §15 |
 
 #![warn(missing_docs)]
 
@@ -36,6 +37,7 @@ pub mod keyfile;
 pub mod layout;
 pub mod lock;
 pub mod pack;
+pub mod protocol;
 pub mod sealed;
 pub mod snapshot;
 pub mod tree;

@@ -15,15 +15,12 @@ use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, C
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 
+use cairn_format::protocol::{self, Kind, Op, Route, MAX_OBJECT_SIZE, VERSION as PROTOCOL};
+
 use crate::log::{Entry, Log};
-use crate::names::{self, Kind};
-use crate::policy::{self, Op, Rule};
+use crate::policy::{self, Rule};
 use crate::tokens::{Denied, TokenStore};
 
-/// The protocol version: the first component of every request path.
-pub const PROTOCOL: &str = "v1";
-/// The largest object accepted: a pack of the largest pack size (1 GiB) and its last blob.
-pub const MAX_OBJECT_SIZE: u64 = 1280 << 20;
 /// How long a client may take to send a request's head (or finish the TLS handshake).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a client may take to send a request's body.
@@ -161,6 +158,11 @@ fn forbidden(why: impl Into<String>) -> Fail {
     Fail::new(StatusCode::FORBIDDEN, why)
 }
 
+/// A request the protocol's parser refused.
+fn refusal(r: protocol::Refusal) -> Fail {
+    Fail::new(StatusCode::from_u16(r.status).unwrap_or(StatusCode::BAD_REQUEST), r.why)
+}
+
 async fn handle(state: &Arc<State>, req: Request<Incoming>, peer: SocketAddr) -> Response<Full<Bytes>> {
     let start = Instant::now();
     let mut entry = Entry {
@@ -210,98 +212,29 @@ async fn handle(state: &Arc<State>, req: Request<Incoming>, peer: SocketAddr) ->
     response
 }
 
-/// What a request's path and method ask for.
-enum Route<'a> {
-    Version,
-    Create,
-    Object(Op, &'a str, Kind),
-    List(&'a str),
-}
-
-/// Parses the raw request path (never decoded: no valid name needs percent-encoding).
-fn route<'a>(method: &Method, path: &'a str, entry: &mut Entry) -> Result<(&'a str, Route<'a>), Fail> {
-    if path.contains('%') {
-        return Err(bad("percent-encoding is not allowed in request paths (no object name needs it)"));
-    }
-    let Some(rest) = path.strip_prefix("/v1") else {
-        return Err(Fail::new(
-            StatusCode::NOT_FOUND,
-            format!("unknown route: this server speaks protocol {PROTOCOL} (/{PROTOCOL}/...)"),
-        ));
-    };
-    if rest.is_empty() || rest == "/" {
-        return Ok(("", Route::Version));
-    }
-    let Some(rest) = rest.strip_prefix("/repos/") else {
-        return Err(Fail::new(StatusCode::NOT_FOUND, "unknown route (expected /v1/repos/NAME/...)"));
-    };
-    let (repo, tail) = match rest.split_once('/') {
-        Some((r, t)) => (r, Some(t)),
-        None => (rest, None),
-    };
-    names::check_repo(repo).map_err(bad)?;
-    entry.repo = Some(repo.to_string());
-    let not_allowed =
-        || Fail::new(StatusCode::METHOD_NOT_ALLOWED, format!("{method} is not allowed on {}", names::truncate(path)));
-    let route = match tail {
-        None if method == Method::POST => Route::Create,
-        None => return Err(not_allowed()),
-        Some(t) => {
-            if let Some(object) = t.strip_prefix("objects/") {
-                entry.object = Some(names::truncate(object).to_string());
-                let kind = names::classify(object).map_err(bad)?;
-                let op = match *method {
-                    Method::GET | Method::HEAD => Op::Read,
-                    Method::PUT => Op::Write,
-                    Method::DELETE => Op::Delete,
-                    _ => return Err(not_allowed()),
-                };
-                Route::Object(op, object, kind)
-            } else if let Some(dir) = t.strip_prefix("list/") {
-                entry.object = Some(names::truncate(dir).to_string());
-                names::check_dir(dir).map_err(bad)?;
-                if method != Method::GET {
-                    return Err(not_allowed());
-                }
-                Route::List(dir)
-            } else {
-                return Err(Fail::new(
-                    StatusCode::NOT_FOUND,
-                    "unknown route (expected .../objects/PATH or .../list/DIR)",
-                ));
-            }
-        }
-    };
-    Ok((repo, route))
-}
-
 async fn process(
     state: &Arc<State>,
     parts: hyper::http::request::Parts,
     body: &mut Option<Incoming>,
     entry: &mut Entry,
 ) -> Result<Reply, Fail> {
-    if parts.uri.query().is_some() {
-        return Err(bad("a request of this protocol has no query string"));
-    }
-    let (repo, route) = route(&parts.method, parts.uri.path(), entry)?;
-    let (op, kind) = match &route {
+    let target = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str());
+    let request = protocol::parse_request(parts.method.as_str(), target);
+    entry.repo = request.repo.map(str::to_string);
+    entry.object = request.named.map(str::to_string);
+    let route = request.route.map_err(refusal)?;
+    let (repo, op, kind) = match route {
         Route::Version => {
             let v = serde_json::json!({ "protocol": PROTOCOL, "server": concat!("cairn ", env!("CARGO_PKG_VERSION")) });
             return Ok(Reply::new(StatusCode::OK, v.to_string()));
         }
-        Route::Create => (Op::Create, None),
-        Route::Object(op, _, kind) => (*op, Some(*kind)),
-        Route::List(_) => (Op::List, None),
-    };
-    entry.op = op.name().to_string();
-    let header = match parts.headers.get(AUTHORIZATION) {
-        None => None,
-        Some(v) => {
-            Some(v.to_str().map_err(|_| Fail::new(StatusCode::UNAUTHORIZED, "the Authorization header is not text"))?)
+        Route::Create { repo } | Route::Object { repo, .. } | Route::List { repo, .. } => {
+            (repo, route.op().expect("a repository's route has an operation"), route.kind())
         }
     };
-    let token = state.tokens.authenticate(header, repo).map_err(|d| match d {
+    entry.op = op.name().to_string();
+    let token = protocol::bearer(parts.headers.get(AUTHORIZATION).map(|v| v.as_bytes())).map_err(refusal)?;
+    let token = state.tokens.authenticate(token, repo).map_err(|d| match d {
         Denied::Unauthorized(why) => Fail::new(StatusCode::UNAUTHORIZED, why),
         Denied::Forbidden(why) => forbidden(why),
     })?;
@@ -314,12 +247,12 @@ async fn process(
     let storage = state.repo(repo)?;
     match route {
         Route::Version => unreachable!("answered above"),
-        Route::Create => {
+        Route::Create { .. } => {
             blocking(move || storage.create()).await?;
             Ok(Reply::new(StatusCode::OK, ""))
         }
-        Route::List(dir) => {
-            let dir = dir.to_string();
+        Route::List { dir, .. } => {
+            let dir = dir.name().to_string();
             let listed = blocking(move || storage.list(&dir)).await?;
             let json: Vec<serde_json::Value> =
                 listed.into_iter().map(|o| serde_json::json!({ "path": o.path, "size": o.size })).collect();
@@ -327,32 +260,30 @@ async fn process(
             entry.bytes = body.len() as u64;
             Ok(Reply::new(StatusCode::OK, body))
         }
-        Route::Object(Op::Read, path, _) if parts.method == Method::HEAD => {
+        Route::Object { op: Op::Read, head: true, path, .. } => {
             let p = path.to_string();
             match blocking(move || storage.exists(&p)).await? {
                 true => Ok(Reply::new(StatusCode::OK, "")),
                 false => Err(Fail::new(StatusCode::NOT_FOUND, format!("{path} does not exist"))),
             }
         }
-        Route::Object(Op::Read, path, _) => {
-            let range = match parts.headers.get(RANGE) {
-                None => None,
-                Some(v) => Some(parse_range(v.to_str().unwrap_or(""))?),
-            };
+        Route::Object { op: Op::Read, path, .. } => {
+            let range =
+                parts.headers.get(RANGE).map(|v| protocol::parse_range(v.as_bytes())).transpose().map_err(refusal)?;
             let p = path.to_string();
             let reply = match range {
                 None => Reply::new(StatusCode::OK, blocking(move || storage.read(&p)).await?),
-                Some((start, end)) => {
-                    let bytes = blocking(move || storage.read_range(&p, start, end - start + 1)).await?;
+                Some((start, len)) => {
+                    let bytes = blocking(move || storage.read_range(&p, start, len)).await?;
                     let mut r = Reply::new(StatusCode::PARTIAL_CONTENT, bytes);
-                    r.content_range = Some(format!("bytes {start}-{end}/*"));
+                    r.content_range = Some(format!("bytes {start}-{}/*", start + len - 1));
                     r
                 }
             };
             entry.bytes = reply.body.len() as u64;
             Ok(reply)
         }
-        Route::Object(Op::Write, path, kind) => {
+        Route::Object { op: Op::Write, path, kind, .. } => {
             let body = body.take().expect("the body is read once");
             let bytes = read_body(&parts.headers, body).await?;
             entry.bytes = bytes.len() as u64;
@@ -363,8 +294,10 @@ async fn process(
             }
             write(storage, path.to_string(), kind, rule, token.name, bytes).await
         }
-        Route::Object(Op::Delete, path, kind) => delete(storage, path.to_string(), kind, rule, token.name).await,
-        Route::Object(..) => unreachable!("objects are read, written or deleted"),
+        Route::Object { op: Op::Delete, path, kind, .. } => {
+            delete(storage, path.to_string(), kind, rule, token.name).await
+        }
+        Route::Object { op: Op::List | Op::Create, .. } => unreachable!("objects are read, written or deleted"),
     }
 }
 
@@ -426,10 +359,7 @@ fn owner_path(lock: &str) -> String {
 async fn read_body(headers: &hyper::HeaderMap, body: Incoming) -> Result<Bytes, Fail> {
     let too_big = || Fail::new(StatusCode::PAYLOAD_TOO_LARGE, format!("an object is at most {MAX_OBJECT_SIZE} bytes"));
     if let Some(len) = headers.get(CONTENT_LENGTH) {
-        let len: u64 = len.to_str().ok().and_then(|l| l.parse().ok()).ok_or_else(|| bad("bad Content-Length"))?;
-        if len > MAX_OBJECT_SIZE {
-            return Err(too_big());
-        }
+        protocol::parse_content_length(len.as_bytes()).map_err(refusal)?;
     }
     let collected = tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, MAX_OBJECT_SIZE as usize).collect()).await;
     match collected {
@@ -454,19 +384,6 @@ async fn drain(mut body: Incoming) {
     .await;
 }
 
-/// Parses `bytes=START-END` (one range, both ends given).
-fn parse_range(value: &str) -> Result<(u64, u64), Fail> {
-    let bad_range = || bad(format!("unsupported Range {:?}: expected bytes=START-END", names::truncate(value)));
-    let spec = value.strip_prefix("bytes=").ok_or_else(bad_range)?;
-    let (a, b) = spec.split_once('-').ok_or_else(bad_range)?;
-    let start: u64 = a.parse().map_err(|_| bad_range())?;
-    let end: u64 = b.parse().map_err(|_| bad_range())?;
-    if end < start || end - start >= MAX_OBJECT_SIZE {
-        return Err(bad_range());
-    }
-    Ok((start, end))
-}
-
 /// Runs a storage call on the blocking pool (the storage's own runtime blocks), mapping its
 /// errors to statuses: missing 404, short 416, anything else 503 (the client tries again).
 async fn blocking<T: Send + 'static>(
@@ -480,18 +397,5 @@ async fn blocking<T: Send + 'static>(
         }
         Ok(Err(e)) => Err(Fail::new(StatusCode::SERVICE_UNAVAILABLE, format!("storage: {e}"))),
         Err(_) => Err(Fail::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error: a storage call panicked")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ranges_parse() {
-        assert_eq!(parse_range("bytes=0-9").unwrap(), (0, 9));
-        for bad in ["bytes=9-0", "bytes=-5", "bytes=5-", "items=0-1", "bytes=0-1,3-4", "bytes=a-b", ""] {
-            assert!(parse_range(bad).is_err(), "{bad}");
-        }
     }
 }

@@ -4,12 +4,11 @@
 //! The server keeps repositories in any location Cairn supports, one per name below it, and has
 //! no state of its own beside that storage and the credentials file (tokens, kept as hashes).
 //! Every request names a repository and an object of it; both are parsed strictly
-//! ([`names`]), the bearer token is checked ([`tokens`]), the role's rule for that kind of
-//! object applied ([`policy`]), and only then is the storage touched. Every request is logged
-//! ([`log`]).
+//! ([`cairn_format::protocol`], which the fuzz target `serve_request` feeds anything), the
+//! bearer token is checked ([`tokens`]), the role's rule for that kind of object applied
+//! ([`policy`]), and only then is the storage touched. Every request is logged ([`log`]).
 
 pub mod log;
-pub mod names;
 pub mod policy;
 pub mod tls;
 pub mod tokens;
@@ -22,7 +21,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use cairn_core::engine::storage::{is_loopback_host, Location, RemoteOptions};
 
-pub use http::{MAX_OBJECT_SIZE, PROTOCOL};
+pub use cairn_format::protocol::{MAX_OBJECT_SIZE, VERSION as PROTOCOL};
 
 /// How the server talks to clients.
 #[derive(Clone, Debug)]

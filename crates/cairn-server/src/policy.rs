@@ -1,35 +1,8 @@
 //! What each role may do to each kind of object (FORMAT.md §15): the one place the rules live.
 
-use crate::names::Kind;
+pub use cairn_format::protocol::{Kind, Op};
+
 use crate::tokens::Role;
-
-/// What a request asks to do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    /// Read a whole object, part of one, or whether it exists.
-    Read,
-    /// List a directory.
-    List,
-    /// Store an object.
-    Write,
-    /// Delete an object.
-    Delete,
-    /// Make the repository's root (`init`).
-    Create,
-}
-
-impl Op {
-    /// The operation's name in the request log.
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::Read => "read",
-            Op::List => "list",
-            Op::Write => "write",
-            Op::Delete => "delete",
-            Op::Create => "create",
-        }
-    }
-}
 
 /// What the server does with a request a role may make.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,12 +50,9 @@ pub fn rule(role: Role, op: Op, kind: Option<Kind>) -> Rule {
 mod tests {
     use super::*;
 
-    const ALL: [Kind; 8] =
-        [Kind::Config, Kind::Hint, Kind::Key, Kind::Pack, Kind::Index, Kind::Snapshot, Kind::Deletion, Kind::Lock];
-
     #[test]
     fn only_admin_deletes_history() {
-        for kind in ALL {
+        for kind in Kind::ALL {
             assert_eq!(rule(Role::Admin, Op::Delete, Some(kind)), Rule::Allow);
             assert_eq!(rule(Role::Admin, Op::Write, Some(kind)), Rule::Allow);
             for role in [Role::Read, Role::Append] {

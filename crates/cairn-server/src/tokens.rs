@@ -142,7 +142,7 @@ impl Credentials {
         expires_in: Option<u64>,
     ) -> Result<(TokenEntry, String)> {
         if let Some(r) = repo {
-            crate::names::check_repo(r).map_err(anyhow::Error::msg)?;
+            cairn_format::protocol::check_repo(r).map_err(anyhow::Error::msg)?;
         }
         let name = match name {
             Some(n) => {
@@ -251,14 +251,9 @@ impl TokenStore {
         Ok(())
     }
 
-    /// The token entry for an `Authorization` header's value, if it may use `repo`.
-    pub fn authenticate(&self, header: Option<&str>, repo: &str) -> Result<TokenEntry, Denied> {
-        let Some(header) = header else {
-            return Err(Denied::Unauthorized("no token (send Authorization: Bearer TOKEN)".into()));
-        };
-        let Some(token) = header.strip_prefix("Bearer ").map(str::trim) else {
-            return Err(Denied::Unauthorized("the Authorization header is not \"Bearer TOKEN\"".into()));
-        };
+    /// The entry of `token` (the text of an `Authorization: Bearer` header), if it may use
+    /// `repo`.
+    pub fn authenticate(&self, token: &str, repo: &str) -> Result<TokenEntry, Denied> {
         if self.stamp() != self.state.lock().unwrap_or_else(|p| p.into_inner()).stamp {
             if let Err(e) = self.reload() {
                 // Keep serving with the tokens read before; say why once per change.
@@ -298,12 +293,10 @@ mod tests {
         assert!(!raw.contains(&text_a) && raw.contains(&a.hash));
 
         let store = TokenStore::open(&path).unwrap();
-        let bearer = |t: &str| format!("Bearer {t}");
-        assert_eq!(store.authenticate(Some(&bearer(&text_a)), "laptop").unwrap().name, "a");
-        assert!(matches!(store.authenticate(Some(&bearer(&text_a)), "other"), Err(Denied::Forbidden(_))));
-        assert!(matches!(store.authenticate(Some(&bearer("cairn_nope")), "laptop"), Err(Denied::Unauthorized(_))));
-        assert!(matches!(store.authenticate(None, "laptop"), Err(Denied::Unauthorized(_))));
-        let expired = store.authenticate(Some(&bearer(&text_old)), "laptop").unwrap_err();
+        assert_eq!(store.authenticate(&text_a, "laptop").unwrap().name, "a");
+        assert!(matches!(store.authenticate(&text_a, "other"), Err(Denied::Forbidden(_))));
+        assert!(matches!(store.authenticate("cairn_nope", "laptop"), Err(Denied::Unauthorized(_))));
+        let expired = store.authenticate(&text_old, "laptop").unwrap_err();
         assert!(matches!(&expired, Denied::Unauthorized(w) if w.contains("expired")), "{expired:?}");
 
         // Removing a token takes effect in a running store.
@@ -311,7 +304,7 @@ mod tests {
         c.remove("a").unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
         c.save(&path).unwrap();
-        assert!(matches!(store.authenticate(Some(&bearer(&text_a)), "laptop"), Err(Denied::Unauthorized(_))));
+        assert!(matches!(store.authenticate(&text_a, "laptop"), Err(Denied::Unauthorized(_))));
     }
 
     #[test]

@@ -364,3 +364,99 @@ fn an_admin_token_can_forget_and_prune() {
     let out = c.run(&args);
     assert!(!out.status.success());
 }
+
+impl Server {
+    /// Sends `request` as given over TLS (then closes the sending side); returns the status and
+    /// body of the first answer (status 0 when the server closed without one).
+    fn raw_bytes(&self, request: &[u8]) -> (u16, String) {
+        let tcp = std::net::TcpStream::connect(self.addr).unwrap();
+        tcp.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+        let conn = rustls::ClientConnection::new(self.tls.clone(), "localhost".try_into().unwrap()).unwrap();
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        let _ = tls.write_all(request);
+        tls.conn.send_close_notify();
+        let _ = tls.flush();
+        let mut response = Vec::new();
+        let _ = tls.read_to_end(&mut response);
+        let text = String::from_utf8_lossy(&response).into_owned();
+        let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        (status, body)
+    }
+}
+
+#[test]
+fn bodies_that_lie_slow_clients_and_a_thousand_connections_do_not_stop_the_server() {
+    let server = Server::start();
+    let admin = server.token(&["--all", "--role", "admin"]);
+    let repo = server.storage().join("laptop");
+    assert_eq!(server.raw("POST", "/v1/repos/laptop", Some(&admin), b"").0, 200);
+
+    // A body shorter than its Content-Length: nothing is stored.
+    let body = b"a snapshot that never arrives whole";
+    let name = format!("snapshots/{}", blake3::hash(body).to_hex());
+    let head = format!(
+        "PUT /v1/repos/laptop/objects/{name} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {admin}\r\nContent-Length: 1000\r\n\r\n"
+    );
+    let (status, text) = server.raw_bytes(&[head.as_bytes(), &body[..]].concat());
+    assert!(status == 400 || status == 0, "{status} {text}");
+    assert!(!repo.join(&name).exists());
+    // A body longer than announced: only the announced bytes are the object, which then does
+    // not hash to its name; the rest is no request.
+    let head = head.replace("Content-Length: 1000", "Content-Length: 10");
+    let (status, text) = server.raw_bytes(&[head.as_bytes(), &body[..]].concat());
+    assert_eq!(status, 400, "{text}");
+    assert!(!repo.join(&name).exists());
+    // A NUL byte in the request line, a request line of junk, a header without a colon.
+    for junk in [
+        &b"GET /v1/repos/laptop/objects/config\0 HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+        b"\x00\x01\x02 nonsense\r\n\r\n",
+        b"GET /v1 HTTP/1.1\r\nNo colon here\r\n\r\n",
+    ] {
+        let (status, _) = server.raw_bytes(junk);
+        assert!(status == 400 || status == 0, "{status}");
+    }
+
+    // A client sending one byte a second while others are served.
+    let addr = server.addr;
+    let slow = std::thread::spawn(move || {
+        let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+        for b in b"\x16\x03\x01\x00" {
+            if tcp.write_all(&[*b]).is_err() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+    });
+    // 1,000 connections at once, none saying anything.
+    let idle: Vec<_> = (0..1000).map(|_| std::net::TcpStream::connect(server.addr).unwrap()).collect();
+    let start = std::time::Instant::now();
+    for _ in 0..3 {
+        assert_eq!(server.raw("GET", "/v1", None, b"").0, 200);
+        assert_eq!(server.raw("GET", "/v1/repos/laptop/list/snapshots", Some(&admin), b"").0, 200);
+    }
+    assert!(start.elapsed() < std::time::Duration::from_secs(10), "{:?}", start.elapsed());
+    drop(idle);
+    slow.join().unwrap();
+    assert_eq!(server.raw("GET", "/v1", None, b"").0, 200);
+    let stored: Vec<_> = objects(&repo).into_keys().collect();
+    assert!(stored.iter().all(|k| !k.starts_with("snapshots")), "{stored:?}");
+}
+
+#[test]
+fn the_systemd_unit_runs_unprivileged_and_verifies() {
+    let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/systemd/cairn-serve.service");
+    let text = std::fs::read_to_string(&unit).unwrap();
+    for line in ["User=cairn", "NoNewPrivileges=yes", "ProtectSystem=strict", "CapabilityBoundingSet=\n"] {
+        assert!(text.contains(line), "{line:?} missing");
+    }
+    assert!(!text.contains("User=root"));
+    // systemd-analyze wants the program to exist: the binary under test.
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("cairn-serve.service");
+    std::fs::write(&copy, text.replace("/usr/local/bin/cairn", env!("CARGO_BIN_EXE_cairn"))).unwrap();
+    let out = Command::new("systemd-analyze").arg("verify").arg(&copy).current_dir(dir.path()).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let ours: Vec<&str> = err.lines().filter(|l| l.contains("cairn-serve")).collect();
+    assert!(out.status.success() && ours.is_empty(), "{err}");
+}
