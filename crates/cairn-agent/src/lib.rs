@@ -153,12 +153,13 @@ impl Agent {
         self.repos.lock().unwrap().remove(name);
     }
 
-    /// The size of profile `i`'s repository (its packs), opening it off the runtime's thread.
+    /// The size of profile `i`'s repository (its packs), opening it off the runtime's thread
+    /// (and not keeping it: the agent holds no index while it waits).
     async fn repository_size(self: &Arc<Self>, i: usize) -> Option<u64> {
-        let agent = self.clone();
+        let opener = self.opener.clone();
         let name = self.profiles[i].profile.clone();
         tokio::task::spawn_blocking(move || {
-            let repo = agent.repository(&name).ok()?;
+            let repo = opener(&name).ok()?;
             let size: u64 = repo.list_packs().ok()?.values().sum();
             Some(size)
         })

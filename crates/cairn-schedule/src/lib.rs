@@ -349,8 +349,14 @@ mod tests {
         let n = Schedule::parse("daily 02:30").unwrap().next_after(&from).unwrap();
         assert_eq!(n.to_rfc3339(), "2026-11-29T02:30:00+01:00");
         let s = Schedule::parse("daily 02:30").unwrap();
-        assert_eq!(s.previous_at_or_before(&at("2026-11-28T17:00:00Z")).unwrap().to_rfc3339(), "2026-11-28T02:30:00+00:00");
-        assert_eq!(s.previous_at_or_before(&at("2026-11-28T02:30:00Z")).unwrap().to_rfc3339(), "2026-11-28T02:30:00+00:00");
+        assert_eq!(
+            s.previous_at_or_before(&at("2026-11-28T17:00:00Z")).unwrap().to_rfc3339(),
+            "2026-11-28T02:30:00+00:00"
+        );
+        assert_eq!(
+            s.previous_at_or_before(&at("2026-11-28T02:30:00Z")).unwrap().to_rfc3339(),
+            "2026-11-28T02:30:00+00:00"
+        );
     }
 
     #[test]

@@ -118,8 +118,11 @@ impl AgentFx {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         let mut child = c.spawn().expect("starting the agent");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
         let mut first = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+        out.read_line(&mut first).unwrap();
+        // Read on, so the agent never writes into a closed pipe.
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
         let url = first.split("web interface at ").nth(1).expect("the agent says where it listens").trim();
         self.url = url.to_string();
         self.agent = Some(child);
@@ -390,11 +393,12 @@ fn gethostname() -> String {
     fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string()
 }
 
-/// A slow backup (each storage request delayed) so a test can act while it runs.
+/// A backup that holds for 8 s before it writes its snapshot (every file read), so a test can
+/// act while it runs.
 fn slow_backup_fixture(extra: &str) -> AgentFx {
     let mut fx = AgentFx::new(200, 20_000, &home(extra));
     fx.init("home");
-    fx.env.push(("CAIRN_INJECT_FAULTS".into(), "latency=150ms".into()));
+    fx.env.push(("CAIRN_INJECT_FAULTS".into(), "stall-write=snapshots/,stall-for=8s".into()));
     fx
 }
 
