@@ -280,7 +280,10 @@ pub(crate) fn apply(argv: Vec<OsString>) -> Result<Vec<OsString>> {
         Some(n) => Some(config.profile(n.as_str())?),
         // Without -p, a profile named `default` applies if the file has one.
         None if config.has("default") => Some(config.profile("default")?),
-        None if explicit => bail!("{}: which profile? give -p NAME", file.display()),
+        // The agent runs every profile of the file.
+        None if explicit && path.first().map(String::as_str) != Some("agent") => {
+            bail!("{}: which profile? give -p NAME", file.display())
+        }
         None => None,
     };
     let Some(profile) = profile else {
