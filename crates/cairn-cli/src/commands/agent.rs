@@ -14,7 +14,6 @@ use clap::{Args as ClapArgs, Subcommand};
 use super::Global;
 
 #[derive(ClapArgs, Debug)]
-#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
     #[command(subcommand)]
     command: Option<AgentCommand>,
