@@ -27,7 +27,7 @@ const MAX_MEMORY: u64 = 256 << 20;
 /// The snapshots `filter` chooses, newest first.
 pub fn snapshots(repo: &Repository, filter: &SnapshotFilter) -> Result<Vec<(SnapshotId, Snapshot)>> {
     let mut all = filter.select(repo)?;
-    all.sort_by(|a, b| b.1.time.cmp(&a.1.time));
+    all.sort_by_key(|s| std::cmp::Reverse(s.1.time));
     Ok(all)
 }
 
