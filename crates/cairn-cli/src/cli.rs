@@ -156,6 +156,8 @@ enum Command {
     Config(commands::config::Args),
     /// Serve repositories to many hosts over HTTPS, with tokens that may read, append or administer
     Serve(commands::serve::Args),
+    /// Run the profiles' jobs on their schedules, with metrics, alerts and a web interface
+    Agent(commands::agent::Args),
 }
 
 /// Runs the command; returns the exit code.
@@ -187,5 +189,6 @@ pub fn run(mut cli: Cli) -> Result<ExitCode> {
         Command::Copy(a) => commands::copy::run(g, a),
         Command::Config(a) => commands::config::run(g, a),
         Command::Serve(a) => commands::serve::run(g, a),
+        Command::Agent(a) => commands::agent::run(g, a),
     }
 }

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use anyhow::{bail, Context, Result};
 
 /// Reads the first line of a password file.
-fn from_file(path: &Path) -> Result<Vec<u8>> {
+pub fn from_file(path: &Path) -> Result<Vec<u8>> {
     let text = std::fs::read(path).with_context(|| format!("cannot read password file {}", path.display()))?;
     let line = text.split(|&b| b == b'\n').next().unwrap_or_default();
     let line = line.strip_suffix(b"\r").unwrap_or(line);

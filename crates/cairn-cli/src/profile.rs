@@ -33,7 +33,8 @@ const GROUPS: [&[&str]; 2] = [&["repo", "repository-file"], &["password-file", "
 
 /// Global options that choose the file and profile, and commands that take no profile.
 const NOT_IN_PROFILE: [&str; 4] = ["use-profile", "config", "help", "version"];
-const COMMANDS_WITHOUT_PROFILE: [&str; 4] = ["help", "completions", "man", "config"];
+/// (`agent` runs every profile, each in a process of its own.)
+const COMMANDS_WITHOUT_PROFILE: [&str; 5] = ["help", "completions", "man", "config", "agent"];
 
 /// Where an effective value came from.
 #[derive(Debug, Clone)]
@@ -115,7 +116,8 @@ fn section_of(cmd: &Command) -> Section {
     Section { keys, sections, open: false }
 }
 
-/// The schema of a profile: the command line definition, plus `password`, `env-file` and `env`.
+/// The schema of a profile: the command line definition, plus `password`, `env-file`, `env` and
+/// the agent's `schedule` section.
 pub(crate) fn schema() -> Schema {
     let mut profile = section_of(&crate::cli::Cli::command());
     let mut password = Key::new(PASSWORD, Kind::Value);
@@ -123,6 +125,10 @@ pub(crate) fn schema() -> Schema {
     profile.keys.push(password);
     profile.keys.push(Key::new(ENV_FILE, Kind::List));
     profile.sections.push((ENV.to_string(), Section { open: true, ..Section::default() }));
+    let schedule = cairn_agent::profiles::KEYS.iter().map(|k| Key::new(*k, Kind::Value)).collect();
+    profile
+        .sections
+        .push((cairn_agent::profiles::SECTION.to_string(), Section { keys: schedule, ..Section::default() }));
     Schema { profile }
 }
 
@@ -156,6 +162,49 @@ fn warn_readable_secrets(config: &Config) {
             config.file().display()
         );
     }
+}
+
+/// The configuration file (as `--config` or the lookup found it) and its profiles, for the
+/// agent, which runs them all.
+pub(crate) fn config_file() -> Result<Config> {
+    let Some(file) = loaded().file.clone() else {
+        bail!("no configuration file: give --config FILE, or write $XDG_CONFIG_HOME/cairn/cairn.toml, ~/.config/cairn/cairn.toml or /etc/cairn/cairn.toml");
+    };
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("cannot read configuration file {}", file.display()))?;
+    Ok(Config::parse(&text, &file, &schema())?)
+}
+
+/// Where profile `name`'s repository is and its password, from the profile alone (the agent
+/// opens each profile's repository in one process): `repo` or `repository-file`; the
+/// password from `CAIRN_PASSWORD` in the profile's `env` section, `password-command`,
+/// `password-file` or `password`.
+pub(crate) fn repository_of(config: &Config, name: &str) -> Result<(String, Vec<u8>)> {
+    let p = config.profile(name)?;
+    let one = |section: &str, key: &str| match p.get(section, key).map(|s| &s.value) {
+        Some(Value::One(v)) => Some(v.clone()),
+        _ => None,
+    };
+    let repo = match (one("", "repo"), one("", "repository-file")) {
+        (Some(r), _) => r,
+        (None, Some(f)) => {
+            let text = std::fs::read_to_string(&f).with_context(|| format!("cannot read repository file {f}"))?;
+            text.lines().next().unwrap_or("").trim().to_string()
+        }
+        (None, None) => bail!("profile {name:?} names no repository (repo or repository-file)"),
+    };
+    let password = if let Some(pw) = one(ENV, "CAIRN_PASSWORD") {
+        pw.into_bytes()
+    } else if let Some(cmd) = one("", "password-command") {
+        crate::password::from_command(&cmd)?
+    } else if let Some(f) = one("", "password-file") {
+        crate::password::from_file(Path::new(&f))?
+    } else if let Some(pw) = one("", PASSWORD) {
+        pw.into_bytes()
+    } else {
+        bail!("profile {name:?} gives no password (password-command, password-file, password or env.CAIRN_PASSWORD)");
+    };
+    Ok((repo, password))
 }
 
 /// Reads `KEY=VALUE` lines (`#` comments, blank lines, an optional `export `) into the
@@ -231,7 +280,10 @@ pub(crate) fn apply(argv: Vec<OsString>) -> Result<Vec<OsString>> {
         Some(n) => Some(config.profile(n.as_str())?),
         // Without -p, a profile named `default` applies if the file has one.
         None if config.has("default") => Some(config.profile("default")?),
-        None if explicit => bail!("{}: which profile? give -p NAME", file.display()),
+        // The agent runs every profile of the file.
+        None if explicit && path.first().map(String::as_str) != Some("agent") => {
+            bail!("{}: which profile? give -p NAME", file.display())
+        }
         None => None,
     };
     let Some(profile) = profile else {

@@ -14,6 +14,7 @@ use cairn_format::lock::LockKind;
 pub(crate) use crate::cli::Global;
 use crate::password;
 
+pub mod agent;
 pub mod backup;
 pub mod check;
 pub mod completions;

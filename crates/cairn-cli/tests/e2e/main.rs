@@ -10,6 +10,7 @@
 
 mod support;
 
+mod agent;
 mod backup;
 mod bad_input;
 mod browse;
