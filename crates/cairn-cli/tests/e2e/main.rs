@@ -17,6 +17,7 @@ mod check_repair;
 mod copy;
 mod golden;
 mod lifecycle;
+mod limits;
 mod mount;
 mod profiles;
 mod remote;
