@@ -33,7 +33,7 @@ pub(super) fn runtime() -> Result<Arc<tokio::runtime::Runtime>> {
 }
 
 /// How to reach a repository: the SFTP and server options (ignored for other locations), and
-/// the bandwidth limits (any location, applied by [`crate::engine::open::storage_at`]).
+/// the bandwidth limits (any location, applied where the storage is opened for a command).
 #[derive(Clone, Debug, Default)]
 pub struct RemoteOptions {
     /// Bytes per second to and from the repository.
