@@ -744,8 +744,8 @@ fn with_json_a_fatal_error_is_one_json_line() {
     assert_eq!(v["message"], want.as_str());
     assert!(out.stdout.is_empty());
     // A configuration file that cannot be used: code 2, as JSON too.
-    let fx = fixture("[profile.laptop.backup]\nexclud = []\n");
-    let out = fx.run(&[], &["-p", "laptop", "--json", "snapshots"]);
+    let fx = fixture("[profile.other.backup]\nexclud = []\n");
+    let out = fx.run(&[], &["-p", "other", "--json", "snapshots"]);
     assert_eq!(out.status.code(), Some(2));
     let v: serde_json::Value = serde_json::from_str(&text(&out.stderr)).expect("stderr is JSON");
     assert_eq!((v["message_type"].as_str(), v["code"].as_u64()), (Some("error"), Some(2)), "{v}");
