@@ -1,7 +1,8 @@
 //! Bandwidth limits (`--limit-upload`, `--limit-download`, issue 35): a backup and a restore
 //! over a limited link each move their bytes within 10% of the limit (measured: the bytes the
 //! repository gained or holds, over the command's wall time), on a local repository and on
-//! MinIO; and a limited restore still writes files while it fetches.
+//! MinIO; and a limited restore still writes files while it fetches. The restores fetch
+//! everything (`--no-local-data`: the source files are still on this machine).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -72,13 +73,13 @@ fn a_backup_and_a_restore_run_at_the_limit() {
 
     let target = fx.path("restore");
     let start = Instant::now();
-    fx.cairn.restore_with("latest", &target, &["--limit-download", &limit]);
+    fx.cairn.restore_with("latest", &target, &["--no-local-data", "--limit-download", &limit]);
     within_ten_percent("restore", stored(fx.repo()), start.elapsed());
     fx.assert_exact(&target);
 
     // Unlimited, the same restore is far faster: the limit is what held it.
     let start = Instant::now();
-    fx.cairn.restore("latest", &fx.path("fast"));
+    fx.cairn.restore_with("latest", &fx.path("fast"), &["--no-local-data"]);
     assert!(start.elapsed() < took / 2, "unlimited restore took {:?}", start.elapsed());
 }
 
@@ -103,7 +104,7 @@ fn s3_backup_and_restore_run_at_the_limit() {
     within_ten_percent("S3 backup", stored_remote(&fx.cairn) - before, start.elapsed());
     let target = fx.path("restore");
     let start = Instant::now();
-    limited.restore_with("latest", &target, &["--no-cache"]);
+    limited.restore_with("latest", &target, &["--no-cache", "--no-local-data"]);
     within_ten_percent("S3 restore", stored_remote(&fx.cairn), start.elapsed());
     fx.assert_exact(&target);
 }
@@ -118,9 +119,19 @@ fn a_limited_restore_overlaps_fetch_and_write() {
     let src_files: Vec<Vec<u8>> = (0..FILES).map(|i| std::fs::read(fx.src.join(format!("f{i:02}"))).unwrap()).collect();
     let restored = fx.restored(&target);
     let start = Instant::now();
-    let child = fx
-        .cairn
-        .spawn(&[], &["--json", "restore", "latest", "--target", target.to_str().unwrap(), "--limit-download", "4M"]);
+    let child = fx.cairn.spawn(
+        &[],
+        &[
+            "--json",
+            "restore",
+            "latest",
+            "--target",
+            target.to_str().unwrap(),
+            "--limit-download",
+            "4M",
+            "--no-local-data",
+        ],
+    );
     // Files complete (their content the source's) as time goes on.
     let mut seen: Vec<(Duration, usize)> = Vec::new();
     let mut child = child;

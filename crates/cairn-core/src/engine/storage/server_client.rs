@@ -99,12 +99,15 @@ impl ServerStorage {
                     format!("{status}: {}", String::from_utf8_lossy(&body).trim())
                 }
                 Ok((status, body)) => return Err(self.refused(op, path, status, &body)),
-                Err(e) if is_tls_refusal(&e) => return Err(self.tls_refused(&e)),
+                Err(e) if is_tls_refusal(&e) => return Err(self.tls_refused(error_chain(&e))),
                 Err(e) => error_chain(&e),
             };
             if attempt >= ATTEMPTS {
                 let host_port = self.location.split_once("://").map_or("", |(_, r)| r.split('/').next().unwrap_or(r));
                 let host = host_port.rsplit_once(':').map_or(host_port, |(h, _)| h);
+                if retry_why.contains("not the pinned one") {
+                    return Err(self.tls_refused(retry_why));
+                }
                 if let Some(why) = explain::connection(&retry_why, host, host_port, "`cairn serve`") {
                     return Err(explain::unreachable(&self.location, why, std::io::Error::other(retry_why)));
                 }
@@ -138,8 +141,7 @@ impl ServerStorage {
 
     /// TLS refused the server: its certificate is not the pinned one, or does not chain to the
     /// CA given.
-    fn tls_refused(&self, e: &reqwest::Error) -> Error {
-        let text = error_chain(e);
+    fn tls_refused(&self, text: String) -> Error {
         let why = match text.split_once("the server's certificate has fingerprint ") {
             Some((_, rest)) => format!(
                 "the server's certificate has fingerprint {}, not the one given: check --server-fingerprint \
