@@ -24,14 +24,24 @@ Environment:
                         before each write into the target, as a network file system would
   CAIRN_TEST_LOCAL_SCANNED_HOOK   for tests: a shell command `restore` runs between finding
                         local copies of chunks and copying them (see docs/DESIGN.md)
-  CAIRN_PASSWORD_COMMAND, CAIRN_REPOSITORY_FILE, CAIRN_PROFILE, CAIRN_CONFIG   instead of the
-                        options of those names
+  CAIRN_PASSWORD_COMMAND, CAIRN_REPOSITORY_FILE, CAIRN_PROFILE, CAIRN_CONFIG,
+  CAIRN_LIMIT_UPLOAD, CAIRN_LIMIT_DOWNLOAD   instead of the options of those names
 Without a password from the environment, a command or a file, cairn asks for it on the terminal.
 
 Configuration file: profiles in TOML ([profile.NAME], `inherit = OTHER`); a profile's keys are
 the global options' long names, [profile.NAME.COMMAND] holds a command's options (see README,
 Unattended). Precedence: flag > environment variable > profile > default; `cairn -p NAME config
 show` prints the effective settings and where each came from.
+
+Hooks: [profile.NAME.hooks] (every command) and [profile.NAME.COMMAND.hooks] hold `before`,
+`after` (on success), `failure` and `finally` shell commands, `timeout` (default 5m, then the hook
+and what it started are killed) and `before-failure = \"continue\"` (a failing `before` hook
+otherwise stops the command). They are told CAIRN_HOOK, CAIRN_PROFILE, CAIRN_COMMAND and, after
+the command, CAIRN_EXIT_CODE, CAIRN_ERROR, CAIRN_SNAPSHOT_ID, CAIRN_BYTES_ADDED, CAIRN_DURATION;
+their output goes to stderr.
+
+With --json, a fatal error is one JSON line on stderr:
+{\"message_type\":\"error\",\"code\":N,\"message\":\"...\"}.
 
 Exit codes: 0 success; 1 fatal error, or some entries could not be restored (each named);
 2 invalid arguments (see the usage message), or a configuration file that cannot be used;
@@ -88,9 +98,20 @@ pub(crate) struct Global {
     /// ~/.config/cairn/cairn.toml, else /etc/cairn/cairn.toml]
     #[arg(long, env = "CAIRN_CONFIG", global = true, value_name = "FILE")]
     pub(crate) config: Option<PathBuf>,
-    /// Print machine-readable JSON instead of text
+    /// Print machine-readable JSON instead of text (and a fatal error as one JSON line on stderr)
     #[arg(long, global = true)]
     pub(crate) json: bool,
+    /// Show the full context of storage errors (every request and response detail), not only
+    /// the one line saying what is wrong
+    #[arg(short = 'v', long, global = true)]
+    pub(crate) verbose: bool,
+    /// Write to the repository at most RATE bytes per second, for every backend (e.g. 20M:
+    /// 20 MiB/s; K, M, G binary)
+    #[arg(long, env = "CAIRN_LIMIT_UPLOAD", global = true, value_name = "RATE", value_parser = parse_rate)]
+    pub(crate) limit_upload: Option<u64>,
+    /// Read from the repository at most RATE bytes per second (as --limit-upload)
+    #[arg(long, env = "CAIRN_LIMIT_DOWNLOAD", global = true, value_name = "RATE", value_parser = parse_rate)]
+    pub(crate) limit_download: Option<u64>,
     /// The token for a cairn+https:// repository, from the first line of FILE
     /// (CAIRN_SERVER_TOKEN takes precedence)
     #[arg(long, env = "CAIRN_SERVER_TOKEN_FILE", global = true, value_name = "FILE")]
@@ -101,6 +122,15 @@ pub(crate) struct Global {
     /// CA certificates (PEM) a cairn+https:// server's certificate must chain to
     #[arg(long, env = "CAIRN_SERVER_CA", global = true, value_name = "FILE")]
     pub(crate) server_ca: Option<PathBuf>,
+}
+
+/// A bandwidth limit: bytes per second, with K, M, G or T (binary units); not zero.
+fn parse_rate(s: &str) -> Result<u64, String> {
+    match cairn_core::engine::platform::parse_size(s) {
+        Ok(0) => Err("a limit of 0 bytes per second would never finish".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -158,6 +188,18 @@ enum Command {
     Serve(commands::serve::Args),
     /// Run the profiles' jobs on their schedules, with metrics, alerts and a web interface
     Agent(commands::agent::Args),
+}
+
+impl Cli {
+    /// `--json` was given (or set by the profile).
+    pub fn json(&self) -> bool {
+        self.global.json
+    }
+
+    /// `--verbose` was given.
+    pub fn verbose(&self) -> bool {
+        self.global.verbose
+    }
 }
 
 /// Runs the command; returns the exit code.

@@ -12,6 +12,7 @@ macro_rules! outln {
 
 mod cli;
 mod commands;
+mod hooks;
 mod output;
 mod password;
 mod profile;
@@ -27,25 +28,61 @@ fn main() -> ExitCode {
     // or retries, not the silent end of the process. Only stdout's reader going away ends
     // cairn by SIGPIPE, as it would a Unix filter (`output::line`).
     limit_malloc_arenas();
-    let argv = match profile::apply(std::env::args_os().collect()) {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let json = argv.iter().any(|a| a == "--json");
+    let argv = match profile::apply(argv) {
         Ok(argv) => argv,
         Err(e) => {
-            eprintln!("cairn: {}", output::one_line(&e));
+            report(&output::one_line(&e), 2, json);
             return ExitCode::from(2);
         }
     };
     let args = cli::Cli::parse_from(argv);
-    match cli::run(args) {
-        Ok(code) => code,
-        Err(e) => {
-            let mut line = output::one_line(&e);
-            // The library names no flags; where the location came from is the CLI's to say.
-            if let Some(cairn_core::Error::NoRepository(_)) = e.downcast_ref::<cairn_core::Error>() {
-                line.push_str(" (the location comes from -r/--repo or CAIRN_REPOSITORY)");
-            }
-            eprintln!("cairn: {line}");
-            ExitCode::from(exit_code(&e))
+    let (json, verbose) = (args.json(), args.verbose());
+    let hooks = hooks::Run::for_command();
+    let result = match hooks.as_ref().map(hooks::Run::before) {
+        Some(Err(e)) => Err(e.into()),
+        _ => cli::run(args),
+    };
+    let failed = result.as_ref().err().map(|e| (exit_code(e), error_line(e, verbose)));
+    if let Some(h) = &hooks {
+        let code = match (&result, &failed) {
+            (Ok(code), _) => output::exit_code_number(*code),
+            (Err(_), Some((code, _))) => *code,
+            (Err(_), None) => 1,
+        };
+        h.after(code, failed.as_ref().map(|(_, line)| line.clone()));
+    }
+    match (result, failed) {
+        (Ok(code), _) => code,
+        (Err(_), Some((code, line))) => {
+            report(&line, code, json);
+            ExitCode::from(code)
         }
+        (Err(_), None) => ExitCode::FAILURE,
+    }
+}
+
+/// The line a fatal error is shown as. The library names no flags: where the location came from
+/// is the CLI's to say. Without `verbose`, a storage error is its one line saying what is wrong,
+/// without the backend's context.
+fn error_line(e: &anyhow::Error, verbose: bool) -> String {
+    let mut line = if verbose { output::one_line(e) } else { output::short_line(e) };
+    if let Some(cairn_core::Error::NoRepository(_)) = e.downcast_ref::<cairn_core::Error>() {
+        line.push_str(" (the location comes from -r/--repo or CAIRN_REPOSITORY)");
+    }
+    line
+}
+
+/// Prints a fatal error on stderr: `cairn: LINE`, or with `--json` one JSON object
+/// (`{"message_type":"error","code":N,"message":LINE}`).
+fn report(line: &str, code: u8, json: bool) {
+    if json {
+        // Written out in restic's order of keys (a json! object would sort them).
+        let message = serde_json::Value::from(line);
+        eprintln!("{{\"message_type\":\"error\",\"code\":{code},\"message\":{message}}}");
+    } else {
+        eprintln!("cairn: {line}");
     }
 }
 

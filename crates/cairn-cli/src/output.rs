@@ -75,6 +75,28 @@ pub fn one_line(e: &anyhow::Error) -> String {
     parts.join(": ").replace('\n', " ")
 }
 
+/// An error on one line for a person: its causes down to a failure of the location itself,
+/// whose backend context (every request and response detail of OpenDAL's) is left for
+/// `--verbose`.
+pub fn short_line(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if !parts.iter().any(|p| p.contains(&s)) {
+            parts.push(s);
+        }
+        if matches!(cause.downcast_ref::<cairn_core::Error>(), Some(cairn_core::Error::Unreachable { .. })) {
+            break;
+        }
+    }
+    parts.join(": ").replace('\n', " ")
+}
+
+/// The number of an exit code (std's type keeps it to itself).
+pub fn exit_code_number(code: std::process::ExitCode) -> u8 {
+    (0..=u8::MAX).find(|&n| std::process::ExitCode::from(n) == code).unwrap_or(1)
+}
+
 /// How a child process ended: `exit status N` or `killed by signal N (NAME)`.
 pub fn exit_status(status: &std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use anyhow::{bail, Context, Result};
-use cairn_profile::{Config, Key, Kind, Profile, Schema, Section, Value};
+use cairn_profile::{hooks_section, Config, Key, Kind, Profile, Schema, Section, Value, HOOKS};
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, ArgMatches, Command, CommandFactory};
 
@@ -70,6 +70,8 @@ pub(crate) struct Loaded {
     pub file: Option<PathBuf>,
     pub profile: Option<Profile>,
     pub shown: Vec<Shown>,
+    /// The command being run, with its subcommand (`["repair", "index"]`).
+    pub command: Vec<String>,
 }
 
 static LOADED: OnceLock<Loaded> = OnceLock::new();
@@ -117,9 +119,13 @@ fn section_of(cmd: &Command) -> Section {
 }
 
 /// The schema of a profile: the command line definition, plus `password`, `env-file`, `env` and
-/// the agent's `schedule` section.
+/// the hooks (the profile's, and each command's) and the agent's `schedule` section.
 pub(crate) fn schema() -> Schema {
     let mut profile = section_of(&crate::cli::Cli::command());
+    for (_, command) in profile.sections.iter_mut() {
+        command.sections.push((HOOKS.to_string(), hooks_section()));
+    }
+    profile.sections.push((HOOKS.to_string(), hooks_section()));
     let mut password = Key::new(PASSWORD, Kind::Value);
     password.secret = true;
     profile.keys.push(password);
@@ -269,7 +275,8 @@ pub(crate) fn apply(argv: Vec<OsString>) -> Result<Vec<OsString>> {
         if let Some(name) = name {
             bail!("no configuration file for profile {name:?}: give --config FILE, or write $XDG_CONFIG_HOME/cairn/cairn.toml, ~/.config/cairn/cairn.toml or /etc/cairn/cairn.toml");
         }
-        let _ = LOADED.set(Loaded { shown: effective(&root, cmd, m, &path, None), ..Loaded::default() });
+        let shown = effective(&root, cmd, m, &path, None);
+        let _ = LOADED.set(Loaded { shown, command: path, ..Loaded::default() });
         return Ok(argv);
     };
     let text =
@@ -287,8 +294,8 @@ pub(crate) fn apply(argv: Vec<OsString>) -> Result<Vec<OsString>> {
         None => None,
     };
     let Some(profile) = profile else {
-        let _ =
-            LOADED.set(Loaded { file: Some(file), shown: effective(&root, cmd, m, &path, None), ..Loaded::default() });
+        let shown = effective(&root, cmd, m, &path, None);
+        let _ = LOADED.set(Loaded { file: Some(file), shown, command: path, ..Loaded::default() });
         return Ok(argv);
     };
     if !COMMANDS_WITHOUT_PROFILE.contains(&path.first().map(String::as_str).unwrap_or("")) {
@@ -311,7 +318,7 @@ pub(crate) fn apply(argv: Vec<OsString>) -> Result<Vec<OsString>> {
         injected(&root, cmd, m, &path, &profile)?
     };
     let shown = effective(&root, cmd, m, &path, Some(&profile));
-    let _ = LOADED.set(Loaded { file: Some(file), profile: Some(profile), shown });
+    let _ = LOADED.set(Loaded { file: Some(file), profile: Some(profile), shown, command: path });
     let (extra, last) = extra;
     let mut out = argv;
     let dashes = out.iter().position(|a| a == OsStr::new("--"));
@@ -472,6 +479,8 @@ mod tests {
         assert!(s.profile.section("repair").unwrap().section("index").is_some());
         assert!(s.profile.key(PASSWORD).unwrap().secret);
         assert!(s.profile.section("man").is_none());
+        assert!(s.profile.section("hooks").unwrap().key("before").is_some());
+        assert_eq!(s.profile.section("backup").unwrap().section("hooks"), Some(&hooks_section()));
     }
 
     #[test]

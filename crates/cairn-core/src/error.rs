@@ -51,6 +51,19 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The location itself cannot be used: its host cannot be reached, its bucket does not
+    /// exist, the credentials or the SSH key were refused (engine::storage's `explain`). The
+    /// message is one line saying what to do; the backend's full context is the source.
+    #[error("{location}: {why}")]
+    Unreachable {
+        /// The repository location.
+        location: String,
+        /// What is wrong and what to do.
+        why: String,
+        /// The backend's error, with all its context.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A stored object does not exist.
     #[error("{0} does not exist in the repository")]
     NotFound(String),
@@ -135,6 +148,16 @@ pub enum Error {
         status: String,
         /// The end of its standard error (`; its standard error ended with: …`), or nothing.
         stderr: String,
+    },
+    /// A hook of the profile failed (engine::hooks); a `before` hook's failure stops the command.
+    #[error("the {stage} hook `{command}` {how}")]
+    Hook {
+        /// When it ran: `before`, `after`, `failure` or `finally`.
+        stage: &'static str,
+        /// Its command line.
+        command: String,
+        /// How it ended (`exited with status 3`, `was stopped after its timeout of 30s`).
+        how: String,
     },
     /// Another process holds a conflicting lock on the repository.
     #[error("repository {repo} is locked: {holder}; if that process is gone, run `cairn unlock`")]

@@ -20,6 +20,10 @@
 //! naming the file, the line, the key, what was expected and the closest valid key. Every value
 //! keeps its [`Origin`] (file and line), through inheritance too.
 //!
+//! Hooks (`[profile.NAME.hooks]`, `[profile.NAME.COMMAND.hooks]`) have their schema here
+//! ([`hooks_section`]) and are read out typed ([`Profile::hooks`]); running them is the
+//! library's (cairn-core's `engine::hooks`).
+//!
 //! No I/O: the caller reads the file and passes its text.
 
 mod error;
@@ -28,8 +32,8 @@ mod schema;
 mod suggest;
 
 pub use error::Error;
-pub use parse::{Config, Origin, Profile, Setting, Value};
-pub use schema::{Key, Kind, Schema, Section};
+pub use parse::{parse_duration, Config, HookSettings, Origin, Profile, Setting, Value};
+pub use schema::{hooks_section, Key, Kind, Schema, Section, HOOKS};
 pub use suggest::closest;
 
 /// The key of a profile naming the profile it inherits from.

@@ -103,6 +103,82 @@ impl Profile {
     }
 }
 
+/// A [`Kind::Duration`]: a non-negative number with `ms`, `s`, `m` or `h`, or a number of seconds.
+pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    let t = text.trim();
+    let (num, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => (&t[..i], &t[i..]),
+        None => (t, "s"),
+    };
+    let scale = match unit {
+        "ms" => 0.001,
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return None,
+    };
+    let n: f64 = num.trim().parse().ok()?;
+    if !n.is_finite() || n < 0.0 {
+        return None;
+    }
+    std::time::Duration::try_from_secs_f64(n * scale).ok()
+}
+
+/// The hooks a profile sets for one command: those of `[profile.NAME.hooks]` and of
+/// `[profile.NAME.COMMAND.hooks]`. The profile's `before` hooks run before the command's, its
+/// `after`, `failure` and `finally` hooks after the command's; the command's `timeout` and
+/// `before-failure` take precedence.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HookSettings {
+    /// Shell commands run before the command.
+    pub before: Vec<String>,
+    /// Run after it succeeded.
+    pub after: Vec<String>,
+    /// Run after it failed.
+    pub failure: Vec<String>,
+    /// Run after it either way.
+    pub finally: Vec<String>,
+    /// How long each hook may run (`None`: the front end's default).
+    pub timeout: Option<std::time::Duration>,
+    /// `before-failure = "continue"`: a failing `before` hook does not stop the command.
+    pub before_may_fail: bool,
+}
+
+impl HookSettings {
+    /// Whether there is no hook.
+    pub fn is_empty(&self) -> bool {
+        self.before.is_empty() && self.after.is_empty() && self.failure.is_empty() && self.finally.is_empty()
+    }
+}
+
+impl Profile {
+    /// The hooks for `command` (its section's name: `backup`, `repair`).
+    pub fn hooks(&self, command: &str) -> HookSettings {
+        let profile = crate::HOOKS.to_string();
+        let own = format!("{command}.{}", crate::HOOKS);
+        let list = |section: &str, key: &str| match self.get(section, key).map(|s| &s.value) {
+            Some(Value::List(v)) => v.clone(),
+            Some(Value::One(v)) => vec![v.clone()],
+            _ => Vec::new(),
+        };
+        let one = |key: &str| {
+            [&own, &profile].into_iter().find_map(|sec| match self.get(sec, key).map(|s| &s.value) {
+                Some(Value::One(v)) => Some(v.clone()),
+                _ => None,
+            })
+        };
+        let outer_last = |key: &str| [list(&own, key), list(&profile, key)].concat();
+        HookSettings {
+            before: [list(&profile, "before"), list(&own, "before")].concat(),
+            after: outer_last("after"),
+            failure: outer_last("failure"),
+            finally: outer_last("finally"),
+            timeout: one("timeout").as_deref().and_then(parse_duration),
+            before_may_fail: one("before-failure").as_deref() == Some("continue"),
+        }
+    }
+}
+
 /// Converts byte offsets of the text into line numbers.
 struct Lines<'t>(&'t str);
 
@@ -363,6 +439,25 @@ fn check_value(ctx: &Ctx<'_>, at: usize, full: &str, kind: Kind, value: &Spanned
         Kind::Value => match v {
             DeValue::Boolean(_) => Err(wrong()),
             _ => scalar(v).map(Value::One).ok_or_else(wrong),
+        },
+        Kind::Duration => match v {
+            DeValue::String(_) | DeValue::Integer(_) | DeValue::Float(_) => {
+                let text = scalar(v).unwrap_or_default();
+                match parse_duration(&text) {
+                    Some(_) => Ok(Value::One(text)),
+                    None => Err(ctx.error(at, full, format!("expected {}, found {text:?}", kind.expected()))),
+                }
+            }
+            _ => Err(wrong()),
+        },
+        Kind::Choice(words) => match v {
+            DeValue::String(word) if words.contains(&word.as_ref()) => Ok(Value::One(word.to_string())),
+            DeValue::String(word) => {
+                let mut e = ctx.error(at, full, format!("expected {}, found {:?}", kind.expected(), word.as_ref()));
+                e.suggestion = closest(word, words.iter().copied()).map(str::to_string);
+                Err(e)
+            }
+            _ => Err(wrong()),
         },
         Kind::List => match v {
             DeValue::Array(items) => {

@@ -9,15 +9,24 @@ pub enum Kind {
     Value,
     /// Several values: an array of strings or numbers (a single one is taken as an array of one).
     List,
+    /// A duration: `30s`, `5m`, `1h`, `500ms`, or a number of seconds.
+    Duration,
+    /// One of a few words.
+    Choice(&'static [&'static str]),
 }
 
 impl Kind {
     /// What a value of this kind looks like, for error messages.
-    pub fn expected(self) -> &'static str {
+    pub fn expected(self) -> String {
         match self {
-            Kind::Flag => "true or false",
-            Kind::Value => "a string or a number",
-            Kind::List => "an array of strings",
+            Kind::Flag => "true or false".into(),
+            Kind::Value => "a string or a number".into(),
+            Kind::List => "an array of strings".into(),
+            Kind::Duration => "a duration such as \"30s\", \"5m\" or \"1h\"".into(),
+            Kind::Choice(words) => {
+                let quoted: Vec<String> = words.iter().map(|w| format!("{w:?}")).collect();
+                format!("one of {}", quoted.join(", "))
+            }
         }
     }
 }
@@ -76,4 +85,25 @@ impl Section {
 pub struct Schema {
     /// The profile's table.
     pub profile: Section,
+}
+
+/// The name of a hooks table: `[profile.NAME.hooks]` (every command) and
+/// `[profile.NAME.COMMAND.hooks]` (that command).
+pub const HOOKS: &str = "hooks";
+
+/// What a hooks table may hold: `before`, `after`, `failure` and `finally` (lists of shell
+/// commands), `timeout` (how long each may run) and `before-failure` (`stop` the command, the
+/// default, or `continue`).
+pub fn hooks_section() -> Section {
+    Section {
+        keys: vec![
+            Key::new("before", Kind::List),
+            Key::new("after", Kind::List),
+            Key::new("failure", Kind::List),
+            Key::new("finally", Kind::List),
+            Key::new("timeout", Kind::Duration),
+            Key::new("before-failure", Kind::Choice(&["stop", "continue"])),
+        ],
+        ..Section::default()
+    }
 }

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use cairn_profile::{Config, Error, Key, Kind, Schema, Section, Value};
+use cairn_profile::{hooks_section, parse_duration, Config, Error, HookSettings, Key, Kind, Schema, Section, Value};
 
 /// A schema shaped like the `cairn` binary's.
 fn schema() -> Schema {
@@ -22,11 +22,18 @@ fn schema() -> Schema {
         keys: vec![Key::new("keep-daily", Kind::Value), Key::new("prune", Kind::Flag)],
         ..Section::default()
     };
+    let mut backup = backup;
+    backup.sections.push(("hooks".into(), hooks_section()));
     let env = Section { open: true, ..Section::default() };
     Schema {
         profile: Section {
             keys: vec![Key::new("repo", Kind::Value), Key::new("password-file", Kind::Value), password],
-            sections: vec![("backup".into(), backup), ("forget".into(), forget), ("env".into(), env)],
+            sections: vec![
+                ("backup".into(), backup),
+                ("forget".into(), forget),
+                ("env".into(), env),
+                ("hooks".into(), hooks_section()),
+            ],
             open: false,
         },
     }
@@ -167,6 +174,75 @@ fn literal_secrets_are_listed() {
     assert!(c.profile("a").unwrap().get("", "password").unwrap().secret);
 }
 
+#[test]
+fn hooks_of_the_profile_wrap_those_of_the_command() {
+    let c = parse(
+        r#"
+[profile.base.hooks]
+before = "mount /mnt/backup"
+finally = ["umount /mnt/backup"]
+timeout = "10m"
+[profile.nas]
+inherit = "base"
+[profile.nas.backup.hooks]
+before = ["pg_dump -f /tmp/db.sql"]
+after = ["curl -fsS https://hc.example/ok"]
+finally = ["rm /tmp/db.sql"]
+before-failure = "continue"
+timeout = 90
+"#,
+    )
+    .unwrap();
+    let nas = c.profile("nas").unwrap();
+    assert_eq!(
+        nas.hooks("backup"),
+        HookSettings {
+            before: vec!["mount /mnt/backup".into(), "pg_dump -f /tmp/db.sql".into()],
+            after: vec!["curl -fsS https://hc.example/ok".into()],
+            failure: vec![],
+            finally: vec!["rm /tmp/db.sql".into(), "umount /mnt/backup".into()],
+            timeout: Some(std::time::Duration::from_secs(90)),
+            before_may_fail: true,
+        }
+    );
+    let forget = nas.hooks("forget");
+    assert_eq!((forget.before.len(), forget.timeout), (1, Some(std::time::Duration::from_secs(600))));
+    assert!(!forget.before_may_fail);
+    assert!(c.profile("base").unwrap().hooks("backup").after.is_empty());
+}
+
+#[test]
+fn hook_values_are_checked_where_they_are_written() {
+    assert_eq!(
+        err("[profile.a.hooks]\nbefore-failure = \"go-on\"\n"),
+        "/etc/cairn/cairn.toml:2: profile.a.hooks.before-failure: expected one of \"stop\", \"continue\", found \"go-on\""
+    );
+    assert_eq!(
+        err("[profile.a.backup.hooks]\ntimeout = \"5 minutes\"\n"),
+        "/etc/cairn/cairn.toml:2: profile.a.backup.hooks.timeout: expected a duration such as \"30s\", \"5m\" or \"1h\", \
+         found \"5 minutes\""
+    );
+    assert_eq!(
+        err("[profile.a.hooks]\nbefor = []\n"),
+        "/etc/cairn/cairn.toml:2: profile.a.hooks.befor: unknown key `befor` (did you mean `before`?)"
+    );
+    assert!(err("[profile.a.hooks]\nbefore-failure = true\n").contains("expected one of"));
+    assert!(err("[profile.a.hooks]\ntimeout = -1\n").contains("expected a duration"));
+}
+
+#[test]
+fn durations() {
+    use std::time::Duration;
+    assert_eq!(parse_duration("30s"), Some(Duration::from_secs(30)));
+    assert_eq!(parse_duration("5m"), Some(Duration::from_secs(300)));
+    assert_eq!(parse_duration("1.5h"), Some(Duration::from_secs(5400)));
+    assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+    assert_eq!(parse_duration("12"), Some(Duration::from_secs(12)));
+    for bad in ["", "s", "-1s", "5 minutes", "1d", "NaN", "inf", "1e400"] {
+        assert_eq!(parse_duration(bad), None, "{bad}");
+    }
+}
+
 mod no_panic {
     use super::*;
     use proptest::prelude::*;
@@ -179,6 +255,11 @@ mod no_panic {
             Just("[profile.b]\ninherit = \"a\"\n".to_string()),
             Just("[profile.a]\ninherit = \"b\"\n".to_string()),
             Just("[profile.c.env]\n".to_string()),
+            Just("[profile.a.hooks]\n".to_string()),
+            Just("[profile.b.backup.hooks]\n".to_string()),
+            Just("timeout = \"".to_string()),
+            Just("before-failure = \"".to_string()),
+            Just("before = [\"true\"]\n".to_string()),
             Just("[[profile.d]]\n".to_string()),
             "[a-z.\\-]{0,12} = ".boxed(),
             "\"[^\"\\\\]{0,8}\"\n".boxed(),
@@ -212,6 +293,7 @@ mod no_panic {
                 let names: Vec<String> = c.names().map(str::to_string).collect();
                 for n in names {
                     let p = c.profile(&n).expect("a parsed file's profiles resolve");
+                    let _ = (p.hooks("backup"), p.hooks("forget"));
                     for (_, _, s) in p.iter() {
                         assert!(s.origin.line >= 1 && s.origin.line <= text.lines().count().max(1) + 1);
                     }

@@ -154,6 +154,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         eprintln!("warning: {}: {}", w.path.display(), w.message);
     }
     crate::progress::print_backup_summary(&out, g.json);
+    crate::hooks::report_snapshot(out.id.map(|id| id.to_hex()), out.snapshot.summary.bytes_added);
     let errors = out.warnings.iter().filter(|w| w.error).count();
     if errors > 0 {
         eprintln!("warning: {errors} entries could not be read completely (listed above)");

@@ -65,12 +65,26 @@ impl FromRepoArgs {
         let pw =
             password::get(self.password_file.as_deref(), "CAIRN_FROM_PASSWORD", "source repository password", false)?;
         match cairn_core::engine::open::open(storage, &pw, options(g)) {
-            // Said here, not by main (which names -r): this location came from --from-repo.
-            Err(e @ cairn_core::Error::NoRepository(_)) => {
-                anyhow::bail!("source repository: {e} (the location comes from --from-repo or CAIRN_FROM_REPOSITORY)")
-            }
+            Err(e @ cairn_core::Error::NoRepository(_)) => Err(NoSource(e).into()),
             other => Ok(other.context("source repository")?.repo),
         }
+    }
+}
+
+/// No repository at `--from-repo`: said here, not by main (which names -r), with the library's
+/// error kept as the cause so the exit code is 10 as for -r.
+#[derive(Debug)]
+struct NoSource(cairn_core::Error);
+
+impl std::fmt::Display for NoSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "source repository: {} (the location comes from --from-repo or CAIRN_FROM_REPOSITORY)", self.0)
+    }
+}
+
+impl std::error::Error for NoSource {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
     }
 }
 

@@ -7,7 +7,7 @@ use cairn_core::engine::lock::{FoundLock, Lock};
 use cairn_core::engine::memory::MaxMemory;
 use cairn_core::engine::open::{self, Held, MachineState, OpenOptions};
 use cairn_core::engine::repository::Repository;
-use cairn_core::engine::storage::{Location, RemoteOptions, Storage};
+use cairn_core::engine::storage::{Limits, Location, RemoteOptions, Storage};
 use cairn_format::compress::Codec;
 use cairn_format::lock::LockKind;
 
@@ -50,6 +50,7 @@ pub(crate) fn storage(global: &Global) -> Result<Arc<dyn Storage>> {
 /// The storage at `repo` (a location as `-r` takes it), with the global remote options.
 pub(crate) fn storage_at(global: &Global, repo: &str) -> Result<Arc<dyn Storage>> {
     let remote = RemoteOptions {
+        limits: Limits { upload: global.limit_upload, download: global.limit_download },
         sftp_key: global.sftp_key.as_ref().map(|p| p.to_string_lossy().into_owned()),
         sftp_known_hosts: Some(global.sftp_known_hosts.clone()),
         // The token is read only for a server's location, as the password only when a key is needed.

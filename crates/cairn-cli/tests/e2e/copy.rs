@@ -330,8 +330,12 @@ fn bad_input_is_a_one_line_error() {
     for (args, password, want) in cases {
         let out = dst.run_env(&[("CAIRN_FROM_PASSWORD", password)], &args);
         let err = String::from_utf8_lossy(&out.stderr);
-        // restic's exit code 12 for a wrong password.
-        let code = if want == "wrong password" { 12 } else { 1 };
+        // restic's exit codes: 12 for a wrong password, 10 for no repository at the location.
+        let code = match want {
+            "wrong password" => 12,
+            "source repository" => 10,
+            _ => 1,
+        };
         assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: not one line: {err}");
         assert!(err.contains(want), "{args:?}: {err:?} does not say {want:?}");

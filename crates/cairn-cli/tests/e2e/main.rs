@@ -19,6 +19,7 @@ mod copy;
 mod golden;
 mod json_schema;
 mod lifecycle;
+mod limits;
 mod mount;
 mod nbd;
 mod profiles;

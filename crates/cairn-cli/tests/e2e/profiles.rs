@@ -312,7 +312,9 @@ fn stdin_from_command_saves_the_output_only_when_the_command_succeeds() {
         let out = c.run(&args);
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{cmd:?}: {err}");
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        // The command's own standard error first, as it came, then cairn's one line.
+        assert_eq!(err.lines().filter(|l| l.starts_with("cairn:")).count(), 1, "{err}");
+        let err = err.trim_end().lines().last().unwrap_or_default().to_string();
         let shown = cmd.join(" ");
         assert!(err.contains(&format!("the command `{shown}` {how}")) && err.contains(": no snapshot saved"), "{err}");
         assert_eq!(snapshot_count(&c), 2, "no snapshot after {cmd:?}");
@@ -329,6 +331,19 @@ fn stdin_from_command_saves_the_output_only_when_the_command_succeeds() {
         .stderr,
     );
     assert!(err.trim_end().ends_with("its standard error ended with: pg_dump: error: connection failed"), "{err}");
+    assert!(err.starts_with("pg_dump: error: connection failed\n"), "passed on as it came: {err}");
+    // On success too, what the command says on its standard error reaches the user's.
+    let out = c.run([
+        "backup",
+        "--stdin-from-command",
+        "--",
+        "sh",
+        "-c",
+        "echo data; echo 'pg_dump: warning: there are circular foreign-key constraints' >&2",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), "pg_dump: warning: there are circular foreign-key constraints\n");
+    assert_eq!(snapshot_count(&c), 3);
     // Arguments: the command is required, and excludes paths and --stdin.
     assert_eq!(c.run(["backup", "--stdin-from-command"]).status.code(), Some(2));
     assert_eq!(c.run(["backup", "--stdin", "--stdin-from-command", "--", "true"]).status.code(), Some(2));
@@ -552,4 +567,190 @@ fn exit_codes_are_in_the_help_and_the_manual() {
         assert!(flat(&help).contains(&flat(want)), "help lacks {want:?}");
         assert!(flat(&man).contains(&flat(want)), "man page lacks {want:?}");
     }
+}
+
+/// The hook log a test's hooks append to: `STAGE VAR=VALUE…` lines.
+fn hook_log(fx: &Fx) -> Vec<String> {
+    fs::read_to_string(fx.dir.join("hooks.log")).unwrap_or_default().lines().map(str::to_string).collect()
+}
+
+/// A hook command that appends its stage and the outcome's variables to `$HOOK_LOG`.
+fn logging_hook(tag: &str) -> String {
+    format!(
+        "echo \"{tag} $CAIRN_HOOK profile=$CAIRN_PROFILE command=$CAIRN_COMMAND code=$CAIRN_EXIT_CODE \
+         snapshot=$CAIRN_SNAPSHOT_ID added=$CAIRN_BYTES_ADDED duration=$CAIRN_DURATION error=$CAIRN_ERROR\" >> \"$HOOK_LOG\""
+    )
+}
+
+impl Fx {
+    /// [`Fx::run`] with `HOOK_LOG` naming `hooks.log` in the test's directory.
+    fn run_logged(&self, env: &[(&str, &str)], args: &[&str]) -> Output {
+        let log = self.dir.join("hooks.log");
+        let mut all = vec![("HOOK_LOG", log.to_str().unwrap())];
+        all.extend(env);
+        self.run(&all, args)
+    }
+}
+
+#[test]
+fn hooks_run_around_a_command_and_are_told_its_outcome() {
+    let (profile_hook, backup_hook) = (logging_hook("profile"), logging_hook("backup"));
+    let fx = fixture(&format!(
+        r#"[profile.laptop.hooks]
+before = [{profile_hook:?}]
+finally = [{profile_hook:?}]
+[profile.laptop.backup.hooks]
+before = [{backup_hook:?}, "echo 'said by a hook'; echo 'and on its stderr' >&2"]
+after = [{backup_hook:?}]
+failure = [{backup_hook:?}]
+finally = [{backup_hook:?}]
+"#
+    ));
+    ok(&fx.run_logged(&[], &["-p", "laptop", "init"]));
+    let log = hook_log(&fx);
+    assert_eq!(log.len(), 2, "init runs the profile's hooks only: {log:?}");
+    assert!(log[0].starts_with("profile before profile=laptop command=init code= "), "{log:?}");
+    assert!(log[1].starts_with("profile finally profile=laptop command=init code=0 "), "{log:?}");
+    fs::remove_file(fx.dir.join("hooks.log")).unwrap();
+
+    let out = fx.run_logged(&[], &["-p", "laptop", "--json", "backup"]);
+    let stdout = ok(&out);
+    let summary = common::last_json(&stdout);
+    assert!(!stdout.contains("said by a hook"), "hook output stays off stdout: {stdout}");
+    let mut stderr: Vec<String> = text(&out.stderr).lines().map(str::to_string).collect();
+    stderr.sort();
+    assert_eq!(stderr, ["cairn: before hook: and on its stderr", "cairn: before hook: said by a hook"], "to stderr");
+    let id = summary["snapshot_id"].as_str().unwrap();
+    let added = summary["bytes_added"].as_u64().unwrap();
+    let log = hook_log(&fx);
+    let stages: Vec<String> = log.iter().map(|l| l.split(' ').take(2).collect::<Vec<_>>().join(" ")).collect();
+    // The profile's before hooks first, its after hooks last.
+    assert_eq!(
+        stages,
+        ["profile before", "backup before", "backup after", "backup finally", "profile finally"],
+        "{log:?}"
+    );
+    let after = &log[2];
+    assert!(after.contains(&format!("command=backup code=0 snapshot={id} added={added} duration=")), "{after}");
+    assert!(after.ends_with("error="), "{after}");
+    let duration: f64 = after.split("duration=").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(duration > 0.0 && duration < 60.0, "{after}");
+    fs::remove_file(fx.dir.join("hooks.log")).unwrap();
+
+    // A failed command: the failure hooks, told its exit code and error.
+    let out = fx.run_logged(&[("CAIRN_PASSWORD", "wrong")], &["-p", "laptop", "backup"]);
+    assert_eq!(out.status.code(), Some(12), "{}", text(&out.stderr));
+    let log = hook_log(&fx);
+    let failure = log.iter().find(|l| l.starts_with("backup failure")).expect("a failure hook ran");
+    assert!(failure.contains("code=12 snapshot= added= "), "{failure}");
+    assert!(failure.contains("error=wrong password: no key in"), "{failure}");
+    assert!(!log.iter().any(|l| l.starts_with("backup after")), "{log:?}");
+    assert!(log.last().unwrap().starts_with("profile finally profile=laptop command=backup code=12"), "{log:?}");
+}
+
+#[test]
+fn a_failing_before_hook_stops_the_command_unless_the_profile_goes_on() {
+    let hook = logging_hook("hook");
+    let fx = fixture(&format!(
+        r#"[profile.laptop.backup.hooks]
+before = ["echo 'volume not mounted' >&2; exit 4"]
+failure = [{hook:?}]
+finally = [{hook:?}]
+
+[profile.lenient]
+inherit = "laptop"
+[profile.lenient.backup.hooks]
+before = ["exit 4"]
+before-failure = "continue"
+"#
+    ));
+    ok(&fx.run_logged(&[], &["-p", "laptop", "init"]));
+    let out = fx.run_logged(&[], &["-p", "laptop", "backup"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr),
+        "cairn: before hook: volume not mounted\n\
+         cairn: the before hook `echo 'volume not mounted' >&2; exit 4` exited with status 4\n"
+    );
+    assert_eq!(fx.snapshots().as_array().unwrap().len(), 0, "nothing stored");
+    let log = hook_log(&fx);
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert!(log[0].starts_with("hook failure profile=laptop command=backup code=1 "), "{log:?}");
+    assert!(
+        log[0].ends_with("error=the before hook `echo 'volume not mounted' >&2; exit 4` exited with status 4"),
+        "{log:?}"
+    );
+
+    let out = fx.run_logged(&[], &["-p", "lenient", "backup"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("cairn: before hook: the before hook `exit 4` exited with status 4; going on"));
+    assert_eq!(fx.snapshots().as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn a_hook_that_hangs_is_stopped_after_its_timeout() {
+    let fx = fixture(
+        "[profile.laptop.backup.hooks]\nbefore = [\"sleep 60\"]\ntimeout = \"1s\"\n\
+         [profile.laptop.hooks]\nfinally = [\"sleep 60\"]\ntimeout = \"500ms\"\n",
+    );
+    ok(&fx.run_logged(&[], &["-p", "laptop", "init"]));
+    let start = std::time::Instant::now();
+    let out = fx.run(&[], &["-p", "laptop", "backup"]);
+    let took = start.elapsed();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    // The command's timeout (1 s) for both its own and the profile's hooks.
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+    assert_eq!(
+        text(&out.stderr),
+        "cairn: finally hook: the finally hook `sleep 60` was stopped after its timeout of 1s\n\
+         cairn: the before hook `sleep 60` was stopped after its timeout of 1s\n"
+    );
+}
+
+#[test]
+fn bad_hook_settings_name_their_line() {
+    let fx = fixture("[profile.laptop.backup.hooks]\nbefore-failure = \"contine\"\n");
+    let err = text(&fx.run(&[], &["-p", "laptop", "snapshots"]).stderr);
+    let want = format!(
+        "cairn: {}:17: profile.laptop.backup.hooks.before-failure: expected one of \"stop\", \"continue\", found \
+         \"contine\" (did you mean `continue`?)\n",
+        fx.config.display()
+    );
+    assert_eq!(err, want);
+    let fx = fixture("[profile.laptop.hooks]\ntimeout = \"soon\"\n");
+    let err = text(&fx.run(&[], &["-p", "laptop", "snapshots"]).stderr);
+    assert!(err.contains(":17: profile.laptop.hooks.timeout: expected a duration such as \"30s\""), "{err}");
+}
+
+/// With `--json`, a fatal error is one JSON object on stderr: restic's `message_type`, the exit
+/// code and the message.
+#[test]
+fn with_json_a_fatal_error_is_one_json_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("nothing-here");
+    let out =
+        cairn(tmp.path(), &[("CAIRN_PASSWORD", PASSWORD)], &["--json", "-r", missing.to_str().unwrap(), "snapshots"]);
+    assert_eq!(out.status.code(), Some(10));
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&err).expect("stderr is JSON");
+    assert_eq!(v["message_type"], "error");
+    assert_eq!(v["code"], 10);
+    let want = format!(
+        "no repository at {}: check the location, or create a repository there with `cairn init` (the location comes \
+         from -r/--repo or CAIRN_REPOSITORY)",
+        missing.display()
+    );
+    assert_eq!(v["message"], want.as_str());
+    assert!(out.stdout.is_empty());
+    // A configuration file that cannot be used: code 2, as JSON too.
+    let fx = fixture("[profile.other.backup]\nexclud = []\n");
+    let out = fx.run(&[], &["-p", "other", "--json", "snapshots"]);
+    assert_eq!(out.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_str(&text(&out.stderr)).expect("stderr is JSON");
+    assert_eq!((v["message_type"].as_str(), v["code"].as_u64()), (Some("error"), Some(2)), "{v}");
+    assert!(v["message"].as_str().unwrap().contains("unknown key `exclud` (did you mean `exclude`?)"), "{v}");
+    // Without --json, the same error is a line of text.
+    let out = cairn(tmp.path(), &[("CAIRN_PASSWORD", PASSWORD)], &["-r", missing.to_str().unwrap(), "snapshots"]);
+    assert_eq!(text(&out.stderr), format!("cairn: {want}\n"));
 }

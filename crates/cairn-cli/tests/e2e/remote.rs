@@ -2,6 +2,8 @@
 //! started by `support::servers`. Round trips, two backups at once, fault injection around the real
 //! backend, the metadata cache, locks, and clear errors for wrong locations and credentials.
 
+mod errors;
+
 use crate::support;
 use crate::support::servers;
 

@@ -5,6 +5,7 @@
 pub mod blobset;
 pub mod cache;
 pub mod chunker;
+pub mod hooks;
 pub mod lock;
 pub mod memory;
 pub mod open;

@@ -21,7 +21,9 @@ use crate::engine::lock::{FoundLock, Lock};
 use crate::engine::preload::Preload;
 use crate::engine::repository::Repository;
 use crate::engine::signal::Signal;
-use crate::engine::storage::{Faults, FaultyStorage, Location, OpendalStorage, RemoteOptions, ServerStorage, Storage};
+use crate::engine::storage::{
+    Faults, FaultyStorage, LimitedStorage, Location, OpendalStorage, RemoteOptions, ServerStorage, Storage,
+};
 use crate::error::{Error, Result};
 use cairn_format::id::SnapshotId;
 use cairn_format::layout;
@@ -30,13 +32,17 @@ use cairn_format::snapshot::Snapshot;
 
 /// The storage at `location` (`/path`, `s3:…`, `sftp:…`, `cairn+https://…`). With
 /// `CAIRN_INJECT_FAULTS` set (tests and benchmarks, docs/DESIGN.md), the real backend is wrapped
-/// in the faults it names.
+/// in the faults it names; with bandwidth limits in `remote`, that is wrapped in them.
 pub fn storage_at(location: &str, remote: &RemoteOptions) -> Result<Arc<dyn Storage>> {
     let location = Location::parse(location)?;
-    match location {
-        Location::Server { .. } => with_faults(ServerStorage::open(&location, &remote.server)?),
-        _ => with_faults(OpendalStorage::open(&location, remote)?),
+    let storage = match location {
+        Location::Server { .. } => with_faults(ServerStorage::open(&location, &remote.server)?)?,
+        _ => with_faults(OpendalStorage::open(&location, remote)?)?,
+    };
+    if remote.limits.is_none() {
+        return Ok(storage);
     }
+    Ok(Arc::new(LimitedStorage::new(storage, remote.limits)))
 }
 
 fn with_faults<S: Storage + 'static>(real: S) -> Result<Arc<dyn Storage>> {

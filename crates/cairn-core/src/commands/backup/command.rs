@@ -2,10 +2,11 @@
 //! stream becomes one file named NAME at the top of the snapshot, and the snapshot is saved only
 //! when the command exits 0. A non-zero exit or a signal is an [`Error::SourceCommand`] naming
 //! the command, how it ended and the end of its standard error; whatever data was already
-//! stored is left for prune, as a killed backup's is.
+//! stored is left for prune, as a killed backup's is. Its standard error is passed on to cairn's
+//! as it comes, whether it fails or not.
 
 use std::ffi::OsString;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -44,8 +45,10 @@ pub fn backup_command(
     let mut child = cmd.spawn().map_err(|e| fail(format!("could not be started ({e})"), String::new()))?;
     let stdout = child.stdout.take().expect("piped stdout");
     let mut stderr = child.stderr.take().expect("piped stderr");
-    // The end of its standard error, kept as it comes (a grandchild may hold the pipe open
-    // after the command has exited: the message then shows what had come by then).
+    // Its standard error goes on to cairn's as it comes (a warning of `pg_dump` reaches the
+    // log whether or not the command fails), and its end is kept for the error message (a
+    // grandchild may hold the pipe open after the command has exited: the message then shows
+    // what had come by then).
     let kept = Arc::new(Mutex::new(Vec::new()));
     let reader = {
         let kept = Arc::clone(&kept);
@@ -55,6 +58,7 @@ pub fn backup_command(
                 if n == 0 {
                     break;
                 }
+                let _ = std::io::stderr().write_all(&buf[..n]);
                 let mut k = kept.lock().expect("stderr tail");
                 k.extend_from_slice(&buf[..n]);
                 if k.len() > 2 * STDERR_TAIL {

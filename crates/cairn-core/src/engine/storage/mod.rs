@@ -1,17 +1,21 @@
 //! The one small storage interface the rest of Cairn uses (FORMAT.md §1 gives the layout).
 //!
 //! Every backend goes through Apache OpenDAL ([`opendal_backend`]), except a repository on a
-//! `cairn serve` server ([`server_client`]); fault injection and other layers wrap a [`Storage`]
-//! rather than replace it.
+//! `cairn serve` server ([`server_client`]); fault injection, bandwidth limits ([`limit`]) and
+//! other layers wrap a [`Storage`] rather than replace it.
 
+mod explain;
 mod fault;
+mod limit;
 mod location;
 mod metered;
 mod opendal_backend;
 mod server_client;
 mod trace;
 
+pub use explain::bucket_name_problem;
 pub use fault::{parse_duration as parse_fault_duration, Faults, FaultyStorage};
+pub use limit::{LimitedStorage, Limits, TokenBucket};
 pub use location::{is_loopback_host, Location};
 pub use metered::{LinkMeter, MeteredStorage};
 pub use opendal_backend::{OpendalStorage, RemoteOptions};

@@ -9,7 +9,7 @@ use opendal::layers::{ConcurrentLimitLayer, RetryLayer, TimeoutLayer};
 use opendal::options::ReadOptions;
 use opendal::{ErrorKind, Operator};
 
-use super::{Location, ObjectInfo, Storage};
+use super::{explain, Location, ObjectInfo, Storage};
 use crate::error::{Error, Result};
 
 /// OpenDAL needs a Tokio runtime to drive its (async) services. One is shared by all storages
@@ -32,9 +32,12 @@ pub(super) fn runtime() -> Result<Arc<tokio::runtime::Runtime>> {
     Ok(rt)
 }
 
-/// How to reach remote repositories; ignored for local ones.
+/// How to reach a repository: the SFTP and server options (ignored for other locations), and
+/// the bandwidth limits (any location, applied where the storage is opened for a command).
 #[derive(Clone, Debug, Default)]
 pub struct RemoteOptions {
+    /// Bytes per second to and from the repository.
+    pub limits: super::Limits,
     /// SSH private key for SFTP (otherwise the agent and ssh's default keys are used).
     pub sftp_key: Option<String>,
     /// SSH host key policy for SFTP: `strict` (default: the host must be in known_hosts),
@@ -68,6 +71,8 @@ pub struct OpendalStorage {
     /// over SFTP ("srv/cairn/"), empty otherwise.
     prefix: Arc<str>,
     location: Arc<str>,
+    /// The location, parsed: what an error about it names (the endpoint, bucket, host).
+    place: Arc<Location>,
     kind: Kind,
     _runtime: Arc<tokio::runtime::Runtime>,
 }
@@ -124,7 +129,7 @@ impl OpendalStorage {
                     b = b.session_token(&token);
                 }
                 install_http_transport()?;
-                Self::layered(Operator::new(b).map_err(err)?, shown, Kind::S3, String::new())
+                Self::layered(Operator::new(b).map_err(err)?, location, Kind::S3, String::new())
             }
             Location::Sftp { user, host, port, path } => {
                 let endpoint = match port {
@@ -148,7 +153,7 @@ impl OpendalStorage {
                     "" => String::new(),
                     dir => format!("{dir}/"),
                 };
-                Self::layered(Operator::new(b).map_err(err)?, shown, Kind::Sftp, prefix)
+                Self::layered(Operator::new(b).map_err(err)?, location, Kind::Sftp, prefix)
             }
             Location::Server { .. } => {
                 Err(Error::Usage(format!("{shown} is a repository server: open it with ServerStorage")))
@@ -172,13 +177,14 @@ impl OpendalStorage {
                 break;
             }
         }
-        Self::layered(built?, root.to_string(), Kind::Local, String::new())
+        Self::layered(built?, &Location::Local(root.to_string()), Kind::Local, String::new())
     }
 
     /// Adds the layers every backend gets: a timeout per request, a cap on requests in flight
     /// and retries with exponential backoff and jitter for errors OpenDAL marks temporary
     /// (timeouts, 5xx, throttling, dropped connections).
-    fn layered(op: Operator, location: String, kind: Kind, prefix: String) -> Result<Self> {
+    fn layered(op: Operator, place: &Location, kind: Kind, prefix: String) -> Result<Self> {
+        let location = place.to_string();
         let op = op
             .layer(TimeoutLayer::new().with_timeout(REQUEST_TIMEOUT).with_io_timeout(IO_TIMEOUT))
             .layer(ConcurrentLimitLayer::new(kind.request_limit()))
@@ -192,7 +198,14 @@ impl OpendalStorage {
         let rt = runtime()?;
         let _guard = rt.enter();
         let op = blocking::Operator::new(op).map_err(|e| storage_err("open", &location, e))?;
-        Ok(Self { op, prefix: prefix.into(), location: location.into(), kind, _runtime: rt.clone() })
+        Ok(Self {
+            op,
+            prefix: prefix.into(),
+            location: location.into(),
+            place: Arc::new(place.clone()),
+            kind,
+            _runtime: rt.clone(),
+        })
     }
 
     /// Writes to `.tmp/NAME.RANDOM`, then renames into place. A write that fails (a full
@@ -207,13 +220,13 @@ impl OpendalStorage {
         let tmp = self.at(&format!("{TEMPORARIES}{name}.{}", hex::encode(rand_bytes())));
         if let Err(e) = self.op.write(&tmp, data) {
             let _ = self.op.delete(&tmp);
-            return Err(storage_err("write", path, e));
+            return Err(self.fail("write", path, e));
         }
         if let Err(e) = self.op.rename(&tmp, &self.at(path)) {
             let exists = self.op.exists(&self.at(path)).unwrap_or(false);
             let _ = self.op.delete(&tmp);
             if !exists {
-                return Err(storage_err("write", path, e));
+                return Err(self.fail("write", path, e));
             }
         }
         Ok(())
@@ -313,6 +326,39 @@ fn local_read_error(path: &str, full: &std::path::Path, e: std::io::Error) -> Er
     }
 }
 
+impl OpendalStorage {
+    /// The error for a failed request: a failure of the location itself (the host, the bucket,
+    /// the credentials) as one line saying what to do ([`Error::Unreachable`]), else about the
+    /// object.
+    fn fail(&self, op: &'static str, path: &str, e: opendal::Error) -> Error {
+        if e.kind() == ErrorKind::NotFound {
+            return Error::NotFound(path.to_string());
+        }
+        let text = explain::full_text(&e);
+        let why = match &*self.place {
+            Location::S3 { endpoint, bucket, .. } => {
+                let host_port = endpoint.split_once("://").map_or(endpoint.as_str(), |(_, h)| h);
+                let host = host_port.rsplit_once(':').map_or(host_port, |(h, _)| h);
+                explain::connection(&text, host, host_port, "the S3 server")
+                    .or_else(|| explain::s3(&text, endpoint, bucket))
+            }
+            Location::Sftp { user, host, port, .. } => {
+                let host_port = format!("{host}:{}", port.unwrap_or(22));
+                let login = match user {
+                    Some(u) => format!("{u}@{host}"),
+                    None => host.clone(),
+                };
+                explain::connection(&text, host, &host_port, "sshd").or_else(|| explain::sftp(&text, &login, host))
+            }
+            _ => None,
+        };
+        match why {
+            Some(why) => explain::unreachable(&self.location, why, e),
+            None => storage_err(op, path, e),
+        }
+    }
+}
+
 fn storage_err(op: &'static str, path: &str, source: opendal::Error) -> Error {
     if source.kind() == ErrorKind::NotFound {
         Error::NotFound(path.to_string())
@@ -338,7 +384,7 @@ impl Storage for OpendalStorage {
         if self.kind == Kind::Local {
             return self.read_local(path);
         }
-        let buf = self.op.read(&self.at(path)).map_err(|e| storage_err("read", path, e))?;
+        let buf = self.op.read(&self.at(path)).map_err(|e| self.fail("read", path, e))?;
         Ok(buf.to_vec())
     }
 
@@ -349,7 +395,7 @@ impl Storage for OpendalStorage {
         let opts = ReadOptions { range: (offset..offset + len).into(), ..Default::default() };
         let got = self.op.read_options(&self.at(path), opts).map_err(|e| match e.kind() {
             ErrorKind::RangeNotSatisfied => Error::corrupt(path, "truncated (range past the end)"),
-            _ => storage_err("read", path, e),
+            _ => self.fail("read", path, e),
         })?;
         if got.len() as u64 != len {
             return Err(Error::corrupt(
@@ -368,7 +414,7 @@ impl Storage for OpendalStorage {
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {
         if self.kind == Kind::S3 {
             // A PUT is atomic: nothing partial is ever visible, nothing is left to clean up.
-            self.op.write(&self.at(path), data).map_err(|e| storage_err("write", path, e))?;
+            self.op.write(&self.at(path), data).map_err(|e| self.fail("write", path, e))?;
             return Ok(());
         }
         self.staged_write(path, data)
@@ -381,7 +427,7 @@ impl Storage for OpendalStorage {
         let entries = match self.op.list(&self.at(TEMPORARIES)) {
             Ok(e) => e,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(storage_err("list", TEMPORARIES, e)),
+            Err(e) => return Err(self.fail("list", TEMPORARIES, e)),
         };
         let now = std::time::SystemTime::now();
         let mut removed = 0;
@@ -405,7 +451,7 @@ impl Storage for OpendalStorage {
         let entries = match self.op.list_options(&self.at(&dir), opts) {
             Ok(e) => e,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(storage_err("list", &dir, e)),
+            Err(e) => return Err(self.fail("list", &dir, e)),
         };
         let mut out = Vec::with_capacity(entries.len());
         for entry in entries {
@@ -423,16 +469,16 @@ impl Storage for OpendalStorage {
         match self.op.delete(&self.at(path)) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(storage_err("delete", path, e)),
+            Err(e) => Err(self.fail("delete", path, e)),
         }
     }
 
     fn exists(&self, path: &str) -> Result<bool> {
-        self.op.exists(&self.at(path)).map_err(|e| storage_err("stat", path, e))
+        self.op.exists(&self.at(path)).map_err(|e| self.fail("stat", path, e))
     }
 
     fn create(&self) -> Result<()> {
-        let err = |e| storage_err("create", &self.location, e);
+        let err = |e| self.fail("create", &self.location, e);
         match self.kind {
             // A bucket has no directories, and Cairn does not create buckets: listing the root
             // checks that the bucket exists and the credentials work.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::opendal_backend::runtime;
-use super::{Location, ObjectInfo, Storage};
+use super::{explain, Location, ObjectInfo, Storage};
 use crate::error::{Error, Result};
 
 /// The protocol version this client speaks (FORMAT.md §15): the first path component of every
@@ -99,12 +99,18 @@ impl ServerStorage {
                     format!("{status}: {}", String::from_utf8_lossy(&body).trim())
                 }
                 Ok((status, body)) => return Err(self.refused(op, path, status, &body)),
-                Err(e) if is_tls_refusal(&e) => {
-                    return Err(Error::Storage { op, path: path.to_string(), source: error_chain(&e).into() })
-                }
+                Err(e) if is_tls_refusal(&e) => return Err(self.tls_refused(error_chain(&e))),
                 Err(e) => error_chain(&e),
             };
             if attempt >= ATTEMPTS {
+                let host_port = self.location.split_once("://").map_or("", |(_, r)| r.split('/').next().unwrap_or(r));
+                let host = host_port.rsplit_once(':').map_or(host_port, |(h, _)| h);
+                if retry_why.contains("not the pinned one") {
+                    return Err(self.tls_refused(retry_why));
+                }
+                if let Some(why) = explain::connection(&retry_why, host, host_port, "`cairn serve`") {
+                    return Err(explain::unreachable(&self.location, why, std::io::Error::other(retry_why)));
+                }
                 return Err(Error::Storage { op, path: path.to_string(), source: retry_why.into() });
             }
             tracing::debug!("{op} {path} on {}: {retry_why}; trying again", self.location);
@@ -120,11 +126,31 @@ impl ServerStorage {
         match status.as_u16() {
             404 => Error::NotFound(path.to_string()),
             416 => Error::corrupt(path, format!("truncated ({why})")),
-            401 | 403 => {
-                Error::Refused(format!("{op} {path}: the server {} refused it ({status}): {why}", self.location))
-            }
+            401 => explain::unreachable(
+                &self.location,
+                format!(
+                    "the server refused the token ({status}): check --server-token-file or CAIRN_SERVER_TOKEN \
+                     (a token `cairn serve` made for this repository)"
+                ),
+                std::io::Error::other(format!("{op} {path}: {why}")),
+            ),
+            403 => Error::Refused(format!("{op} {path}: the server {} refused it ({status}): {why}", self.location)),
             _ => Error::Storage { op, path: path.to_string(), source: format!("{status}: {why}").into() },
         }
+    }
+
+    /// TLS refused the server: its certificate is not the pinned one, or does not chain to the
+    /// CA given.
+    fn tls_refused(&self, text: String) -> Error {
+        let why = match text.split_once("the server's certificate has fingerprint ") {
+            Some((_, rest)) => format!(
+                "the server's certificate has fingerprint {}, not the one given: check --server-fingerprint \
+                 against what `cairn serve` printed",
+                rest.split(',').next().unwrap_or(rest)
+            ),
+            None => "TLS refused the server's certificate: check --server-ca or --server-fingerprint".to_string(),
+        };
+        explain::unreachable(&self.location, why, std::io::Error::other(text))
     }
 
     fn object_url(&self, path: &str) -> String {
