@@ -800,7 +800,11 @@ fn disk_full_is_one_clear_line() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let err = stderr(&out);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.starts_with("cairn: ") && err.contains("No space left on device"), "{err}");
+    // With --json the one line is the JSON error line (docs/JSON.md, `error`).
+    assert!(
+        err.starts_with(r#"{"message_type":"error","code":1,"#) && err.contains("No space left on device"),
+        "{err}"
+    );
     assert!(err.contains(&t.display().to_string()), "the error does not name the file: {err}");
     assert_no_stray_files(&env, &t);
 }
@@ -815,7 +819,7 @@ fn read_only_target_is_one_clear_line() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let err = stderr(&out);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.starts_with("cairn: ") && err.contains("Read-only file system"), "{err}");
+    assert!(err.starts_with(r#"{"message_type":"error","code":1,"#) && err.contains("Read-only file system"), "{err}");
     assert!(all_paths(&t).is_empty());
 }
 
