@@ -41,7 +41,7 @@ the command, CAIRN_EXIT_CODE, CAIRN_ERROR, CAIRN_SNAPSHOT_ID, CAIRN_BYTES_ADDED,
 their output goes to stderr.
 
 With --json, a fatal error is one JSON line on stderr:
-{\"message_type\":\"error\",\"code\":N,\"message\":\"...\"}.
+{\"code\":N,\"message\":\"...\",\"message_type\":\"error\"}.
 
 Exit codes: 0 success; 1 fatal error, or some entries could not be restored (each named);
 2 invalid arguments (see the usage message), or a configuration file that cannot be used;

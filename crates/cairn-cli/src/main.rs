@@ -74,13 +74,12 @@ fn error_line(e: &anyhow::Error, verbose: bool) -> String {
     line
 }
 
-/// Prints a fatal error on stderr: `cairn: LINE`, or with `--json` one JSON object
-/// (`{"message_type":"error","code":N,"message":LINE}`).
+/// Prints a fatal error on stderr: `cairn: LINE`, or with `--json` the one JSON object of
+/// docs/JSON.md's `error` schema.
 fn report(line: &str, code: u8, json: bool) {
     if json {
-        // Written out in restic's order of keys (a json! object would sort them).
-        let message = serde_json::Value::from(line);
-        eprintln!("{{\"message_type\":\"error\",\"code\":{code},\"message\":{message}}}");
+        use cairn_core::commands::json;
+        eprintln!("{}", json::line(&json::ErrorLine::new(code, line)));
     } else {
         eprintln!("cairn: {line}");
     }

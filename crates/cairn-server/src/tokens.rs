@@ -179,6 +179,33 @@ impl Credentials {
     }
 }
 
+/// `cairn serve token add`: makes a token in the credentials file at `path` (made if missing)
+/// and returns it with its text, to be shown once. `role` is a role's name and `expires_in` a
+/// duration (`90d`, `12h`, …); a running server accepts the token at once.
+pub fn add_token(
+    path: &Path,
+    name: Option<&str>,
+    repo: Option<&str>,
+    role: &str,
+    expires_in: Option<&str>,
+) -> Result<(TokenEntry, String)> {
+    let role = Role::parse(role)?;
+    let expires_in = expires_in.map(parse_duration).transpose()?;
+    let mut creds = Credentials::load(path)?;
+    let made = creds.add(name, repo, role, expires_in)?;
+    creds.save(path)?;
+    Ok(made)
+}
+
+/// `cairn serve token remove`: removes the token named `name` from the credentials file at
+/// `path`; a running server refuses it at once.
+pub fn remove_token(path: &Path, name: &str) -> Result<TokenEntry> {
+    let mut creds = Credentials::load(path)?;
+    let removed = creds.remove(name)?;
+    creds.save(path)?;
+    Ok(removed)
+}
+
 fn tmp_beside(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(format!(".tmp.{}", hex::encode(random::<6>())));

@@ -7,9 +7,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
+use cairn_core::commands::json;
 use cairn_core::engine::storage::{Location, RemoteOptions, ServerOptions};
 use cairn_server::tls::Certificate;
-use cairn_server::tokens::{parse_duration, Credentials, Role};
+use cairn_server::tokens::{self, Credentials};
 use clap::{Args as ClapArgs, Subcommand};
 
 use super::Global;
@@ -73,7 +74,9 @@ enum Token {
 #[derive(ClapArgs, Debug)]
 struct AddArgs {
     /// The repository the token is for
-    #[arg(long, value_name = "NAME", required_unless_present = "all", conflicts_with = "all")]
+    // This shares its id with the global -r/--repo, so a client's repository given there (or in
+    // CAIRN_REPOSITORY) fills it too: `--all` therefore wins over any value it holds.
+    #[arg(long, value_name = "NAME", required_unless_present = "all")]
     repo: Option<String>,
     /// The token is for every repository of the server
     #[arg(long)]
@@ -142,33 +145,39 @@ fn serve(g: &Global, credentials: &std::path::Path, a: RunArgs) -> Result<ExitCo
 }
 
 fn token(credentials: &std::path::Path, t: Token, json: bool) -> Result<ExitCode> {
-    let mut creds = Credentials::load(credentials)?;
     match t {
         Token::Add(a) => {
-            let role = Role::parse(&a.role)?;
-            let expires = a.expires.as_deref().map(parse_duration).transpose()?;
-            let (entry, text) = creds.add(a.name.as_deref(), a.repo.as_deref(), role, expires)?;
-            creds.save(credentials)?;
+            let (entry, text) = tokens::add_token(
+                credentials,
+                a.name.as_deref(),
+                a.repo.as_deref().filter(|_| !a.all),
+                &a.role,
+                a.expires.as_deref(),
+            )?;
             if json {
-                outln!(
-                    "{}",
-                    serde_json::json!({ "name": entry.name, "token": text, "repo": entry.repo, "role": role.name(), "expires": entry.expires })
-                );
+                let (repo, role) = (entry.repo.as_deref(), entry.role.name());
+                outln!("{}", json::line(&json::TokenAdded::new(&entry.name, &text, repo, role, entry.expires)));
             } else {
-                outln!("token {:?} ({} on {}), shown only now:", entry.name, role.name(), repo_shown(&entry.repo));
+                outln!(
+                    "token {:?} ({} on {}), shown only now:",
+                    entry.name,
+                    entry.role.name(),
+                    repo_shown(&entry.repo)
+                );
                 outln!("{text}");
             }
         }
         Token::List => {
+            let creds = Credentials::load(credentials)?;
             if json {
                 let list: Vec<_> = creds
                     .tokens
                     .iter()
-                    .map(|t| serde_json::json!({ "name": t.name, "repo": t.repo, "role": t.role.name(), "created": t.created, "expires": t.expires }))
+                    .map(|t| json::TokenListed::new(&t.name, t.repo.as_deref(), t.role.name(), t.created, t.expires))
                     .collect();
-                outln!("{}", serde_json::Value::Array(list));
+                outln!("{}", json::line(&list));
             } else {
-                let now = cairn_server::tokens::now();
+                let now = tokens::now();
                 for t in &creds.tokens {
                     let expires = match t.expires {
                         None => "never expires".to_string(),
@@ -180,8 +189,7 @@ fn token(credentials: &std::path::Path, t: Token, json: bool) -> Result<ExitCode
             }
         }
         Token::Remove { name } => {
-            let removed = creds.remove(&name)?;
-            creds.save(credentials)?;
+            let removed = tokens::remove_token(credentials, &name)?;
             outln!("removed token {:?}", removed.name);
         }
     }

@@ -212,3 +212,45 @@ fn largest_pack_path(data: &Path) -> PathBuf {
     }
     best.1
 }
+
+/// Runs `cairn --json ARGS`, which must fail with `code`; validates its one stderr line as
+/// docs/JSON.md's `error`.
+fn fails(cairn: &Cairn, args: &[&str], code: i32) -> Value {
+    let mut full = vec!["--json"];
+    full.extend_from_slice(args);
+    let out = cairn.run(&full);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "cairn {full:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "cairn {full:?}: more than the one error line: {err}");
+    assert_eq!(validate("error", &err), ["error"]);
+    serde_json::from_str(err.trim()).unwrap()
+}
+
+#[test]
+fn json_schema_errors_and_tokens() {
+    let fx = Fixture::backed_up(source, &[], &[]);
+    let missing = Cairn::new(&fx.path("no-repository-here"), PASSWORD);
+    let v = fails(&missing, &["snapshots"], 10);
+    assert!(v["message"].as_str().unwrap().contains("no-repository-here"), "{v}");
+    fails(&Cairn::new(fx.repo(), "not the password"), &["snapshots"], 12);
+
+    let credentials = fx.path("credentials.json");
+    let credentials = credentials.to_str().unwrap();
+    let add = ["serve", "token", "add", "--credentials", credentials];
+    assert_eq!(
+        run(&fx.cairn, &[], "serve", &[&add[..], &["--repo", "host1", "--role", "append"]].concat()),
+        ["serve/token_add"]
+    );
+    assert_eq!(
+        run(&fx.cairn, &[], "serve", &[&add[..], &["--all", "--role", "read", "--expires", "90d"]].concat()),
+        ["serve/token_add"]
+    );
+    let list = run(&fx.cairn, &[], "serve", &["serve", "token", "list", "--credentials", credentials]);
+    assert_eq!(list, ["serve/token_list"]);
+    // The runner passes the client's `-r REPO`, which shares `--repo`'s name: `--all` still means
+    // every repository of the server.
+    let out = fx.cairn.run(["--json", "serve", "token", "list", "--credentials", credentials]);
+    let tokens: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let repos: Vec<&Value> = tokens.as_array().unwrap().iter().map(|t| &t["repo"]).collect();
+    assert_eq!(repos, [&Value::from("host1"), &Value::Null], "{tokens}");
+}

@@ -33,7 +33,7 @@ pub const SCHEMA_VERSION: u32 = 1;
 pub fn line(value: &impl Serialize) -> String {
     serde_json::to_value(value).map(|v| v.to_string()).unwrap_or_else(|e| {
         // Only a map with non-string keys fails, and no type here has one.
-        format!(r#"{{"message_type":"error","code":1,"message":"cannot print JSON: {e}"}}"#)
+        format!(r#"{{"code":1,"message":"cannot print JSON: {e}","message_type":"error"}}"#)
     })
 }
 
@@ -296,6 +296,56 @@ impl<'a> Initialized<'a> {
     /// The repository `id` made at `location`.
     pub fn new(id: &'a str, location: &'a str) -> Self {
         Initialized { message_type: "initialized", id, repository: location }
+    }
+}
+
+/// A fatal error with `--json`: the one line on standard error instead of `cairn: LINE`.
+#[derive(Debug, Serialize)]
+pub struct ErrorLine<'a> {
+    message_type: &'static str,
+    code: u8,
+    message: &'a str,
+}
+
+impl<'a> ErrorLine<'a> {
+    /// The error `message` (its one plain line) of a command that exits with `code`.
+    pub fn new(code: u8, message: &'a str) -> Self {
+        ErrorLine { message_type: "error", code, message }
+    }
+}
+
+/// `serve token add --json`: the new token, whose text is shown only this once.
+#[derive(Debug, Serialize)]
+pub struct TokenAdded<'a> {
+    name: &'a str,
+    token: &'a str,
+    repo: Option<&'a str>,
+    role: &'a str,
+    expires: Option<u64>,
+}
+
+impl<'a> TokenAdded<'a> {
+    /// The token `name` with its `text`, for `repo` (`None`: every repository) in `role`,
+    /// expiring at Unix second `expires` if it does.
+    pub fn new(name: &'a str, text: &'a str, repo: Option<&'a str>, role: &'a str, expires: Option<u64>) -> Self {
+        TokenAdded { name, token: text, repo, role, expires }
+    }
+}
+
+/// One token of `serve token list --json` (never its text: the server keeps only its hash).
+#[derive(Debug, Serialize)]
+pub struct TokenListed<'a> {
+    name: &'a str,
+    repo: Option<&'a str>,
+    role: &'a str,
+    created: u64,
+    expires: Option<u64>,
+}
+
+impl<'a> TokenListed<'a> {
+    /// The token `name` for `repo` in `role`, made at Unix second `created`.
+    pub fn new(name: &'a str, repo: Option<&'a str>, role: &'a str, created: u64, expires: Option<u64>) -> Self {
+        TokenListed { name, repo, role, created, expires }
     }
 }
 
