@@ -46,10 +46,10 @@ pub struct MountOptions {
     pub max_memory: u64,
     /// Reads in flight in the read pipeline; `None`: the storage's own default.
     pub fetch_concurrency: Option<usize>,
-    /// Decode workers of the read pipeline.
-    pub decode_threads: usize,
-    /// Threads answering the kernel's requests.
-    pub fuse_threads: usize,
+    /// Decode workers of the read pipeline; `None`: one per core.
+    pub decode_threads: Option<usize>,
+    /// Threads answering the kernel's requests; `None`: four.
+    pub fuse_threads: Option<usize>,
     /// Let other users (not only the one who mounted) use the mount (`allow_other`; for a
     /// user other than root, /etc/fuse.conf must say `user_allow_other`).
     pub allow_other: bool,
@@ -60,6 +60,7 @@ pub struct MountOptions {
 pub struct Mounted {
     session: Session<fs::CairnFs>,
     point: PathBuf,
+    snapshots: usize,
 }
 
 /// Unmounts a [`Mounted`] file system from another thread (a signal handler's).
@@ -114,6 +115,11 @@ impl Mounted {
         Unmounter { session: self.session.unmount_callable(), point: self.point.clone() }
     }
 
+    /// How many snapshots the file system shows.
+    pub fn snapshot_count(&self) -> usize {
+        self.snapshots
+    }
+
     /// Answers the kernel's requests until the file system is unmounted.
     pub fn serve(self) -> Result<()> {
         self.session.run().map_err(|e| Error::io("/dev/fuse", "the FUSE session failed", e))
@@ -137,14 +143,17 @@ pub fn check_mountpoint(mountpoint: &Path) -> Result<()> {
     }
 }
 
-/// Mounts `snapshots` (oldest first) of `repo` (its index loaded) at `mountpoint`.
+/// Mounts the snapshots of `repo` (opened and locked by the caller) that `filter` selects at
+/// `mountpoint`, loading the index first.
 pub fn mount(
     repo: Repository,
-    snapshots: &[(SnapshotId, Snapshot)],
+    filter: &cairn_core::engine::select::SnapshotFilter,
     mountpoint: &Path,
     opts: &MountOptions,
 ) -> Result<Mounted> {
     check_mountpoint(mountpoint)?;
+    repo.load_index()?;
+    let snapshots = &filter.select(&repo)?;
     let repo = Arc::new(repo);
     let inodes = Arc::new(inodes::Inodes::new());
     layout::build(&inodes, snapshots, cairn_format::tree::Timestamp { secs: chrono::Utc::now().timestamp(), nanos: 0 });
@@ -157,7 +166,7 @@ pub fn mount(
         // what it brought before it is read.
         window: budget / 2,
         fetchers: opts.fetch_concurrency.unwrap_or_else(|| repo.storage().default_concurrency()).max(1),
-        decoders: opts.decode_threads.max(1),
+        decoders: opts.decode_threads.unwrap_or_else(cairn_core::engine::platform::cores).max(1),
     };
     let prefetch = prefetch::Prefetch::start(repo.clone(), cache.clone(), limits)?;
     let content = content::Content::new(repo.clone(), cache, prefetch);
@@ -172,7 +181,7 @@ pub fn mount(
         MountOption::NoSuid,
     ];
     config.acl = if opts.allow_other { SessionACL::All } else { SessionACL::Owner };
-    config.n_threads = Some(opts.fuse_threads.max(1));
+    config.n_threads = Some(opts.fuse_threads.unwrap_or(4).max(1));
     config.clone_fd = true;
     let session = Session::new(fs, mountpoint, &config).map_err(|e| {
         Error::Usage(format!(
@@ -180,7 +189,7 @@ pub fn mount(
             mountpoint.display()
         ))
     })?;
-    Ok(Mounted { session, point: mountpoint.to_path_buf() })
+    Ok(Mounted { session, point: mountpoint.to_path_buf(), snapshots: snapshots.len() })
 }
 
 /// What `cairn nbd` serves: the file at `path` of snapshot `id` of `repo` (its index loaded),

@@ -7,12 +7,13 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use cairn_core::commands::copy::{self, CopyOptions, CopyProgress, CopyReport};
 use cairn_core::commands::json;
+use cairn_core::engine::open::{Held, OpenOptions};
 use cairn_core::engine::repository::Repository;
 use cairn_format::lock::LockKind;
 use clap::Args as ClapArgs;
 
 use super::snapshots::{line, row};
-use super::{cancel_on_sigint, lock, open, options, plural, storage_at, FilterArgs, Global};
+use super::{cancel_on_sigint, open_locked, options, plural, storage_at, FilterArgs, Global};
 use crate::output::{bytes, count};
 use crate::{password, progress};
 
@@ -56,17 +57,18 @@ pub struct FromRepoArgs {
 
 impl FromRepoArgs {
     /// Opens the source repository (its password from CAIRN_FROM_PASSWORD, the file, or a
-    /// prompt).
-    pub fn open(&self, g: &Global, why: &str) -> Result<Repository> {
+    /// prompt), taking a lock of kind `lock` on it beside the open.
+    pub fn open(&self, g: &Global, why: &str, lock: Option<LockKind>) -> Result<(Repository, Held)> {
         let Some(location) = &self.repo else {
             anyhow::bail!("{why} needs a source repository: give --from-repo or set CAIRN_FROM_REPOSITORY");
         };
         let storage = storage_at(g, location).context("source repository")?;
         let pw =
             password::get(self.password_file.as_deref(), "CAIRN_FROM_PASSWORD", "source repository password", false)?;
-        match cairn_core::engine::open::open(storage, &pw, options(g)) {
+        let opts = OpenOptions { lock, ..options(g) };
+        match cairn_core::engine::open::open(storage, &pw, opts) {
             Err(e @ cairn_core::Error::NoRepository(_)) => Err(NoSource(e).into()),
-            other => Ok(other.context("source repository")?.repo),
+            other => other.context("source repository").map(|o| (o.repo, o.lock)),
         }
     }
 }
@@ -90,12 +92,10 @@ impl std::error::Error for NoSource {
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let max_memory = super::max_memory(a.max_memory.as_deref())?;
-    let src = a.from.open(g, "copy")?;
-    let dst = open(g)?;
     // Shared on the source; on the destination the backup's kind, so a prune there waits for
     // this copy and keeps what it deduplicated against (docs/DESIGN.md, "Copy").
-    let _src_lock = lock(&src, LockKind::Shared)?;
-    let _dst_lock = lock(&dst, LockKind::Shared)?;
+    let (src, _src_lock) = a.from.open(g, "copy", Some(LockKind::Shared))?;
+    let (dst, _dst_lock) = open_locked(g, LockKind::Shared)?;
     std::thread::scope(|s| {
         let loading = s.spawn(|| src.load_index());
         let dst_index = dst.load_index();

@@ -7,19 +7,16 @@
 //! order, then one `"message_type": "statistics"` object.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
-use cairn_core::commands::diff::{self, DiffOptions, DiffStats, Entry, Root};
+use anyhow::Result;
+use cairn_core::commands::diff::{self, DiffStats, Entry, Spec};
 use cairn_core::commands::json;
-use cairn_core::engine::repository::Repository;
-use cairn_core::engine::trees::{below_root, resolve};
 use cairn_format::lock::LockKind;
 use cairn_format::tree::NodeKind;
 use clap::Args as ClapArgs;
 
-use super::{open_locked, split_spec, Global, WalkMemory};
+use super::{max_memory, open_locked, split_spec, Global, WalkMemory};
 use crate::output::{bytes, count};
 
 #[derive(ClapArgs, Debug)]
@@ -39,52 +36,28 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
+    let spec = |s| split_spec(s).map(|(snapshot, path)| Spec { snapshot, path });
+    let (before, after) = (spec(&a.before)?, spec(&a.after)?);
+    let max_memory = max_memory(a.memory.max_memory.as_deref())?;
     let (repo, _lock) = open_locked(g, LockKind::Shared)?;
-    repo.load_index()?;
-    let (before_id, before, before_path) = side(&repo, &a.before)?;
-    let (after_id, after, after_path) = side(&repo, &a.after)?;
-    // Two directories: paths below them from `/`; one object on either side: its path.
-    let base = match (&before, &after) {
-        (Root::Tree(_), Root::Tree(_)) => PathBuf::from("/"),
-        _ => after_path.or(before_path).unwrap_or_else(|| PathBuf::from("/")),
-    };
-    let shares = a.memory.shares(&repo, 0)?;
-    let opts = DiffOptions { metadata: a.metadata, threads: shares.threads };
-    let (entries, stats) = diff::diff(&repo, before, after, &base, opts, &shares.loading())?;
+    let c = diff::diff_snapshots(&repo, before, after, a.metadata, max_memory)?;
     if g.json {
-        for e in &entries {
+        for e in &c.entries {
             outln!("{}", json::line(&json::DiffChange::new(e)));
         }
-        outln!("{}", json::line(&json::DiffStatistics::new(&stats, &before_id, &after_id)));
+        outln!("{}", json::line(&json::DiffStatistics::new(&c.stats, &c.before, &c.after)));
     } else {
-        outln!("comparing snapshot {before_id} to {after_id}:");
+        outln!("comparing snapshot {} to {}:", c.before, c.after);
         outln!("");
-        for e in &entries {
+        for e in &c.entries {
             outln!("{}", change_line(e));
         }
-        if !entries.is_empty() {
+        if !c.entries.is_empty() {
             outln!("");
         }
-        print_stats(&stats);
+        print_stats(&c.stats);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// One side of the comparison: the snapshot's short ID (with `:PATH` if given), what to
-/// compare, and the path inside the snapshot.
-fn side(repo: &Repository, spec: &std::ffi::OsStr) -> Result<(String, Root, Option<PathBuf>)> {
-    let (name, path) = split_spec(spec)?;
-    let (id, snap) = repo.find_snapshot(name)?;
-    let Some(path) = path.and_then(below_root) else {
-        return Ok((id.short(), Root::Tree(snap.tree), None));
-    };
-    let shown = format!("{}:{}", id.short(), path.display());
-    let root = match resolve(repo, &snap.tree, path, &id.short())? {
-        None => Root::Tree(snap.tree),
-        Some(n) if n.kind == NodeKind::Dir => Root::Tree(n.subtree.context("directory without a subtree")?),
-        Some(n) => Root::Node(Box::new(n)),
-    };
-    Ok((shown, root, Some(path.to_path_buf())))
 }
 
 /// `M    1.20 KiB  /path/to/file`; directories end in `/` and have no size.

@@ -12,7 +12,7 @@ use cairn_format::lock::LockKind;
 use cairn_format::tree::{NodeKind, Timestamp};
 use clap::Args as ClapArgs;
 
-use super::{open_locked, plural, Global, SnapshotArgs, WalkMemory};
+use super::{max_memory, open_locked, plural, Global, SnapshotArgs, WalkMemory};
 use crate::output;
 
 #[derive(ClapArgs, Debug)]
@@ -41,15 +41,13 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let mut matcher = Matcher::new(&a.patterns, a.ignore_case)?;
     matcher.oldest = a.oldest;
     matcher.newest = a.newest;
+    let max_memory = max_memory(a.memory.max_memory.as_deref())?;
     let (repo, _lock) = open_locked(g, LockKind::Shared)?;
-    repo.load_index()?;
-    let snaps = a.snapshots.filter().select(&repo)?;
     if !g.json {
         outln!("{:<10} {:<19} {:>11}  path", "snapshot", "modified", "size");
     }
     let (mut matches, mut in_snapshots, mut last) = (0u64, 0usize, None);
-    let threads = a.memory.shares(&repo, 0)?.threads;
-    find::find(&repo, &snaps, &matcher, threads, |id, snap, path, node| {
+    let searched = find::find_selected(&repo, &a.snapshots.filter(), &matcher, max_memory, |id, snap, path, node| {
         matches += 1;
         if last != Some(*id) {
             in_snapshots += 1;
@@ -67,7 +65,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     })?;
     if !g.json {
         let found = if matches == 1 { "1 match".to_string() } else { format!("{} matches", output::count(matches)) };
-        outln!("{found} in {} (of {} searched)", plural(in_snapshots, "snapshot"), snaps.len());
+        outln!("{found} in {} (of {} searched)", plural(in_snapshots, "snapshot"), searched);
     }
     Ok(ExitCode::SUCCESS)
 }

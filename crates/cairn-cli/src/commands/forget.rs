@@ -141,7 +141,14 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     if a.prune {
         // The prune takes its own lock; it would otherwise wait for this one.
         drop(held);
-        return super::prune::run_plan(g, &repo, Default::default(), &super::prune::RunArgs::defaults(a.dry_run));
+        let lock = super::lock(&repo, LockKind::Prune)?;
+        return super::prune::run_plan(
+            g,
+            &repo,
+            &lock,
+            Default::default(),
+            &super::prune::RunArgs::defaults(a.dry_run),
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -61,7 +61,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         chunking: None,
     };
     let opts = if a.copy_chunker_params {
-        InitOptions { chunking: Some(a.from.open(g, "--copy-chunker-params")?.chunking()), ..opts }
+        InitOptions { chunking: Some(a.from.open(g, "--copy-chunker-params", None)?.0.chunking()), ..opts }
     } else {
         if a.from.repo.is_some() {
             bail!("--from-repo is only used with --copy-chunker-params; add it, or leave --from-repo out");

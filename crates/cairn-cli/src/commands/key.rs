@@ -9,11 +9,12 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use cairn_core::commands::json;
+use cairn_core::engine::open::Held;
 use cairn_format::keyfile::KdfParams;
 use cairn_format::lock::LockKind;
 use clap::{Args as ClapArgs, Subcommand};
 
-use super::{lock, open, Global};
+use super::{open, open_locked, Global};
 use crate::password;
 
 #[derive(Subcommand, Debug)]
@@ -47,22 +48,27 @@ impl NewPassword {
 }
 
 pub fn run(g: &Global, k: Args) -> Result<ExitCode> {
-    let mut repo = open(g)?;
+    // Adding a key is as safe beside other commands as a backup; removing one is not.
+    let kind = match k {
+        Args::List => None,
+        Args::Add(_) => Some(LockKind::Shared),
+        Args::Remove { .. } | Args::Passwd(_) => Some(LockKind::Exclusive),
+    };
+    let (mut repo, _lock) = match kind {
+        Some(kind) => open_locked(g, kind)?,
+        None => (open(g)?, Held::None),
+    };
     match k {
         Args::Add(new) => {
-            let _lock = lock(&repo, LockKind::Shared)?;
             let id = repo.add_key(&new.get()?, KdfParams::default())?;
             outln!("added key {}", id.short());
         }
         Args::List => list(g, &repo)?,
         Args::Remove { id } => {
-            let _lock = lock(&repo, LockKind::Exclusive)?;
-            let id = repo.find_key(&id)?;
-            repo.remove_key(&id)?;
+            let id = repo.remove_key_by_prefix(&id)?;
             outln!("removed key {}", id.short());
         }
         Args::Passwd(new) => {
-            let _lock = lock(&repo, LockKind::Exclusive)?;
             let pw = new.get()?;
             let old = repo.key_id();
             let id = repo.change_password(&pw, KdfParams::default())?;

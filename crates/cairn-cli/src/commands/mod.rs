@@ -90,6 +90,14 @@ pub(crate) fn open_locked(global: &Global, kind: LockKind) -> Result<(Repository
     Ok((opened.repo, opened.lock))
 }
 
+/// [`open_locked`] for a command that hands its lock to the library (a prune's).
+pub(crate) fn open_holding(global: &Global, kind: LockKind) -> Result<(Repository, Lock)> {
+    match open_locked(global, kind)? {
+        (repo, Held::Kept(lock)) => Ok((repo, lock)),
+        _ => bail!("the repository was opened without its {kind:?} lock"),
+    }
+}
+
 /// Where this machine keeps what it learns about repositories (the check's record of packs
 /// read, the key file that opened each, the metadata cache): the cache directory, also for
 /// local repositories; nothing with `--no-cache`.

@@ -11,7 +11,7 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 use cairn_mount::Unmounted;
 
-use super::{lock, open, parse_size, plural, Global, SnapshotArgs};
+use super::{open_locked, parse_size, plural, Global, SnapshotArgs};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -35,16 +35,14 @@ pub struct Args {
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let max_memory = parse_size(&a.max_memory)?;
     cairn_mount::check_mountpoint(&a.mountpoint)?;
-    let repo = open(g)?;
-    // Shared with the signal watcher, which may have to end the process itself.
-    let held = std::sync::Arc::new(std::sync::Mutex::new(Some(lock(&repo, LockKind::Shared)?)));
-    repo.load_index()?;
-    let snapshots = a.snapshots.filter().select(&repo)?;
+    // The lock is shared with the signal watcher, which may have to end the process itself.
+    let (repo, held) = open_locked(g, LockKind::Shared)?;
+    let held = std::sync::Arc::new(std::sync::Mutex::new(Some(held)));
     let opts = cairn_mount::MountOptions {
         max_memory,
         fetch_concurrency: a.fetch_concurrency,
-        decode_threads: cairn_core::engine::platform::cores(),
-        fuse_threads: 4,
+        decode_threads: None,
+        fuse_threads: None,
         allow_other: a.allow_other,
     };
     // Signals are caught from before the mount, so none can end the process with the file
@@ -52,7 +50,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let mut signals =
         signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]).context("cannot install the signal handlers")?;
     let signals_handle = signals.handle();
-    let mut mounted = cairn_mount::mount(repo, &snapshots, &a.mountpoint, &opts)?;
+    let mut mounted = cairn_mount::mount(repo, &a.snapshots.filter(), &a.mountpoint, &opts)?;
     let mut unmounter = mounted.unmounter();
     let (point, lock_of_watcher) = (a.mountpoint.clone(), held.clone());
     let watcher = std::thread::spawn(move || {
@@ -72,7 +70,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     });
     eprintln!(
         "cairn: {} mounted at {}; Ctrl-C (or `fusermount3 -u {}`) unmounts",
-        plural(snapshots.len(), "snapshot"),
+        plural(mounted.snapshot_count(), "snapshot"),
         a.mountpoint.display(),
         a.mountpoint.display()
     );

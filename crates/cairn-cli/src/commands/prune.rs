@@ -6,11 +6,12 @@ use std::sync::Mutex;
 use anyhow::Result;
 use cairn_core::commands::json;
 use cairn_core::commands::prune::{self, CodecUse, Limit, PlanOptions, PruneOptions, PruneReport, RepackOptions};
+use cairn_core::engine::lock::Lock;
 use cairn_core::engine::repository::Repository;
 use cairn_format::lock::LockKind;
 use clap::Args as ClapArgs;
 
-use super::{cancel_on_sigint, lock, max_memory, open, parse_size, Global};
+use super::{cancel_on_sigint, max_memory, open_holding, parse_size, Global};
 use crate::output::bytes;
 
 #[derive(ClapArgs, Debug)]
@@ -70,15 +71,14 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         repack_uncompressed: a.repack_uncompressed,
         recompress: None,
     };
-    let repo = open(g)?;
-    run_plan(g, &repo, plan, &a.run)
+    let (repo, lock) = open_holding(g, LockKind::Prune)?;
+    run_plan(g, &repo, &lock, plan, &a.run)
 }
 
-/// Runs a prune with `plan` on `repo` (taking the prune lock) and prints its report.
-pub(crate) fn run_plan(g: &Global, repo: &Repository, plan: PlanOptions, a: &RunArgs) -> Result<ExitCode> {
+/// Runs a prune with `plan` on `repo` under its prune `lock` and prints its report. The prune
+/// reads the index files itself (it keeps them beside the index it builds).
+pub(crate) fn run_plan(g: &Global, repo: &Repository, lock: &Lock, plan: PlanOptions, a: &RunArgs) -> Result<ExitCode> {
     cairn_core::engine::platform::keep_heap_small();
-    // The prune reads the index files itself (it keeps them beside the index it builds).
-    let held = lock(repo, LockKind::Prune)?;
     let cancel = cancel_on_sigint()?;
     if !a.foreground {
         background_priority();
@@ -97,7 +97,7 @@ pub(crate) fn run_plan(g: &Global, repo: &Repository, plan: PlanOptions, a: &Run
         }
         *last.lock().expect("say lock") = msg.to_string();
     };
-    let report = match prune::prune(repo, &held, &opts, &say, cancel) {
+    let report = match prune::prune(repo, lock, &opts, &say, cancel) {
         Err(cairn_core::Error::Interrupted) => {
             eprintln!("cairn: prune interrupted; the next prune finishes its work");
             return Ok(ExitCode::from(130));

@@ -5,10 +5,11 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use cairn_core::commands::prune::{Limit, PlanOptions, Recompress};
+use cairn_format::lock::LockKind;
 use clap::Args as ClapArgs;
 
 use super::prune::{run_plan, RunArgs};
-use super::{open, parse_codec, Global, SnapshotArgs};
+use super::{open_holding, parse_codec, Global, SnapshotArgs};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -28,7 +29,7 @@ pub struct Args {
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let to = parse_codec(&a.to)?;
-    let repo = open(g)?;
+    let (repo, lock) = open_holding(g, LockKind::Prune)?;
     let filter = a.snapshots.filter();
     let blobs = if filter.is_empty() {
         None
@@ -42,5 +43,5 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         recompress: Some(Recompress { to, blobs, include_uncompressed: a.include_uncompressed }),
         ..PlanOptions::default()
     };
-    run_plan(g, &repo, plan, &a.run)
+    run_plan(g, &repo, &lock, plan, &a.run)
 }

@@ -11,8 +11,9 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use crate::engine::memory::MaxMemory;
 use crate::engine::repository::Repository;
-use crate::engine::trees::{load_level, Loading, MAX_DEPTH};
+use crate::engine::trees::{below_root, load_level, resolve, Loading, WalkShares, MAX_DEPTH};
 use crate::error::{Error, Result};
 use cairn_format::id::{BlobId, IdMap, IdSet};
 use cairn_format::tree::{Chunk, Node, NodeKind, TreeBytes};
@@ -153,6 +154,68 @@ impl Root {
             Root::Node(n) => *n,
         }
     }
+}
+
+/// One side of `cairn diff` as the user names it: a snapshot (`latest` or an ID prefix) and
+/// optionally a path inside it.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec<'a> {
+    /// `latest` or an ID prefix.
+    pub snapshot: &'a str,
+    /// A directory or file inside the snapshot; `None` (or `/`) is the whole snapshot.
+    pub path: Option<&'a Path>,
+}
+
+/// What [`diff_snapshots`] found.
+pub struct Compared {
+    /// Each change, in path order.
+    pub entries: Vec<Entry>,
+    /// The totals.
+    pub stats: DiffStats,
+    /// The first side as shown: the snapshot's short ID, with `:PATH` if one was given.
+    pub before: String,
+    /// The second side as shown.
+    pub after: String,
+}
+
+/// `cairn diff`: loads the index of `repo` (opened and locked by the caller), finds both sides,
+/// and compares them within `max_memory`. Two directories are compared with paths below them
+/// shown from `/`; a file (or other object) on either side with its own path.
+pub fn diff_snapshots(
+    repo: &Repository,
+    before: Spec<'_>,
+    after: Spec<'_>,
+    metadata: bool,
+    max_memory: MaxMemory,
+) -> Result<Compared> {
+    repo.load_index()?;
+    let (before_shown, before_root, before_path) = side(repo, before)?;
+    let (after_shown, after_root, after_path) = side(repo, after)?;
+    let base = match (&before_root, &after_root) {
+        (Root::Tree(_), Root::Tree(_)) => PathBuf::from("/"),
+        _ => after_path.or(before_path).unwrap_or_else(|| PathBuf::from("/")),
+    };
+    let shares = WalkShares::of(repo, max_memory, repo.storage().default_concurrency(), 0)?;
+    let opts = DiffOptions { metadata, threads: shares.threads };
+    let (entries, stats) = diff(repo, before_root, after_root, &base, opts, &shares.loading())?;
+    Ok(Compared { entries, stats, before: before_shown, after: after_shown })
+}
+
+/// One side: how it is shown, what to compare, and the path inside the snapshot.
+fn side(repo: &Repository, spec: Spec<'_>) -> Result<(String, Root, Option<PathBuf>)> {
+    let (id, snap) = repo.find_snapshot(spec.snapshot)?;
+    let Some(path) = spec.path.and_then(below_root) else {
+        return Ok((id.short(), Root::Tree(snap.tree), None));
+    };
+    let shown = format!("{}:{}", id.short(), path.display());
+    let root = match resolve(repo, &snap.tree, path, &id.short())? {
+        None => Root::Tree(snap.tree),
+        Some(n) if n.kind == NodeKind::Dir => {
+            Root::Tree(n.subtree.ok_or_else(|| Error::corrupt(shown.clone(), "a directory without a subtree"))?)
+        }
+        Some(n) => Root::Node(Box::new(n)),
+    };
+    Ok((shown, root, Some(path.to_path_buf())))
 }
 
 /// The differences between `before` and `after`, paths in tree order. `base` is the path shown

@@ -12,8 +12,10 @@ use std::path::Path;
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
+use crate::engine::memory::MaxMemory;
 use crate::engine::repository::Repository;
-use crate::engine::trees::{walk_with, Walker};
+use crate::engine::select::SnapshotFilter;
+use crate::engine::trees::{walk_with, WalkShares, Walker};
 use crate::error::{Error, Result};
 use cairn_format::id::{BlobId, IdSet, SnapshotId};
 use cairn_format::snapshot::Snapshot;
@@ -68,6 +70,23 @@ impl Matcher {
         }
         self.names.is_match(Path::new(std::ffi::OsStr::from_bytes(&node.name))) || self.paths.is_match(path)
     }
+}
+
+/// `cairn find`: loads the index of `repo` (opened and locked by the caller), then searches the
+/// snapshots `filter` selects within `max_memory` ([`find`]). Returns how many snapshots were
+/// searched.
+pub fn find_selected(
+    repo: &Repository,
+    filter: &SnapshotFilter,
+    matcher: &Matcher,
+    max_memory: MaxMemory,
+    found: impl FnMut(&SnapshotId, &Snapshot, &Path, &Node) -> Result<()>,
+) -> Result<usize> {
+    repo.load_index()?;
+    let snapshots = filter.select(repo)?;
+    let threads = WalkShares::of(repo, max_memory, repo.storage().default_concurrency(), 0)?.threads;
+    find(repo, &snapshots, matcher, threads, found)?;
+    Ok(snapshots.len())
 }
 
 /// Calls `found` for every entry of `snapshots` (oldest first) that `matcher` matches, snapshot

@@ -712,6 +712,14 @@ impl Repository {
         }
     }
 
+    /// `cairn key remove PREFIX`: removes the key file whose ID starts with `prefix`
+    /// ([`Repository::find_key`], then [`Repository::remove_key`]); returns its ID.
+    pub fn remove_key_by_prefix(&self, prefix: &str) -> Result<KeyId> {
+        let id = self.find_key(prefix)?;
+        self.remove_key(&id)?;
+        Ok(id)
+    }
+
     /// Removes key file `id`. Refuses the last key file (the repository could never be opened
     /// again) and the key this repository was opened with (its password would stop working
     /// while in use: `key passwd` replaces it).
