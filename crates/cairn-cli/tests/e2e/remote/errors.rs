@@ -244,7 +244,10 @@ fn server_bad_token_and_wrong_fingerprint() {
          against what `cairn serve` printed",
         served.fingerprint
     );
+    // Refused at once: the client's five tries with back-off would take over 6 s.
+    let started = std::time::Instant::now();
     fails_with(&cairn, &init_args(), 1, &line);
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "a wrong fingerprint was tried again");
     // The right token and fingerprint: the server works.
     let (_, cairn) = served.cairn(&served.token, &served.fingerprint);
     cairn.init(&[]);

@@ -102,12 +102,14 @@ impl ServerStorage {
                 Err(e) if is_tls_refusal(&e) => return Err(self.tls_refused(error_chain(&e))),
                 Err(e) => error_chain(&e),
             };
+            // The client's TLS layers may box rustls's error where no downcast finds it: its
+            // words still say that trying again would not help.
+            if TLS_REFUSALS.iter().any(|w| retry_why.contains(w)) {
+                return Err(self.tls_refused(retry_why));
+            }
             if attempt >= ATTEMPTS {
                 let host_port = self.location.split_once("://").map_or("", |(_, r)| r.split('/').next().unwrap_or(r));
                 let host = host_port.rsplit_once(':').map_or(host_port, |(h, _)| h);
-                if retry_why.contains("not the pinned one") {
-                    return Err(self.tls_refused(retry_why));
-                }
                 if let Some(why) = explain::connection(&retry_why, host, host_port, "`cairn serve`") {
                     return Err(explain::unreachable(&self.location, why, std::io::Error::other(retry_why)));
                 }
@@ -157,6 +159,9 @@ impl ServerStorage {
         format!("{}/objects/{}", self.base, path.trim_start_matches('/'))
     }
 }
+
+/// Words of rustls's refusals of a server's certificate (the pinned fingerprint's, then a CA's).
+const TLS_REFUSALS: [&str; 2] = ["not the pinned one", "invalid peer certificate"];
 
 /// Whether TLS refused the server (a certificate that is not the pinned one, or does not chain
 /// to the CA): trying again would not help.
