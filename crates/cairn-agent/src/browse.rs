@@ -122,10 +122,29 @@ pub struct Health {
     pub snapshots: usize,
     /// Locks held: (path, who and since when, or why it is stale).
     pub locks: Vec<(String, String)>,
+    /// What this machine's data checks read (`None`: they keep no record).
+    pub verified: Option<cairn_core::commands::check::Verification>,
+    /// What a prune would reclaim, if it was asked for: bytes of packs deleted whole, bytes
+    /// freed by repacking, and the repository's size after.
+    pub reclaimable: Option<Reclaimable>,
 }
 
-/// Reads the repository's packs, snapshots and locks.
-pub fn health(repo: &Repository) -> Result<Health> {
+/// What `cairn prune` with its defaults would do now (a dry run of it).
+pub struct Reclaimable {
+    /// Bytes it would free.
+    pub bytes: u64,
+    /// Pack files it would delete whole.
+    pub delete_packs: u64,
+    /// Pack files it would repack.
+    pub repack_packs: u64,
+    /// Bytes of pack files after it.
+    pub size_after: u64,
+}
+
+/// Reads the repository's packs, snapshots and locks; what this machine's data checks never
+/// read (their record in `record_dir`); with `reclaimable`, plans a prune (a dry run, without a
+/// lock, as long as marking every snapshot's blobs takes) to say what it would free.
+pub fn health(repo: &Repository, record_dir: Option<&Path>, reclaimable: bool) -> Result<Health> {
     let packs = repo.list_packs()?;
     let locks = cairn_core::engine::lock::list(&**repo.storage())?
         .into_iter()
@@ -144,7 +163,36 @@ pub fn health(repo: &Repository) -> Result<Health> {
             (l.path, what)
         })
         .collect();
-    Ok(Health { packs: packs.len(), bytes: packs.values().sum(), snapshots: repo.snapshots()?.len(), locks })
+    let verified = record_dir.map(|d| cairn_core::commands::check::verification(repo, d)).transpose()?;
+    let reclaimable = if reclaimable {
+        use cairn_core::commands::prune::{self, PlanOptions, PruneOptions, RepackOptions};
+        let plan = PlanOptions::default();
+        let opts = PruneOptions {
+            repack: RepackOptions::new(repo, &plan, None),
+            plan,
+            max_memory: cairn_core::engine::memory::MaxMemory::from_option(None),
+            dry_run: true,
+            max_wait: std::time::Duration::ZERO,
+        };
+        let r = prune::prune(repo, None, &opts, &|_| {}, Default::default())?;
+        Some(Reclaimable {
+            // Packs deleted whole, and what repacking leaves behind of the packs it rewrites.
+            bytes: r.plan.delete_bytes + r.plan.repack_bytes.saturating_sub(r.plan.copy_bytes),
+            delete_packs: r.plan.delete_packs,
+            repack_packs: r.plan.repack_packs,
+            size_after: r.plan.size_after,
+        })
+    } else {
+        None
+    };
+    Ok(Health {
+        packs: packs.len(),
+        bytes: packs.values().sum(),
+        snapshots: repo.snapshots()?.len(),
+        locks,
+        verified,
+        reclaimable,
+    })
 }
 
 /// A restore started from the web interface.

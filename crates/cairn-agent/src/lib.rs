@@ -59,6 +59,9 @@ pub struct Config {
     pub metrics_file: Option<PathBuf>,
     /// Opens a profile's repository for the pages.
     pub opener: Opener,
+    /// Where this machine's checks keep their record of packs read (the cache directory the
+    /// jobs use), for the health page's "never verified"; `None`: no record is kept.
+    pub check_record_dir: Option<PathBuf>,
 }
 
 /// The running agent, shared by the scheduler, the jobs and the web server.
@@ -74,6 +77,7 @@ pub struct Agent {
     pub(crate) started: i64,
     pub(crate) metrics_file: Option<PathBuf>,
     pub(crate) opener: Opener,
+    pub(crate) check_record_dir: Option<PathBuf>,
     pub(crate) repos: Mutex<HashMap<String, Arc<Repository>>>,
     pub(crate) restores: Mutex<Vec<Arc<browse::RestoreTask>>>,
     pub(crate) password: String,
@@ -124,6 +128,7 @@ impl Agent {
             started: chrono::Utc::now().timestamp(),
             metrics_file: config.metrics_file.clone(),
             opener: config.opener.clone(),
+            check_record_dir: config.check_record_dir.clone(),
             repos: Mutex::new(HashMap::new()),
             restores: Mutex::new(Vec::new()),
             password,
@@ -149,8 +154,13 @@ impl Agent {
         Ok(repo)
     }
 
+    /// Lets go of the pages' copy of `name`'s repository (a job changed it). Called on the
+    /// scheduler's runtime: the repository may own a storage runtime of its own, which may not
+    /// be dropped in an async context, so it is dropped on a thread of its own.
     fn forget_repository(&self, name: &str) {
-        self.repos.lock().unwrap().remove(name);
+        if let Some(repo) = self.repos.lock().unwrap().remove(name) {
+            std::thread::spawn(move || drop(repo));
+        }
     }
 
     /// The size of profile `i`'s repository (its packs), opening it off the runtime's thread

@@ -264,7 +264,7 @@ pub fn profile_page(agent: &Agent, r: &Req) -> Result<String> {
         ["runs"] => Ok(runs_page(agent, profile)),
         ["snapshots"] => snapshots_page(agent, profile, r),
         ["diff"] => diff_page(agent, profile, r),
-        ["health"] => health_page(agent, profile),
+        ["health"] => health_page(agent, profile, r),
         ["s", snap, "tree"] => tree_page(agent, profile, snap, r),
         ["s", snap, "find"] => find_page(agent, profile, snap, r),
         _ => bail!("no such page"),
@@ -338,9 +338,10 @@ fn diff_page(agent: &Agent, profile: &str, r: &Req) -> Result<String> {
     Ok(page(&format!("Diff of {profile}"), &b))
 }
 
-fn health_page(agent: &Agent, profile: &str) -> Result<String> {
+fn health_page(agent: &Agent, profile: &str, r: &Req) -> Result<String> {
     let repo = agent.repository(profile)?;
-    let h = crate::browse::health(&repo)?;
+    let reclaimable = r.get("reclaimable") == "1";
+    let h = crate::browse::health(&repo, agent.check_record_dir.as_deref(), reclaimable)?;
     let last_check = {
         let st = agent.state.lock().unwrap();
         st.history.last(profile, Some(JobKind::Check)).map(|r| {
@@ -353,12 +354,31 @@ fn health_page(agent: &Agent, profile: &str) -> Result<String> {
             )
         })
     };
+    let verified = match &h.verified {
+        None => "no record (the jobs keep none without a cache directory)".to_string(),
+        Some(v) => {
+            let oldest =
+                v.oldest_secs.map_or(String::new(), |s| format!("; the others read within {}", seconds(s as f64)));
+            format!("{} of {} packs{oldest}", v.never, v.packs)
+        }
+    };
+    let reclaim = match &h.reclaimable {
+        None => format!("<a id=\"compute-reclaimable\" href=\"/p/{}/health?reclaimable=1\">work it out</a> (a prune's dry run: marks what every snapshot needs)", encode(profile)),
+        Some(c) => format!(
+            "{} ({} packs deleted whole, {} repacked; {} after <code>cairn prune</code>)",
+            bytes(c.bytes),
+            c.delete_packs,
+            c.repack_packs,
+            bytes(c.size_after)
+        ),
+    };
     let mut b = format!(
-        "<dl><dt>Last check</dt><dd id=\"last-check\">{}</dd><dt>Space used</dt><dd>{} in {} packs</dd><dt>Snapshots</dt><dd>{}</dd><dt>Locks</dt><dd>{}</dd></dl>",
+        "<dl><dt>Last check</dt><dd id=\"last-check\">{}</dd><dt>Never verified</dt><dd id=\"never-verified\">{verified}</dd>\
+<dt>Space used</dt><dd id=\"space-used\">{} in {} packs</dd><dt>Reclaimable</dt><dd id=\"reclaimable\">{reclaim}</dd>\
+<dt>Snapshots</dt><dd>{}</dd><dt>Locks</dt><dd id=\"locks\">{}</dd></dl><ul>",
         last_check.unwrap_or_else(|| "never (by this agent)".into()),
         bytes(h.bytes), h.packs, h.snapshots, h.locks.len()
     );
-    b.push_str("<p class=\"hint\">Space reclaimable and packs never verified: see <code>cairn prune --dry-run</code> and <code>cairn check</code>.</p><ul>");
     for (path, what) in &h.locks {
         let _ = write!(b, "<li><code>{}</code>: {}</li>", esc(path), esc(what));
     }

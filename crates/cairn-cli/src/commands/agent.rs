@@ -131,6 +131,7 @@ fn config(
     let file = crate::profile::config_file()?;
     let profiles = cairn_agent::profiles::from_config(&file)?;
     let (cache_dir, no_cache) = (g.cache_dir.clone(), g.no_cache);
+    let check_record_dir = cairn_core::engine::open::MachineState::new(cache_dir.clone(), no_cache).dir;
     let remote = g.sftp_key.as_ref().map(|p| p.to_string_lossy().into_owned());
     let known_hosts = g.sftp_known_hosts.clone();
     let config_file = file.file().to_path_buf();
@@ -162,6 +163,7 @@ fn config(
         password,
         metrics_file,
         opener,
+        check_record_dir,
     })
 }
 

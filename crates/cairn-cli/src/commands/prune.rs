@@ -97,7 +97,7 @@ pub(crate) fn run_plan(g: &Global, repo: &Repository, lock: &Lock, plan: PlanOpt
         }
         *last.lock().expect("say lock") = msg.to_string();
     };
-    let report = match prune::prune(repo, lock, &opts, &say, cancel) {
+    let report = match prune::prune(repo, Some(lock), &opts, &say, cancel) {
         Err(cairn_core::Error::Interrupted) => {
             eprintln!("cairn: prune interrupted; the next prune finishes its work");
             return Ok(ExitCode::from(130));

@@ -135,6 +135,8 @@ fn web_interface_in_chromium() {
     // A directory of 450 entries pages (200 each).
     let mut fx = AgentFx::new(450, 2_000, &home(""));
     fx.init("home");
+    // The backup holds 4 s before it writes its snapshot, so the page shows it running.
+    fx.env.push(("CAIRN_INJECT_FAULTS".into(), "stall-write=snapshots/,stall-for=4s".into()));
     fx.start();
     let driver = start_driver();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -154,6 +156,13 @@ fn web_interface_in_chromium() {
         // The dashboard: never run; run now; the progress reaches 100 %.
         assert_eq!(text_of(&c, "state-home").await, "idle");
         c.find(Locator::Id("run-home")).await.unwrap().click().await.unwrap();
+        // Live, without a reload: the state, files, rate and ETA as the terminal shows them.
+        wait_text(&c, "state-home", 60, |t| t.contains("running backup")).await;
+        let detail = wait_text(&c, "detail-home", 30, |t| t.contains("/451 files")).await;
+        assert!(detail.contains("MB/s") && detail.contains("ETA"), "{detail}");
+        let pct = text_of(&c, "pct-home").await;
+        assert!(pct.ends_with('%') && pct.trim_end_matches('%').parse::<f64>().is_ok(), "{pct}");
+        fs::write(shots.join("running.png"), c.screenshot().await.unwrap()).unwrap();
         wait_text(&c, "state-home", 120, |t| t.contains("last backup success")).await;
         assert_eq!(text_of(&c, "pct-home").await, "100%");
         let last = text_of(&c, "last-home").await;

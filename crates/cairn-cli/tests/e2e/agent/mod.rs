@@ -389,6 +389,112 @@ fn an_unreachable_repository_fails_alerts_and_others_still_run() {
     assert_eq!(hook.bodies.lock().unwrap()[1]["event"], "recovery");
 }
 
+/// The text of the element with `id` in `html` (the first one; tags inside it dropped).
+fn element_text(html: &str, id: &str) -> String {
+    let at = html.find(&format!("id=\"{id}\"")).unwrap_or_else(|| panic!("no #{id} in\n{html}"));
+    let body = &html[at..];
+    let body = &body[body.find('>').unwrap() + 1..];
+    let mut depth = 0usize;
+    let (mut text, mut in_tag) = (String::new(), false);
+    for (i, ch) in body.char_indices() {
+        match ch {
+            '<' if body[i..].starts_with("</") && !in_tag => {
+                if depth == 0 {
+                    break;
+                }
+                depth -= 1;
+                in_tag = true;
+            }
+            '<' => {
+                depth += 1;
+                in_tag = true;
+            }
+            '>' => in_tag = false,
+            c if !in_tag => text.push(c),
+            _ => {}
+        }
+    }
+    text
+}
+
+#[test]
+fn health_shows_packs_never_verified_and_what_a_prune_would_reclaim() {
+    let config = format!("{}[profile.home.check]\nread-data = true\n", home(""));
+    let mut fx = AgentFx::new(20, 10_000, &config);
+    // Incompressible files, so a snapshot's data fills packs of its own.
+    let noise = |seed: u64| {
+        let mut x = seed | 1;
+        (0..200_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect::<Vec<u8>>()
+    };
+    for i in 0..20 {
+        fs::write(fx.dir.join(format!("src/file{i:03}.bin")), noise(i + 1)).unwrap();
+    }
+    fx.init("home");
+    fx.start();
+    fx.run_now("home", "backup");
+    let first = fx.wait_run("home", 0, 120);
+    assert_eq!(first["outcome"], "success", "{first}");
+    let token = fx.token();
+    let page = |q: &str| {
+        let (code, html) = fx.get(&format!("/p/home/health{q}"), Some(&token));
+        assert_eq!(code, 200, "{html}");
+        html
+    };
+    let packs =
+        fs::read_dir(fx.dir.join("repo/data")).unwrap().flat_map(|d| fs::read_dir(d.unwrap().path()).unwrap()).count();
+    assert!(packs >= 1);
+    let html = page("");
+    assert_eq!(
+        element_text(&html, "never-verified"),
+        format!("{packs} of {packs} packs"),
+        "no check has read a pack yet"
+    );
+    assert!(element_text(&html, "reclaimable").starts_with("work it out"), "{html}");
+    assert_eq!(element_text(&html, "locks"), "0");
+    // A data check reads every pack: none is left unverified.
+    fx.run_now("home", "check");
+    let check = fx.wait_run("home", first["id"].as_u64().unwrap(), 120);
+    assert_eq!(check["outcome"], "success", "{check}");
+    let never = element_text(&page(""), "never-verified");
+    assert!(never.starts_with(&format!("0 of {packs} packs; the others read within")), "{never}");
+    // Every file changed, the first snapshot forgotten: its packs are reclaimable, whole.
+    let none = element_text(&page("?reclaimable=1"), "reclaimable");
+    // (Small packs may be merged: that frees their headers, not whole packs.)
+    assert!(none.contains("(0 packs deleted whole, "), "no pack is unused yet: {none}");
+    for i in 0..20 {
+        fs::write(fx.dir.join(format!("src/file{i:03}.bin")), noise(i + 1000)).unwrap();
+    }
+    fx.run_now("home", "backup");
+    let second = fx.wait_run("home", check["id"].as_u64().unwrap(), 120);
+    assert_eq!(second["outcome"], "success", "{second}");
+    ok(&fx.cairn(&["-p", "home", "forget", "--keep-last", "1"]));
+    let reclaim = element_text(&page("?reclaimable=1"), "reclaimable");
+    assert!(!reclaim.starts_with("0 B"), "{reclaim}");
+    let count = |after: &str| -> u64 {
+        let head = reclaim.split(after).next().unwrap();
+        head.rsplit(['(', ' ']).next().unwrap().parse().unwrap_or_else(|_| panic!("{reclaim}"))
+    };
+    let (deleted, repacked) = (count(" packs deleted whole"), count(" repacked"));
+    assert!(deleted + repacked >= 1, "{reclaim}");
+    // What the page said is what a prune does.
+    let out = ok(&fx.cairn(&["-p", "home", "--json", "prune"]));
+    let summary: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let plan = &summary["plan"];
+    assert_eq!(
+        (plan["delete_packs"].as_u64(), plan["repack_packs"].as_u64()),
+        (Some(deleted), Some(repacked)),
+        "{summary}"
+    );
+    assert!(summary["freed_bytes"].as_u64().unwrap() > 0, "{summary}");
+}
+
 fn gethostname() -> String {
     fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string()
 }
@@ -429,6 +535,38 @@ fn kill_9_of_a_backup_is_retried_and_completes() {
     assert_eq!(second["files"], 201);
     let check = fx.cairn(&["-p", "home", "check"]);
     ok(&check);
+}
+
+/// Whether process `pid` has ended (gone, or a zombie no one reaped yet).
+fn ended(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+#[test]
+fn kill_9_of_the_agent_mid_backup_is_recorded_and_the_next_run_completes() {
+    let mut fx = slow_backup_fixture("");
+    fx.start();
+    fx.run_now("home", "backup");
+    let job = running_pid(&fx);
+    let mut agent = fx.agent.take().unwrap();
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    // The job is told its agent died (SIGINT, as Ctrl-C) and stops without a snapshot.
+    wait_until(60, "the job of the killed agent to end", || ended(job));
+    fx.env.clear();
+    fx.start();
+    let killed = fx.profile("home")["last"].clone();
+    assert_eq!((killed["job"].as_str(), killed["outcome"].as_str()), (Some("backup"), Some("interrupted")), "{killed}");
+    fx.run_now("home", "backup");
+    let next = fx.wait_run("home", killed["id"].as_u64().unwrap(), 300);
+    assert_eq!(next["outcome"], "success", "{next}");
+    assert_eq!(next["files"], 201);
+    let snaps: Value = serde_json::from_str(&ok(&fx.cairn(&["-p", "home", "--json", "snapshots"]))).unwrap();
+    assert_eq!(snaps.as_array().unwrap().len(), 1, "the killed run saved no snapshot: {snaps}");
+    ok(&fx.cairn(&["-p", "home", "check", "--read-data"]));
 }
 
 #[test]

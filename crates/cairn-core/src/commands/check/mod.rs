@@ -307,6 +307,27 @@ pub fn data_budget(repo: &Repository, given: Option<u64>) -> u64 {
     })
 }
 
+/// How much of a repository this machine's data checks have read in full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verification {
+    /// Pack files in the repository.
+    pub packs: u64,
+    /// Of those, packs no data check on this machine has read in full.
+    pub never: u64,
+    /// How long ago (seconds) the least recently read of the others was read.
+    pub oldest_secs: Option<u64>,
+}
+
+/// Of `repo`'s packs, how many the data checks recorded in `record_dir` (as
+/// [`CheckOptions::record_dir`]) never read, and how long ago the least recently read of the
+/// others was read.
+pub fn verification(repo: &Repository, record_dir: &std::path::Path) -> Result<Verification> {
+    let record = record::Record::load(&record_dir.join(&repo.config().id).join("check-verified"))?;
+    let packs: Vec<PackId> = repo.list_packs()?.into_keys().collect();
+    let (never, oldest_secs) = record.coverage(&packs);
+    Ok(Verification { packs: packs.len() as u64, never, oldest_secs })
+}
+
 /// Opens the repository at `storage` and checks it, as `cairn check` does: keys, index files,
 /// snapshots and the pack listing are fetched beside the lock and the key's round trips, and
 /// the check starts while the shared lock is still being taken (it only reads; if the lock

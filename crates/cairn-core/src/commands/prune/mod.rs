@@ -88,10 +88,12 @@ pub struct PruneReport {
 }
 
 /// Prunes `repo` under the prune lock `lock` (it reads the index files itself). `say` hears what the
-/// prune is doing (for a status line).
+/// prune is doing (for a status line). A dry run may go without the lock (it writes nothing, and
+/// what it reports is what a prune would have done when it read the repository): the agent's
+/// health page asks what is reclaimable that way, also with a token that may only read.
 pub fn prune(
     repo: &Repository,
-    lock: &Lock,
+    lock: Option<&Lock>,
     opts: &PruneOptions,
     say: &dyn Fn(&str),
     cancel: Arc<AtomicBool>,
@@ -99,9 +101,11 @@ pub fn prune(
     let loading = Loading { cancel: cancel.clone(), ..Loading::default() };
     let mut report = PruneReport::default();
     let (mut clock, mut phases) = (PhaseClock(Instant::now()), Vec::new());
-    let mine = lock.holder();
+    let mine = lock.map(Lock::holder);
+    let need_lock = || mine.ok_or_else(|| Error::Usage("a prune that deletes runs under the prune lock".into()));
 
     if !opts.dry_run {
+        let mine = need_lock()?;
         let pending = pending(repo)?;
         if !pending.is_empty() {
             say(&format!("finishing {} earlier prune(s)", pending.len()));
@@ -181,6 +185,7 @@ pub fn prune(
     let id = repo.save_deletion(&d)?;
     // Listed after the manifest is stored: a lock taken later belongs to an operation that
     // reads the manifest (each takes its lock before reading the index).
+    let mine = need_lock()?;
     let waiting = finish::holders(repo, mine)?;
     clock.lap(&mut phases, "manifest");
     if !finish::wait_for(repo, mine, waiting, opts.max_wait, say, &loading)? {
