@@ -269,7 +269,7 @@ impl TreeBytes {
 
     /// Node `i`, decoded. The bytes were decoded once already ([`TreeBytes::parse`]), so this
     /// cannot fail; were it to, the node would be missing, never wrong.
-    fn node(&self, i: usize) -> Option<Node> {
+    pub fn node(&self, i: usize) -> Option<Node> {
         let at = *self.starts.get(i)? as usize;
         postcard::take_from_bytes::<Node>(&self.plain[at..]).ok().map(|(n, _)| n)
     }

@@ -495,6 +495,43 @@ fn health_shows_packs_never_verified_and_what_a_prune_would_reclaim() {
     assert!(summary["freed_bytes"].as_u64().unwrap() > 0, "{summary}");
 }
 
+#[test]
+fn a_directory_of_250000_entries_pages() {
+    const N: usize = 250_000;
+    let mut fx = AgentFx::new(0, 0, &home(""));
+    let big = fx.dir.join("src/big");
+    fs::create_dir_all(&big).unwrap();
+    for i in 0..N {
+        fs::File::create(big.join(format!("f{i:06}"))).unwrap();
+    }
+    fx.init("home");
+    fx.start();
+    fx.run_now("home", "backup");
+    let run = fx.wait_run("home", 0, 300);
+    assert_eq!(run["outcome"], "success", "{run}");
+    let snap = run["snapshot"].as_str().unwrap()[..8].to_string();
+    let token = fx.token();
+    let page = |n: usize| {
+        let started = Instant::now();
+        let (code, html) = fx.get(&format!("/p/home/s/{snap}/tree?path={}&page={n}", big.display()), Some(&token));
+        assert_eq!(code, 200, "{html}");
+        eprintln!("page {n} of a directory of {N} entries: {:?}", started.elapsed());
+        let table = &html[html.find("id=\"entries\"").unwrap()..];
+        let rows = table[..table.find("</table>").unwrap()].matches("<tr>").count();
+        (html, rows)
+    };
+    let (first, rows) = page(0);
+    assert!(first.contains(&format!("{N} entries")), "the total is shown");
+    assert_eq!(rows, 1 + 200, "a header and one page");
+    assert!(first.contains(">f000000<") && first.contains(">f000199<") && !first.contains(">f000200<"));
+    assert!(first.contains("id=\"next-page\""));
+    let (last, rows) = page(N / 200 - 1);
+    assert_eq!(rows, 1 + 200);
+    assert!(last.contains(">f249999<") && !last.contains("id=\"next-page\""), "the last page");
+    let (_, rows) = page(N / 200);
+    assert_eq!(rows, 1, "past the end: no entries");
+}
+
 fn gethostname() -> String {
     fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string()
 }
