@@ -28,6 +28,8 @@ pub struct AgentFx {
     pub agent: Option<Child>,
     pub url: String,
     pub env: Vec<(String, String)>,
+    /// More arguments of `cairn agent` (after `--state-dir`).
+    pub agent_args: Vec<String>,
 }
 
 /// `cairn ARGS` with no CAIRN_* variables of the machine and private XDG directories.
@@ -91,7 +93,16 @@ impl AgentFx {
         let mut perm = fs::metadata(&config).unwrap().permissions();
         std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o600);
         fs::set_permissions(&config, perm).unwrap();
-        AgentFx { _tmp: tmp, state: dir.join("state"), config, dir, agent: None, url: String::new(), env: Vec::new() }
+        AgentFx {
+            _tmp: tmp,
+            state: dir.join("state"),
+            config,
+            dir,
+            agent: None,
+            url: String::new(),
+            env: Vec::new(),
+            agent_args: Vec::new(),
+        }
     }
 
     /// `cairn --config FILE ARGS`.
@@ -115,6 +126,7 @@ impl AgentFx {
             .arg(&self.config)
             .args(["agent", "--listen", "127.0.0.1:0", "--state-dir"])
             .arg(&self.state)
+            .args(&self.agent_args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         let mut child = c.spawn().expect("starting the agent");
@@ -530,6 +542,60 @@ fn a_directory_of_250000_entries_pages() {
     assert!(last.contains(">f249999<") && !last.contains("id=\"next-page\""), "the last page");
     let (_, rows) = page(N / 200);
     assert_eq!(rows, 1, "past the end: no entries");
+}
+
+#[test]
+fn https_with_a_certificate_and_secure_cookies() {
+    let mut fx = AgentFx::new(2, 1_000, &home(""));
+    fx.init("home");
+    let (cert, key) = (fx.dir.join("agent.crt"), fx.dir.join("agent.key"));
+    let made = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2"])
+        .args(["-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "openssl: {}", String::from_utf8_lossy(&made.stderr));
+    fx.agent_args =
+        vec!["--tls-cert".into(), cert.to_string_lossy().into(), "--tls-key".into(), key.to_string_lossy().into()];
+    fx.start();
+    assert!(fx.url.starts_with("https://127.0.0.1:"), "{}", fx.url);
+    let curl = |args: &[&str]| {
+        let out =
+            Command::new("curl").args(["-sS", "--max-time", "20", "--cacert"]).arg(&cert).args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // The certificate given is the one served: curl trusts it and nothing else.
+    let metrics = format!("{}/metrics", fx.url);
+    let (code, body, err) = curl(&["-H", &format!("Authorization: Bearer {}", fx.token()), &metrics]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(body.contains("cairn_agent_jobs_running 0"), "{body}");
+    let (_, body, _) = curl(&[&metrics]);
+    assert!(body.contains("log in first"), "no password, no metrics: {body}");
+    let untrusted = Command::new("curl").args(["-sS", "--max-time", "20", &metrics]).output().unwrap();
+    assert!(!untrusted.status.success(), "a client without the certificate must refuse the server");
+    // Plain HTTP on the HTTPS port is not served.
+    let plain = Command::new("curl")
+        .args(["-sS", "--max-time", "20", &metrics.replace("https://", "http://")])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&plain.stdout).contains("cairn_agent"), "served over plain HTTP");
+    // Logging in over HTTPS sets a Secure, HttpOnly cookie.
+    let login = format!("{}/login", fx.url);
+    let (code, headers, err) = curl(&["-i", "--data-urlencode", &format!("password={}", fx.token()), &login]);
+    assert_eq!(code, Some(0), "{err}");
+    let cookie = headers
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap_or_else(|| panic!("{headers}"));
+    assert!(cookie.contains("; Secure") && cookie.contains("HttpOnly"), "{cookie}");
 }
 
 fn gethostname() -> String {
