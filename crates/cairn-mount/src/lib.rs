@@ -20,6 +20,7 @@
 mod cache;
 mod content;
 pub mod disk;
+pub mod live;
 mod fs;
 mod inodes;
 mod layout;
@@ -36,6 +37,7 @@ use cairn_format::snapshot::Snapshot;
 use fuser::{MountOption, Session, SessionACL};
 
 pub use disk::{Disk, DiskOptions};
+pub use live::{LiveEvent, LiveRestore};
 pub use layout::time_name;
 
 /// How a mount reads and who may use it.
@@ -194,7 +196,7 @@ pub fn nbd_export(
     opts: &DiskOptions,
     overlay: Option<&Path>,
 ) -> Result<Box<dyn cairn_nbd::Export>> {
-    let disk = Disk::open(repo, id, snapshot, path, opts)?;
+    let disk = Disk::open(Arc::new(repo), id, snapshot, path, opts)?;
     let Some(file) = overlay else { return Ok(Box::new(disk)) };
     let identity = *disk.identity();
     let overlaid = cairn_nbd::Overlay::open(disk, file, &identity).map_err(|e| match e.kind() {

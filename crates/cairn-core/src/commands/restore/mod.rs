@@ -41,8 +41,8 @@ use std::time::Instant;
 pub use crate::engine::profile::StageTimes;
 pub use options::Step as WriteStep;
 pub use options::{
-    DryRun, LocalData, Overwrite, Progress, RestoreOptions, RestoreOutcome, Sparse, SparseMode, DEFAULT_MAX_MEMORY,
-    RESERVE_MIN, STAGE_NAMES,
+    DryRun, Guard, LocalData, Overwrite, Progress, RestoreOptions, RestoreOutcome, Sparse, SparseMode, DEFAULT_MAX_MEMORY,
+    RESERVE_MIN, STAGE_NAMES, WriteGuard,
 };
 pub use plan::Filter;
 pub use types::Plan;
@@ -135,7 +135,12 @@ pub fn restore(
     let loading = crate::engine::trees::Loading { cancel: cancel.clone(), ..Default::default() };
     let limit = plan::BatchLimit::for_memory(opts.max_memory);
     loading.read_ahead.limit(limit.tree_packs());
-    let empty = fsops::target_is_empty(target);
+    // A file restored as the target itself is compared with what is there, as in a directory.
+    let empty = if into_dir {
+        fsops::target_is_empty(target)
+    } else {
+        matches!(crate::engine::platform::lstat(target), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+    };
     let walk_done = std::sync::atomic::AtomicBool::new(false);
     let mut run = Run {
         repo,

@@ -114,6 +114,8 @@ struct Ctx<'a> {
     target_dir: Option<OwnedFd>,
     threads: usize,
     cancel: &'a AtomicBool,
+    /// A live restore's target: writes go through it.
+    guard: Option<&'a dyn super::options::WriteGuard>,
 }
 
 impl Ctx<'_> {
@@ -171,6 +173,7 @@ pub fn reuse(
         target_dir: if empty { None } else { target_dir },
         threads: opts.write_threads.max(1),
         cancel: opts.cancel.as_deref().unwrap_or(&no_cancel),
+        guard: opts.guard.as_ref().map(|g| &*g.0),
     };
     if ctx.source.is_none() && ctx.target_dir.is_none() {
         return Ok(nothing());
