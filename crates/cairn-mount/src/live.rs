@@ -107,7 +107,18 @@ impl LiveRestore {
     /// Runs the background restore to its end (checkpointing the state file meanwhile); when
     /// nothing failed, completes the target.
     pub fn restore(&self, opts: &RestoreOptions, progress: &Progress) -> Result<RestoreOutcome> {
-        let opts = RestoreOptions { guard: Some(Guard(Arc::new(Into(self.live.clone())))), ..opts.clone() };
+        // The file is restored as `target` itself: into its directory, under its name.
+        let dir = match self.target.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let opts = RestoreOptions {
+            guard: Some(Guard(Arc::new(Into(self.live.clone())))),
+            file_name: self.target.file_name().map(|n| n.to_os_string()),
+            // The directory may hold anything else (other disk images): no directory's metadata
+            // is touched, and the file's own metadata is set at its end.
+            ..opts.clone()
+        };
         let done = AtomicBool::new(false);
         let outcome = std::thread::scope(|s| {
             let saver = s.spawn(|| {
@@ -119,7 +130,7 @@ impl LiveRestore {
                 }
             });
             let name = self.id.short();
-            let out = restore::restore(&self.repo, &self.snapshot, &name, Some(&self.path), &self.target, &opts, progress);
+            let out = restore::restore(&self.repo, &self.snapshot, &name, Some(&self.path), dir, &opts, progress);
             done.store(true, Ordering::Release);
             saver.thread().unpark();
             let _ = saver.join();

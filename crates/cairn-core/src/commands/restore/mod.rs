@@ -127,7 +127,14 @@ pub fn restore(
         opts
     };
     let base = path.and_then(crate::engine::trees::below_root);
-    let (top, into_dir, target_node) = plan::start(repo, snapshot, name, base)?;
+    let (mut top, into_dir, target_node) = plan::start(repo, snapshot, name, base)?;
+    match (&mut top, &opts.file_name) {
+        (plan::Top::Node(node), Some(n)) => node.name = n.as_encoded_bytes().to_vec(),
+        (_, Some(_)) => {
+            return Err(Error::Usage(format!("{}: not one file of snapshot {name}", base.unwrap_or(Path::new("/")).display())))
+        }
+        _ => {}
+    }
     let filter = Filter::new(&opts.include, &opts.exclude)?;
     let base_path = base.unwrap_or(Path::new("/")).to_path_buf();
     // Loading the trees reads the repository too: SIGINT stops it, and the watchdog covers it.
@@ -135,12 +142,7 @@ pub fn restore(
     let loading = crate::engine::trees::Loading { cancel: cancel.clone(), ..Default::default() };
     let limit = plan::BatchLimit::for_memory(opts.max_memory);
     loading.read_ahead.limit(limit.tree_packs());
-    // A file restored as the target itself is compared with what is there, as in a directory.
-    let empty = if into_dir {
-        fsops::target_is_empty(target)
-    } else {
-        matches!(crate::engine::platform::lstat(target), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
-    };
+    let empty = fsops::target_is_empty(target);
     let walk_done = std::sync::atomic::AtomicBool::new(false);
     let mut run = Run {
         repo,

@@ -167,6 +167,9 @@ pub struct RestoreOptions {
     /// A live restore's target (`cairn restore --live`): every write of file data and every
     /// zeroing goes through it, so it can keep what a client wrote meanwhile.
     pub guard: Option<Guard>,
+    /// The name the one file a restore of `SNAPSHOT:PATH` restores gets in the target (its
+    /// own by default): a live restore's target file.
+    pub file_name: Option<std::ffi::OsString>,
 }
 
 /// Where a live restore's writes go: into the blocks of the target a client has not written,
@@ -235,6 +238,7 @@ impl Default for RestoreOptions {
             local_scanned_hook: None,
             write_latency: Duration::ZERO,
             guard: None,
+            file_name: None,
         }
     }
 }
