@@ -20,10 +20,10 @@
 mod cache;
 mod content;
 pub mod disk;
-pub mod live;
 mod fs;
 mod inodes;
 mod layout;
+pub mod live;
 mod prefetch;
 mod walk;
 
@@ -37,8 +37,8 @@ use cairn_format::snapshot::Snapshot;
 use fuser::{MountOption, Session, SessionACL};
 
 pub use disk::{Disk, DiskOptions};
-pub use live::{LiveEvent, LiveRestore};
 pub use layout::time_name;
+pub use live::{LiveEvent, LiveRestore};
 
 /// How a mount reads and who may use it.
 #[derive(Clone, Debug)]

@@ -314,10 +314,7 @@ impl<B: Export> Live<B> {
                 return self.target.sync_data();
             }
             let dirty = std::mem::take(&mut st.dirty);
-            dirty
-                .into_iter()
-                .map(|p| (p, st.map[p * PAGE..((p + 1) * PAGE).min(st.map.len())].to_vec()))
-                .collect()
+            dirty.into_iter().map(|p| (p, st.map[p * PAGE..((p + 1) * PAGE).min(st.map.len())].to_vec())).collect()
         };
         self.target.sync_data()?;
         if pages.is_empty() {

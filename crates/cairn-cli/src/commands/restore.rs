@@ -240,9 +240,8 @@ fn run_live(
             eprintln!("error: the background restore stopped: {e}");
         }
     };
-    let served = live.serve(&server, &config, opts, progress, &on_event, &|e| {
-        eprintln!("cairn: a client's connection ended: {e}")
-    });
+    let served = live
+        .serve(&server, &config, opts, progress, &on_event, &|e| eprintln!("cairn: a client's connection ended: {e}"));
     signals_handle.close();
     let _ = watcher.join();
     served?;

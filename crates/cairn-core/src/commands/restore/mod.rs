@@ -41,8 +41,8 @@ use std::time::Instant;
 pub use crate::engine::profile::StageTimes;
 pub use options::Step as WriteStep;
 pub use options::{
-    DryRun, Guard, LocalData, Overwrite, Progress, RestoreOptions, RestoreOutcome, Sparse, SparseMode, DEFAULT_MAX_MEMORY,
-    RESERVE_MIN, STAGE_NAMES, WriteGuard,
+    DryRun, Guard, LocalData, Overwrite, Progress, RestoreOptions, RestoreOutcome, Sparse, SparseMode, WriteGuard,
+    DEFAULT_MAX_MEMORY, RESERVE_MIN, STAGE_NAMES,
 };
 pub use plan::Filter;
 pub use types::Plan;
@@ -131,7 +131,10 @@ pub fn restore(
     match (&mut top, &opts.file_name) {
         (plan::Top::Node(node), Some(n)) => node.name = n.as_encoded_bytes().to_vec(),
         (_, Some(_)) => {
-            return Err(Error::Usage(format!("{}: not one file of snapshot {name}", base.unwrap_or(Path::new("/")).display())))
+            return Err(Error::Usage(format!(
+                "{}: not one file of snapshot {name}",
+                base.unwrap_or(Path::new("/")).display()
+            )))
         }
         _ => {}
     }
