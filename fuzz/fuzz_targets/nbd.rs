@@ -3,7 +3,7 @@
 //! small writable in-memory export. It must answer or end the connection, never panic, and
 //! never read or write outside the export. Requests are answered inline (one worker): the pool's
 //! threads answer them with the same function, and LeakSanitizer counts each thread's exit as a
-//! leak.
+//! leak. A live restore's state file (`cairn_nbd::live::parse`) is parsed from the same bytes.
 #![no_main]
 
 use std::io;
@@ -51,6 +51,15 @@ fuzz_target!(|data: &[u8]| {
     let Some((&first, input)) = data.split_first() else { return };
     // Options parsed alone too (each code with the rest as its data).
     let _ = proto::parse_option(u32::from(first % 12), input);
+    // A live restore's state file (`restore --live`, FORMAT.md §16.3): the bytes as a whole file,
+    // and with a valid header of the size the bitmap that follows implies.
+    if let Ok((header, map)) = cairn_nbd::live::parse(input) {
+        assert_eq!(map.len() as u64, cairn_nbd::live::map_len(header.size));
+    }
+    let size = ((input.len() as u64) * 8 * cairn_nbd::live::BLOCK).saturating_sub(u64::from(first));
+    let mut file = cairn_nbd::live::header_bytes(&cairn_nbd::live::Header { size, identity: [first; 32] });
+    file.extend_from_slice(input);
+    let _ = cairn_nbd::live::parse(&file);
     let export = Memory(Mutex::new(vec![7u8; 65_536]));
     let config = Config { name: "disk".into(), workers: 1 };
     let mut out = Vec::new();

@@ -51,7 +51,7 @@ pub struct Disk {
 impl Disk {
     /// The file at `path` of snapshot `id` (`snapshot`) of `repo` (its index loaded).
     pub fn open(
-        repo: Repository,
+        repo: Arc<Repository>,
         id: &SnapshotId,
         snapshot: &Snapshot,
         path: &Path,
@@ -76,7 +76,6 @@ impl Disk {
             fetchers: opts.fetch_concurrency.max(1),
             decoders: opts.decode_threads.max(1),
         };
-        let repo = Arc::new(repo);
         let prefetch = Prefetch::start(repo.clone(), cache.clone(), limits)?;
         let content = Content::new(repo, cache, prefetch);
         let starts = node.content.iter().scan(0u64, |at, c| Some(std::mem::replace(at, *at + c.len()))).collect();

@@ -23,6 +23,7 @@ pub mod disk;
 mod fs;
 mod inodes;
 mod layout;
+pub mod live;
 mod prefetch;
 mod walk;
 
@@ -37,6 +38,7 @@ use fuser::{MountOption, Session, SessionACL};
 
 pub use disk::{Disk, DiskOptions};
 pub use layout::time_name;
+pub use live::{LiveEvent, LiveRestore};
 
 /// How a mount reads and who may use it.
 #[derive(Clone, Debug)]
@@ -203,7 +205,7 @@ pub fn nbd_export(
     opts: &DiskOptions,
     overlay: Option<&Path>,
 ) -> Result<Box<dyn cairn_nbd::Export>> {
-    let disk = Disk::open(repo, id, snapshot, path, opts)?;
+    let disk = Disk::open(Arc::new(repo), id, snapshot, path, opts)?;
     let Some(file) = overlay else { return Ok(Box::new(disk)) };
     let identity = *disk.identity();
     let overlaid = cairn_nbd::Overlay::open(disk, file, &identity).map_err(|e| match e.kind() {

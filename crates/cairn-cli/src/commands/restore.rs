@@ -78,6 +78,17 @@ pub struct Args {
     /// Report a stall after this many seconds without progress
     #[arg(long, default_value_t = 60, value_name = "SECS")]
     pub stall_timeout: u64,
+    /// Serve the target FILE (one file of the snapshot, a disk image) as a writable NBD export
+    /// while it is restored in the background: reads of what is not restored yet are fetched at
+    /// once, writes are kept; killed, the same command resumes (state in FILE.cairn-live)
+    #[arg(long, conflicts_with_all = ["delete", "dry_run", "verify", "include", "exclude"])]
+    pub live: bool,
+    /// With --live: TCP address to listen on [default: 127.0.0.1:10809 unless --socket]
+    #[arg(long, value_name = "ADDR", requires = "live", conflicts_with = "socket")]
+    pub listen: Option<String>,
+    /// With --live: Unix socket to listen on instead of TCP
+    #[arg(long, value_name = "PATH", requires = "live")]
+    pub socket: Option<PathBuf>,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
@@ -110,6 +121,9 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     }
     .with_threads(a.fetch_concurrency, a.decode_threads, a.write_threads);
     let progress = Progress::default();
+    if a.live {
+        return run_live(g, name, path, &a.target, a.listen, a.socket, &opts, &progress);
+    }
     let (storage, pw) = repository(g)?;
     set_on_sigint(&cancel)?;
     let (Opened { repo, lock: held }, id, result) = crate::progress::while_showing(
@@ -146,4 +160,91 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--live`: serves the target while restoring it, until Ctrl-C or SIGTERM.
+#[allow(clippy::too_many_arguments)]
+fn run_live(
+    g: &Global,
+    name: &str,
+    path: Option<&std::path::Path>,
+    target: &std::path::Path,
+    listen: Option<String>,
+    socket: Option<PathBuf>,
+    opts: &RestoreOptions,
+    progress: &Progress,
+) -> Result<ExitCode> {
+    use anyhow::Context;
+    use cairn_core::engine::open::{self, OpenedSnapshot};
+    use cairn_mount::LiveEvent;
+    use cairn_nbd::{Listen, Server};
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+
+    let Some(path) = path else {
+        anyhow::bail!("--live restores one file (a disk image): give it as SNAPSHOT:PATH, e.g. latest:/vm/disk.img")
+    };
+    let (storage, pw) = repository(g)?;
+    let OpenedSnapshot { opened: Opened { repo, lock: _lock }, id, snapshot } =
+        open::open_snapshot(storage, &pw, name, options(g))?;
+    let disk = cairn_mount::DiskOptions {
+        max_memory: opts.max_memory,
+        fetch_concurrency: repo.storage().default_concurrency().max(1),
+        decode_threads: cairn_core::engine::platform::cores(),
+    };
+    let live = cairn_mount::LiveRestore::open(Arc::new(repo), &id, &snapshot, path, target, &disk)?;
+    let listen = match (socket, listen) {
+        (Some(p), _) => Listen::Unix(p),
+        (None, Some(addr)) => Listen::Tcp(addr),
+        (None, None) => Listen::Tcp("127.0.0.1:10809".into()),
+    };
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]).context("cannot install the signal handlers")?;
+    let server = Server::bind(&listen).context("cannot listen for NBD clients")?;
+    let stopper = server.stopper();
+    let signals_handle = signals.handle();
+    let watcher = std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            stopper.stop();
+        }
+    });
+    eprintln!(
+        "cairn: restoring {} of snapshot {} into {} ({} of {} bytes there) and serving it at {}; Ctrl-C stops",
+        path.display(),
+        id.short(),
+        target.display(),
+        live.present_bytes(),
+        live.export().size(),
+        server.uri()
+    );
+    let config = cairn_nbd::Config { name: path.to_string_lossy().into_owned(), workers: 32 };
+    let failed = AtomicBool::new(false);
+    let on_event = |event: LiveEvent| match event {
+        LiveEvent::Restored(out) if out.failed.is_empty() => eprintln!(
+            "cairn: restore complete: {} holds the snapshot with every write applied ({} bytes fetched); still serving",
+            target.display(),
+            out.bytes_fetched
+        ),
+        LiveEvent::Restored(out) => {
+            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            for (p, why) in &out.failed {
+                eprintln!("error: {}: {why}", p.display());
+            }
+            eprintln!("cairn: the restore is not complete; still serving (reads of what is missing fetch it)");
+        }
+        LiveEvent::Stopped(cairn_core::Error::Interrupted) => eprintln!(
+            "cairn: restore interrupted; run the same command again to resume it ({} keeps its state)",
+            live.state_path().display()
+        ),
+        LiveEvent::Stopped(e) => {
+            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            eprintln!("error: the background restore stopped: {e}");
+        }
+    };
+    let served = live
+        .serve(&server, &config, opts, progress, &on_event, &|e| eprintln!("cairn: a client's connection ended: {e}"));
+    signals_handle.close();
+    let _ = watcher.join();
+    served?;
+    eprintln!("cairn: stopped serving {}", target.display());
+    Ok(if failed.into_inner() { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }

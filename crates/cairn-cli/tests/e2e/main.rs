@@ -20,6 +20,7 @@ mod golden;
 mod json_schema;
 mod lifecycle;
 mod limits;
+mod live_restore;
 mod mount;
 mod nbd;
 mod profiles;

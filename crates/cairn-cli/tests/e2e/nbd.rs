@@ -19,14 +19,14 @@ use std::time::{Duration, Instant};
 
 use support::{output_within_timeout, wait_within_timeout, Cairn, Fixture, Rng};
 
-const MIB: u64 = 1 << 20;
+pub(crate) const MIB: u64 = 1 << 20;
 /// The image: 8 MiB and one 4 KiB block more (a short last chunk).
-const SIZE: u64 = 8 * MIB + 4096;
+pub(crate) const SIZE: u64 = 8 * MIB + 4096;
 /// Where the image reads as zeros: a hole never written, and zeros written out.
 const HOLES: [(u64, u64); 2] = [(2 * MIB, 4 * MIB), (5 * MIB, 6 * MIB)];
 
 /// Random data, a 2 MiB hole, data, 1 MiB of written zeros, data to the end.
-fn make_image(path: &Path) {
+pub(crate) fn make_image(path: &Path) {
     let f = fs::File::create(path).unwrap();
     f.set_len(SIZE).unwrap();
     let mut rng = Rng(37);
@@ -37,12 +37,12 @@ fn make_image(path: &Path) {
 }
 
 /// A repository holding `src/disk.img` in 64 KiB fixed chunks.
-fn disk_fixture() -> Fixture {
+pub(crate) fn disk_fixture() -> Fixture {
     Fixture::backed_up(|src| make_image(&src.join("disk.img")), &[], &["--chunker", "fixed:64K"])
 }
 
 /// A running `cairn nbd` on a Unix socket: stopped with SIGTERM when dropped.
-struct Export {
+pub(crate) struct Export {
     child: Option<Child>,
     socket: PathBuf,
 }
@@ -52,6 +52,11 @@ impl Export {
     fn start(cairn: &Cairn, spec: &str, socket: &Path, extra: &[&str]) -> Export {
         let mut cmd = cairn.command();
         cmd.arg("nbd").arg(spec).arg("--socket").arg(socket).args(extra);
+        Export::run(cmd, socket)
+    }
+
+    /// Starts `cmd` (a cairn command serving on `socket`) and waits until it accepts connections.
+    pub(crate) fn run(mut cmd: Command, socket: &Path) -> Export {
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("cannot start cairn nbd");
         let start = Instant::now();
@@ -66,18 +71,25 @@ impl Export {
         Export { child: Some(child), socket: socket.to_path_buf() }
     }
 
-    fn uri(&self) -> String {
+    pub(crate) fn uri(&self) -> String {
         format!("nbd+unix:///?socket={}", self.socket.display())
     }
 
     /// Stops it with SIGTERM; returns its output (it must exit 0).
-    fn stop(mut self) -> Output {
+    pub(crate) fn stop(mut self) -> Output {
         let child = self.child.take().unwrap();
         // SAFETY: signalling our own child by its PID.
         assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
         let out = wait_within_timeout(child, "cairn nbd");
-        assert!(out.status.success(), "cairn nbd: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "cairn: {}", String::from_utf8_lossy(&out.stderr));
         out
+    }
+
+    /// Kills it with SIGKILL.
+    pub(crate) fn kill(mut self) {
+        let mut child = self.child.take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     /// Whether the server is still running.
@@ -97,7 +109,7 @@ impl Drop for Export {
 }
 
 /// Runs a client tool; its output if it succeeded, else the test fails naming it.
-fn tool(program: &str, args: &[&str]) -> String {
+pub(crate) fn tool(program: &str, args: &[&str]) -> String {
     let out = output_within_timeout(Command::new(program).args(args));
     assert!(
         out.status.success(),
@@ -440,7 +452,7 @@ fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
 
 /// Debian's kernel (`/boot/vmlinuz-*`, package linux-image-amd64) and an initramfs of
 /// busybox-static, the modules and [`INIT`], made in `dir`.
-fn boot_kit(dir: &Path) -> (PathBuf, PathBuf) {
+pub(crate) fn boot_kit(dir: &Path) -> (PathBuf, PathBuf) {
     let kernel = fs::read_dir("/boot")
         .expect("/boot")
         .flatten()
@@ -472,7 +484,7 @@ fn boot_kit(dir: &Path) -> (PathBuf, PathBuf) {
 }
 
 /// The guest's disk: an ext4 file system holding a marker and 16 MiB of random data.
-fn make_vm_disk(src: &Path, scratch: &Path) {
+pub(crate) fn make_vm_disk(src: &Path, scratch: &Path) {
     let root = scratch.join("rootfs");
     fs::create_dir_all(&root).unwrap();
     fs::write(root.join("marker"), "hello from the snapshot").unwrap();
@@ -481,7 +493,7 @@ fn make_vm_disk(src: &Path, scratch: &Path) {
 }
 
 /// `debugfs -R "cat PATH" IMAGE`: a file of an ext4 image, without mounting it.
-fn ext4_cat(image: &Path, path: &str) -> Vec<u8> {
+pub(crate) fn ext4_cat(image: &Path, path: &str) -> Vec<u8> {
     let out = output_within_timeout(Command::new("debugfs").args(["-R", &format!("cat {path}")]).arg(image));
     assert!(out.status.success());
     out.stdout

@@ -172,6 +172,7 @@ impl Run<'_> {
             fatal: Mutex::new(None),
             warnings: Mutex::new(Vec::new()),
             sparse: Sparse::choose(opts, target),
+            guard: opts.guard.as_ref().map(|g| &*g.0),
             is_root,
             umask: crate::engine::platform::umask(),
             acl_dirs: OnceLock::new(),

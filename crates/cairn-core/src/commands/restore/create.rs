@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use rustix::fs::OFlags;
 
 use super::fsops::{fix_in_place, is_fatal, new_file_mode, remove_any, size_new_file};
-use super::options::Sparse;
+use super::options::{Sparse, WriteGuard};
 use super::shared::{OpenOnDrop, Shared};
 use super::types::{Entry, FileState, Plan};
 use crate::engine::platform;
@@ -75,7 +75,7 @@ pub fn directories(
         let made = if empty { platform::mkdir(&path, 0o777) } else { Err(io::ErrorKind::AlreadyExists.into()) };
         let made = match made {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                prepare(&path, entry, &FileState::NotFile, false, Sparse::Auto, is_root)
+                prepare(&path, entry, &FileState::NotFile, false, Sparse::Auto, None, is_root)
             }
             other => other,
         };
@@ -101,6 +101,7 @@ pub fn prepare(
     state: &FileState,
     has_data: bool,
     sparse: Sparse,
+    guard: Option<&dyn WriteGuard>,
     is_root: bool,
 ) -> io::Result<()> {
     let node = &entry.node;
@@ -108,7 +109,7 @@ pub fn prepare(
         return Ok(()); // hard links are made once their file is complete
     }
     match node.kind {
-        NodeKind::File => prepare_file(path, node, state, has_data, sparse),
+        NodeKind::File => prepare_file(path, node, state, has_data, sparse, guard),
         _ if already_there(path, node)? => Ok(()),
         NodeKind::Dir => {
             remove_any(path)?;
@@ -133,8 +134,18 @@ pub fn prepare(
     }
 }
 
-fn prepare_file(path: &Path, node: &Node, state: &FileState, has_data: bool, sparse: Sparse) -> io::Result<()> {
+fn prepare_file(
+    path: &Path,
+    node: &Node,
+    state: &FileState,
+    has_data: bool,
+    sparse: Sparse,
+    guard: Option<&dyn WriteGuard>,
+) -> io::Result<()> {
     match state {
+        FileState::Create { .. } if guard.is_some() => {
+            Err(io::Error::other("the live restore's target is not a plain file of its size"))
+        }
         FileState::Create { clear } => {
             if *clear {
                 remove_any(path)?;
@@ -147,7 +158,7 @@ fn prepare_file(path: &Path, node: &Node, state: &FileState, has_data: bool, spa
         }
         FileState::InPlace { zero_fix, resize, .. } => {
             let f = platform::open_flags(path, OFlags::WRONLY | OFlags::NOFOLLOW, 0)?;
-            fix_in_place(&f, node, zero_fix, *resize)
+            fix_in_place(&f, node, zero_fix, *resize, guard)
         }
         _ => Ok(()),
     }
@@ -216,7 +227,7 @@ fn create_entries(sh: &Shared<'_>) -> Result<()> {
         }
         sh.created.fetch_add(1, Ordering::Relaxed);
         let path = sh.target.join(&entry.rel);
-        if let Err(e) = prepare(&path, entry, &sh.states[i], has_data, sh.sparse, sh.is_root) {
+        if let Err(e) = prepare(&path, entry, &sh.states[i], has_data, sh.sparse, sh.guard, sh.is_root) {
             if is_fatal(&e) {
                 return Err(Error::io(path, "cannot create", e));
             }

@@ -52,12 +52,21 @@ pub fn new_file_mode(mode: u32) -> u32 {
 }
 
 /// Gives an existing file the node's size and turns `zero_fix` ranges into holes.
-pub fn fix_in_place(f: &fs::File, node: &Node, zero_fix: &[(u64, u64)], resize: bool) -> io::Result<()> {
+pub fn fix_in_place(
+    f: &fs::File,
+    node: &Node,
+    zero_fix: &[(u64, u64)],
+    resize: bool,
+    guard: Option<&dyn super::options::WriteGuard>,
+) -> io::Result<()> {
     if resize {
         f.set_len(node.size)?;
     }
     for &(off, len) in zero_fix {
-        punch_hole(f, off, len)?;
+        match guard {
+            Some(g) => g.zero(f, off, len)?,
+            None => punch_hole(f, off, len)?,
+        }
     }
     Ok(())
 }

@@ -41,8 +41,8 @@ use std::time::Instant;
 pub use crate::engine::profile::StageTimes;
 pub use options::Step as WriteStep;
 pub use options::{
-    DryRun, LocalData, Overwrite, Progress, RestoreOptions, RestoreOutcome, Sparse, SparseMode, DEFAULT_MAX_MEMORY,
-    RESERVE_MIN, STAGE_NAMES,
+    DryRun, Guard, LocalData, Overwrite, Progress, RestoreOptions, RestoreOutcome, Sparse, SparseMode, WriteGuard,
+    DEFAULT_MAX_MEMORY, RESERVE_MIN, STAGE_NAMES,
 };
 pub use plan::Filter;
 pub use types::Plan;
@@ -127,7 +127,17 @@ pub fn restore(
         opts
     };
     let base = path.and_then(crate::engine::trees::below_root);
-    let (top, into_dir, target_node) = plan::start(repo, snapshot, name, base)?;
+    let (mut top, into_dir, target_node) = plan::start(repo, snapshot, name, base)?;
+    match (&mut top, &opts.file_name) {
+        (plan::Top::Node(node), Some(n)) => node.name = n.as_encoded_bytes().to_vec(),
+        (_, Some(_)) => {
+            return Err(Error::Usage(format!(
+                "{}: not one file of snapshot {name}",
+                base.unwrap_or(Path::new("/")).display()
+            )))
+        }
+        _ => {}
+    }
     let filter = Filter::new(&opts.include, &opts.exclude)?;
     let base_path = base.unwrap_or(Path::new("/")).to_path_buf();
     // Loading the trees reads the repository too: SIGINT stops it, and the watchdog covers it.

@@ -164,6 +164,32 @@ pub struct RestoreOptions {
     /// long first, as on a network file system, without using the CPU.
     #[doc(hidden)]
     pub write_latency: Duration,
+    /// A live restore's target (`cairn restore --live`): every write of file data and every
+    /// zeroing goes through it, so it can keep what a client wrote meanwhile.
+    pub guard: Option<Guard>,
+    /// The name the one file a restore of `SNAPSHOT:PATH` restores gets in the target (its
+    /// own by default): a live restore's target file.
+    pub file_name: Option<std::ffi::OsString>,
+}
+
+/// Where a live restore's writes go: into the blocks of the target a client has not written,
+/// marking what they fill (`cairn_nbd::Live` behind it). A restore with a guard restores one
+/// file that already exists at its final size, and never replaces it.
+pub trait WriteGuard: Send + Sync {
+    /// Writes the snapshot's `data` at `offset` of `file`, except where the client wrote.
+    fn write(&self, file: &std::fs::File, offset: u64, data: &[u8]) -> std::io::Result<()>;
+    /// Makes `[offset, offset + len)` of `file` zeros, except where the client wrote.
+    fn zero(&self, file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<()>;
+}
+
+/// A restore's [`WriteGuard`].
+#[derive(Clone)]
+pub struct Guard(pub Arc<dyn WriteGuard>);
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Guard")
+    }
 }
 
 /// The restore's stages, for reports, in pipeline order (the read path's fetch and decode,
@@ -211,6 +237,8 @@ impl Default for RestoreOptions {
             local_data: LocalData::SnapshotPaths,
             local_scanned_hook: None,
             write_latency: Duration::ZERO,
+            guard: None,
+            file_name: None,
         }
     }
 }

@@ -71,6 +71,8 @@ pub struct Shared<'a> {
     pub(super) fatal: Mutex<Option<Error>>,
     pub(super) warnings: Mutex<Vec<(PathBuf, String)>>,
     pub(super) sparse: Sparse,
+    /// A live restore's target: writes go through it.
+    pub(super) guard: Option<&'a dyn super::options::WriteGuard>,
     pub(super) is_root: bool,
     pub(super) umask: u32,
     /// Directories (relative to the target) with a default ACL while files are written; set

@@ -16,7 +16,7 @@ use crossbeam_channel::Receiver;
 use super::dirs::ParentDirs;
 use super::fsops::{fix_in_place, is_fatal, remove_any, size_new_file};
 use super::meta::apply_to_file;
-use super::options::Sparse;
+use super::options::{Sparse, WriteGuard};
 use super::shared::Shared;
 use super::types::{Dest, Entry, FileState};
 use crate::engine::chunker::is_zero;
@@ -86,7 +86,7 @@ fn write_one(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, d: &Dest, data: &[u8]) 
     if !sh.write_latency.is_zero() {
         std::thread::sleep(sh.write_latency); // fault injection: a target that makes writes wait
     }
-    write_data(&file, data, d.offset, fresh, sh.sparse)?;
+    write_data(&file, data, d.offset, fresh, sh.sparse, sh.guard)?;
     sh.written.fetch_add(data.len() as u64, Ordering::Relaxed);
     if sh.remaining[i].fetch_sub(1, Ordering::AcqRel) == 1 {
         finish_file(sh, i, &file, fresh);
@@ -97,7 +97,7 @@ fn write_one(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, d: &Dest, data: &[u8]) 
 /// Readies file `i` for its first write and opens it: clears what is in the way and sizes a new
 /// file, or resizes an existing one and punches holes where the snapshot has zeros.
 fn first_touch(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, i: usize) -> io::Result<File> {
-    prepare_file(sh.target, dirs, &sh.plan.entries[i], &sh.states[i], sh.sparse)
+    prepare_file(sh.target, dirs, &sh.plan.entries[i], &sh.states[i], sh.sparse, sh.guard)
 }
 
 /// Readies the file of `entry` (in `state` against the target) for its first write and opens
@@ -108,23 +108,37 @@ pub(super) fn prepare_file(
     entry: &Entry,
     state: &FileState,
     sparse: Sparse,
+    guard: Option<&dyn WriteGuard>,
 ) -> io::Result<File> {
+    if guard.is_some() && matches!(state, FileState::Create { .. }) {
+        // The live target is served from its open descriptor: it is never replaced.
+        return Err(io::Error::other("the live restore's target is not a plain file of its size"));
+    }
     if *state == (FileState::Create { clear: true }) {
         remove_any(&target.join(&entry.rel))?;
     }
     let file = dirs.create(&entry.rel, entry.node.mode)?;
     match state {
         FileState::Create { .. } => size_new_file(&file, &entry.node, sparse)?,
-        FileState::InPlace { zero_fix, resize, .. } => fix_in_place(&file, &entry.node, zero_fix, *resize)?,
+        FileState::InPlace { zero_fix, resize, .. } => fix_in_place(&file, &entry.node, zero_fix, *resize, guard)?,
         _ => {}
     }
     Ok(file)
 }
 
 /// Writes a chunk's `data` at `offset`; into a `fresh` file with `--sparse always`, 4 KiB
-/// blocks of zeros are left as holes.
-pub(super) fn write_data(file: &File, data: &[u8], offset: u64, fresh: bool, sparse: Sparse) -> io::Result<()> {
-    if fresh && sparse == Sparse::Always {
+/// blocks of zeros are left as holes. A live restore's `guard` writes instead.
+pub(super) fn write_data(
+    file: &File,
+    data: &[u8],
+    offset: u64,
+    fresh: bool,
+    sparse: Sparse,
+    guard: Option<&dyn WriteGuard>,
+) -> io::Result<()> {
+    if let Some(g) = guard {
+        g.write(file, offset, data)
+    } else if fresh && sparse == Sparse::Always {
         write_skipping_zeros(file, data, offset)
     } else {
         file.write_all_at(data, offset)

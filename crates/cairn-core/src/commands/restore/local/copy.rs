@@ -163,7 +163,7 @@ impl FileJob<'_> {
                 }
             }
             let f = file.as_ref().expect("prepared above");
-            match write_data(f, &w.buf, c.offset, fresh, self.sparse) {
+            match write_data(f, &w.buf, c.offset, fresh, self.sparse, self.ctx.guard) {
                 Ok(()) => match self.found.files[spot.file as usize].origin {
                     Origin::Source => out.from_source += u64::from(c.len),
                     Origin::Target => out.from_target += u64::from(c.len),
@@ -189,11 +189,11 @@ impl FileJob<'_> {
     /// target's directories are not made yet (into an empty target they are made alongside
     /// the pipeline).
     fn prepare(&self, w: &mut Worker<'_>) -> io::Result<File> {
-        match prepare_file(self.ctx.target, &mut w.dirs, self.entry, self.state, self.sparse) {
+        match prepare_file(self.ctx.target, &mut w.dirs, self.entry, self.state, self.sparse, self.ctx.guard) {
             Err(e) if e.kind() == io::ErrorKind::NotFound && !self.parents_made => {
                 let parent = self.entry.rel.parent().unwrap_or(Path::new(""));
                 std::fs::create_dir_all(self.ctx.target.join(parent))?;
-                prepare_file(self.ctx.target, &mut w.dirs, self.entry, self.state, self.sparse)
+                prepare_file(self.ctx.target, &mut w.dirs, self.entry, self.state, self.sparse, self.ctx.guard)
             }
             other => other,
         }

@@ -114,6 +114,8 @@ struct Ctx<'a> {
     target_dir: Option<OwnedFd>,
     threads: usize,
     cancel: &'a AtomicBool,
+    /// A live restore's target: writes go through it.
+    guard: Option<&'a dyn super::options::WriteGuard>,
 }
 
 impl Ctx<'_> {
@@ -168,9 +170,12 @@ pub fn reuse(
         chunker: repo.config().chunker,
         source,
         target,
-        target_dir: if empty { None } else { target_dir },
+        // A live restore's target shares its directory with anything (other disk images): not
+        // looked through.
+        target_dir: if empty || opts.guard.is_some() { None } else { target_dir },
         threads: opts.write_threads.max(1),
         cancel: opts.cancel.as_deref().unwrap_or(&no_cancel),
+        guard: opts.guard.as_ref().map(|g| &*g.0),
     };
     if ctx.source.is_none() && ctx.target_dir.is_none() {
         return Ok(nothing());
