@@ -47,7 +47,7 @@ impl WriteGuard for Into {
 #[derive(Debug)]
 pub enum LiveEvent {
     /// It ended: complete if nothing failed (the state file is gone), else what failed.
-    Restored(RestoreOutcome),
+    Restored(Box<RestoreOutcome>),
     /// It stopped with an error (or was interrupted, on stop); the state file is kept.
     Stopped(Error),
 }
@@ -163,7 +163,7 @@ impl LiveRestore {
             let restorer = std::thread::Builder::new()
                 .name("live-restore".into())
                 .spawn_scoped(s, || match self.restore(&opts, progress) {
-                    Ok(out) => on_event(LiveEvent::Restored(out)),
+                    Ok(out) => on_event(LiveEvent::Restored(Box::new(out))),
                     Err(e) => on_event(LiveEvent::Stopped(e)),
                 })
                 .map_err(|e| Error::io("live restore", "cannot start a thread", e))?;
