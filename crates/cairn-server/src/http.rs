@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_core::engine::storage::{Location, OpendalStorage, RemoteOptions, Storage};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, RANGE, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
@@ -19,6 +19,7 @@ use cairn_format::protocol::{self, Kind, Op, Route, MAX_OBJECT_SIZE, VERSION as 
 
 use crate::log::{Entry, Log};
 use crate::policy::{self, Rule};
+use crate::quota::{Quotas, Usage};
 use crate::tokens::{Denied, TokenStore};
 
 /// How long a client may take to send a request's head (or finish the TLS handshake).
@@ -38,17 +39,21 @@ pub struct State {
     tokens: TokenStore,
     log: Log,
     repos: Mutex<HashMap<String, Arc<dyn Storage>>>,
+    quotas: Quotas,
+    usage: Usage,
     connections: Arc<tokio::sync::Semaphore>,
 }
 
 impl State {
-    pub(crate) fn new(storage: Location, remote: RemoteOptions, tokens: TokenStore, log: Log) -> State {
+    pub(crate) fn new(storage: Location, remote: RemoteOptions, tokens: TokenStore, log: Log, quotas: Quotas) -> State {
         State {
             storage,
             remote,
             tokens,
             log,
             repos: Mutex::new(HashMap::new()),
+            quotas,
+            usage: Usage::default(),
             connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
         }
     }
@@ -284,15 +289,17 @@ async fn process(
             Ok(reply)
         }
         Route::Object { op: Op::Write, path, kind, .. } => {
-            let body = body.take().expect("the body is read once");
-            let bytes = read_body(&parts.headers, body).await?;
-            entry.bytes = bytes.len() as u64;
-            if kind.content_addressed() {
-                cairn_format::layout::check_name(path, &bytes).map_err(|_| {
-                    bad(format!("{path}: the content does not match its name (its BLAKE3 hash); nothing was stored"))
-                })?;
+            let announced = match parts.headers.get(CONTENT_LENGTH) {
+                Some(len) => protocol::parse_content_length(len.as_bytes()).map_err(refusal)?,
+                None => 0,
+            };
+            let quota = state.quotas.of(repo).filter(|_| Quotas::counts(token.role, kind));
+            let upload = Upload { storage, path: path.to_string(), kind, rule, token: token.name };
+            let reply = upload.run(body, entry, quota.map(|q| (state.clone(), repo.to_string(), q, announced))).await?;
+            if quota.is_some() && reply.status == StatusCode::CREATED {
+                state.usage.stored(repo, entry.bytes);
             }
-            write(storage, path.to_string(), kind, rule, token.name, bytes).await
+            Ok(reply)
         }
         Route::Object { op: Op::Delete, path, kind, .. } => {
             delete(storage, path.to_string(), kind, rule, token.name).await
@@ -301,29 +308,165 @@ async fn process(
     }
 }
 
-async fn write(
+/// One object arriving in a PUT: checked against what exists, streamed to the storage as it
+/// arrives (never held whole in memory), and committed only once all of it has come and, for a
+/// content-addressed object, its BLAKE3 hash matches its name.
+struct Upload {
     storage: Arc<dyn Storage>,
     path: String,
     kind: Kind,
     rule: Rule,
     token: String,
-    bytes: Bytes,
-) -> Result<Reply, Fail> {
-    blocking(move || -> Result<Result<Reply, Fail>, cairn_core::Error> {
-        match rule {
-            Rule::IfAbsentElseDone if storage.exists(&path)? => {
-                return Ok(Ok(Reply::new(StatusCode::OK, "already stored")));
+}
+
+/// What the receiving side hands the storage writer.
+enum Part {
+    Data(Bytes),
+    /// The whole body has come.
+    End,
+    /// The body did not come whole: store nothing, answer this.
+    Fail(Fail),
+}
+
+/// Body parts waiting for the storage writer (hyper's frames are at most 64 KiB).
+const UPLOAD_QUEUE: usize = 8;
+
+impl Upload {
+    /// Runs the upload; with `quota` (the server, the repository's name, its quota and the
+    /// announced length), a new object that would pass the quota is refused with 507.
+    async fn run(
+        self,
+        body: &mut Option<Incoming>,
+        entry: &mut Entry,
+        quota: Option<(Arc<State>, String, u64, u64)>,
+    ) -> Result<Reply, Fail> {
+        let Upload { storage, path, kind, rule, token } = self;
+        if matches!(rule, Rule::IfAbsentElseDone | Rule::IfAbsent | Rule::NewLock) {
+            let (s, p) = (storage.clone(), path.clone());
+            if blocking(move || s.exists(&p)).await? {
+                if rule != Rule::IfAbsentElseDone {
+                    return Err(forbidden(format!("{path} exists and {} may not be overwritten", kind.describe())));
+                }
+                // A content-addressed object of that name holds the same bytes; other bytes
+                // are refused all the same.
+                let same = drain_hashing(body.take().expect("the body is read once"), entry).await;
+                if same.to_hex().as_str() != path.rsplit('/').next().unwrap_or_default() {
+                    return Err(bad(format!(
+                        "{path}: the content does not match its name (its BLAKE3 hash); nothing was stored"
+                    )));
+                }
+                return Ok(Reply::new(StatusCode::OK, "already stored"));
             }
-            Rule::IfAbsent | Rule::NewLock if storage.exists(&path)? => {
-                return Ok(Err(forbidden(format!("{path} exists and {} may not be overwritten", kind.describe()))));
-            }
-            Rule::NewLock => storage.write(&owner_path(&path), token.into_bytes())?,
-            _ => {}
         }
-        storage.write(&path, bytes.into())?;
-        Ok(Ok(Reply::new(StatusCode::CREATED, "")))
-    })
-    .await?
+        if let Some((state, repo, quota, adding)) = quota {
+            let s = storage.clone();
+            let within = blocking(move || state.usage.check(&repo, s.as_ref(), quota, adding)).await?;
+            within.map_err(|why| Fail::new(StatusCode::INSUFFICIENT_STORAGE, why))?;
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(UPLOAD_QUEUE);
+        let hash = kind.content_addressed().then(blake3::Hasher::new);
+        let writer = tokio::task::spawn_blocking(move || -> Result<Result<Reply, Fail>, cairn_core::Error> {
+            if rule == Rule::NewLock {
+                storage.write(&owner_path(&path), token.into_bytes())?;
+            }
+            let mut parts = Parts { rx, hash, path: &path, refused: None, ended: false };
+            let stored = storage.write_parts(&path, &mut parts);
+            match (parts.refused, stored) {
+                (Some(fail), _) => Ok(Err(fail)),
+                (None, Err(e)) => Err(e),
+                (None, Ok(())) => Ok(Ok(Reply::new(StatusCode::CREATED, ""))),
+            }
+        });
+        let received = receive(body.as_mut().expect("the body is read once"), &tx, entry).await;
+        // If the writer already stopped (a storage error), its error is the answer.
+        let _ = tx.send(received.map_or_else(Part::Fail, |()| Part::End)).await;
+        drop(tx);
+        match writer.await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(e)) => Err(storage_fail(e)),
+            Err(_) => Err(Fail::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error: a storage call panicked")),
+        }
+    }
+}
+
+/// Reads a request body of at most [`MAX_OBJECT_SIZE`] bytes within [`BODY_TIMEOUT`] into `tx`,
+/// counting its bytes into `entry`.
+async fn receive(body: &mut Incoming, tx: &tokio::sync::mpsc::Sender<Part>, entry: &mut Entry) -> Result<(), Fail> {
+    let deadline = tokio::time::Instant::now() + BODY_TIMEOUT;
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => return Err(Fail::new(StatusCode::REQUEST_TIMEOUT, "the body did not arrive in time")),
+            Ok(None) => return Ok(()),
+            Ok(Some(Err(e))) => return Err(bad(format!("the body did not arrive whole: {e}"))),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else { continue };
+        entry.bytes += data.len() as u64;
+        if entry.bytes > MAX_OBJECT_SIZE {
+            return Err(Fail::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("an object is at most {MAX_OBJECT_SIZE} bytes"),
+            ));
+        }
+        if tx.send(Part::Data(data)).await.is_err() {
+            return Ok(());
+        }
+    }
+}
+
+/// The parts of an upload as the storage writer takes them: the data until [`Part::End`], then,
+/// for a content-addressed object, an error instead of the end if the hash does not match.
+/// A body that stops without [`Part::End`] (the request was dropped) is an error too, so
+/// nothing partial is ever committed.
+struct Parts<'a> {
+    rx: tokio::sync::mpsc::Receiver<Part>,
+    hash: Option<blake3::Hasher>,
+    path: &'a str,
+    /// Why the upload was refused, if it was.
+    refused: Option<Fail>,
+    ended: bool,
+}
+
+impl Iterator for Parts<'_> {
+    type Item = Result<Bytes, cairn_core::Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.ended {
+            return None;
+        }
+        let refuse = |this: &mut Self, fail: Fail| {
+            this.ended = true;
+            let e = cairn_core::Error::Usage(fail.why.clone());
+            this.refused = Some(fail);
+            Some(Err(e))
+        };
+        match self.rx.blocking_recv() {
+            Some(Part::Data(data)) => {
+                if let Some(h) = &mut self.hash {
+                    h.update(&data);
+                }
+                Some(Ok(data))
+            }
+            Some(Part::Fail(fail)) => refuse(self, fail),
+            None => refuse(self, bad("the request ended before its body")),
+            Some(Part::End) => {
+                let name = self.path.rsplit('/').next().unwrap_or_default();
+                match self.hash.take() {
+                    Some(h) if h.finalize().to_hex().as_str() != name => refuse(
+                        self,
+                        bad(format!(
+                            "{}: the content does not match its name (its BLAKE3 hash); nothing was stored",
+                            self.path
+                        )),
+                    ),
+                    _ => {
+                        self.ended = true;
+                        None
+                    }
+                }
+            }
+        }
+    }
 }
 
 async fn delete(storage: Arc<dyn Storage>, path: String, kind: Kind, rule: Rule, token: String) -> Result<Reply, Fail> {
@@ -355,19 +498,23 @@ fn owner_path(lock: &str) -> String {
     format!("{LOCK_OWNERS}{}", cairn_format::layout::file_name(lock))
 }
 
-/// Reads a request body of at most [`MAX_OBJECT_SIZE`] bytes within [`BODY_TIMEOUT`].
-async fn read_body(headers: &hyper::HeaderMap, body: Incoming) -> Result<Bytes, Fail> {
-    let too_big = || Fail::new(StatusCode::PAYLOAD_TOO_LARGE, format!("an object is at most {MAX_OBJECT_SIZE} bytes"));
-    if let Some(len) = headers.get(CONTENT_LENGTH) {
-        protocol::parse_content_length(len.as_bytes()).map_err(refusal)?;
-    }
-    let collected = tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, MAX_OBJECT_SIZE as usize).collect()).await;
-    match collected {
-        Err(_) => Err(Fail::new(StatusCode::REQUEST_TIMEOUT, "the body did not arrive in time")),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_big()),
-        Ok(Err(e)) => Err(bad(format!("the body did not arrive whole: {e}"))),
-        Ok(Ok(c)) => Ok(c.to_bytes()),
-    }
+/// Reads and drops a body (at most [`MAX_OBJECT_SIZE`] bytes, within [`BODY_TIMEOUT`]),
+/// returning its BLAKE3 hash (of what arrived) and counting its bytes into `entry`.
+async fn drain_hashing(mut body: Incoming, entry: &mut Entry) -> blake3::Hash {
+    let mut hash = blake3::Hasher::new();
+    let _ = tokio::time::timeout(BODY_TIMEOUT, async {
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Some(d) = frame.data_ref() {
+                entry.bytes += d.len() as u64;
+                hash.update(d);
+            }
+            if entry.bytes > MAX_OBJECT_SIZE {
+                break;
+            }
+        }
+    })
+    .await;
+    hash.finalize()
 }
 
 /// Reads and drops a body (at most [`MAX_OBJECT_SIZE`] bytes, for at most [`HEAD_TIMEOUT`]).
@@ -384,18 +531,24 @@ async fn drain(mut body: Incoming) {
     .await;
 }
 
-/// Runs a storage call on the blocking pool (the storage's own runtime blocks), mapping its
-/// errors to statuses: missing 404, short 416, anything else 503 (the client tries again).
+/// Runs a storage call on the blocking pool (the storage's own runtime blocks), its errors
+/// mapped by [`storage_fail`].
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, cairn_core::Error> + Send + 'static,
 ) -> Result<T, Fail> {
     match tokio::task::spawn_blocking(f).await {
         Ok(Ok(t)) => Ok(t),
-        Ok(Err(cairn_core::Error::NotFound(p))) => Err(Fail::new(StatusCode::NOT_FOUND, format!("{p} does not exist"))),
-        Ok(Err(e @ cairn_core::Error::Corrupt { .. })) => {
-            Err(Fail::new(StatusCode::RANGE_NOT_SATISFIABLE, e.to_string()))
-        }
-        Ok(Err(e)) => Err(Fail::new(StatusCode::SERVICE_UNAVAILABLE, format!("storage: {e}"))),
+        Ok(Err(e)) => Err(storage_fail(e)),
         Err(_) => Err(Fail::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error: a storage call panicked")),
+    }
+}
+
+/// The status of a failed storage call: missing 404, short 416, anything else 503 (the client
+/// tries again).
+fn storage_fail(e: cairn_core::Error) -> Fail {
+    match e {
+        cairn_core::Error::NotFound(p) => Fail::new(StatusCode::NOT_FOUND, format!("{p} does not exist")),
+        e @ cairn_core::Error::Corrupt { .. } => Fail::new(StatusCode::RANGE_NOT_SATISFIABLE, e.to_string()),
+        e => Fail::new(StatusCode::SERVICE_UNAVAILABLE, format!("storage: {e}")),
     }
 }

@@ -10,6 +10,7 @@
 
 pub mod log;
 pub mod policy;
+pub mod quota;
 pub mod tls;
 pub mod tokens;
 
@@ -47,6 +48,8 @@ pub struct Config {
     pub transport: Transport,
     /// The request log: a file, or `-` for stderr.
     pub log: PathBuf,
+    /// The per-repository quotas.
+    pub quotas: quota::Quotas,
 }
 
 /// What a started server tells its caller (printed by `cairn serve`).
@@ -95,7 +98,7 @@ pub fn run(config: Config, started: impl FnOnce(&Started)) -> Result<()> {
             fingerprint: tls.as_ref().map(|t| t.fingerprint.clone()),
             certificate: tls.as_ref().map(|t| t.source.clone()),
         });
-        let state = http::State::new(config.storage, config.remote, tokens, log);
+        let state = http::State::new(config.storage, config.remote, tokens, log, config.quotas);
         http::serve(listener, tls.map(|t| t.config), state).await
     })
 }

@@ -49,6 +49,10 @@ struct RunArgs {
     /// Append the request log (JSON lines) to FILE; `-` for stderr
     #[arg(long, value_name = "FILE", default_value = "-")]
     log: PathBuf,
+    /// The most bytes a repository may hold: SIZE for every repository, NAME=SIZE for one
+    /// (repeatable; e.g. --quota 500G --quota laptop=1T)
+    #[arg(long, value_name = "[NAME=]SIZE")]
+    quota: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -121,6 +125,10 @@ fn serve(g: &Global, credentials: &std::path::Path, a: RunArgs) -> Result<ExitCo
         let dir = credentials.parent().map(PathBuf::from).unwrap_or_default();
         cairn_server::Transport::Tls(Certificate::SelfSigned { dir, names: cairn_server::certificate_names(&a.listen) })
     };
+    let mut quotas = cairn_server::quota::Quotas::default();
+    for q in &a.quota {
+        quotas.add(q)?;
+    }
     let config = cairn_server::Config {
         storage: Location::parse(&storage)?,
         remote: RemoteOptions {
@@ -132,6 +140,7 @@ fn serve(g: &Global, credentials: &std::path::Path, a: RunArgs) -> Result<ExitCo
         credentials: credentials.to_path_buf(),
         transport,
         log: a.log,
+        quotas,
     };
     let shown_storage = storage.clone();
     cairn_server::run(config, |s| {

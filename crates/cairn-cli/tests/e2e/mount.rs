@@ -379,8 +379,21 @@ fn sftp_repository_mounts_and_reads_exactly() {
     remote_repository_mounts_and_reads_exactly(&servers::sftp_repo("mount"));
 }
 
+#[test]
+fn repository_on_a_server_mounts_and_reads_exactly() {
+    let server = crate::support::serve::Server::start();
+    let token = server.token(&["--repo", "mount", "--role", "append"]);
+    let mut fx = Fixture::remote(&format!("cairn+https://{}/mount", server.addr));
+    fx.cairn =
+        fx.cairn.with_env("CAIRN_SERVER_TOKEN", &token).with_env("CAIRN_SERVER_FINGERPRINT", &server.fingerprint);
+    mounts_and_reads_exactly(Fixture::for_mount(fx));
+}
+
 fn remote_repository_mounts_and_reads_exactly(location: &str) {
-    let fx = Fixture::for_mount(Fixture::remote(location));
+    mounts_and_reads_exactly(Fixture::for_mount(Fixture::remote(location)));
+}
+
+fn mounts_and_reads_exactly(fx: Fixture) {
     fx.cairn.backup(&[&fx.src], &[]);
     let point = fx.point();
     let mount = Mount::start(&fx.cairn, &point, &[]);

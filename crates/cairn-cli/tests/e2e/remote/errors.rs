@@ -5,10 +5,10 @@
 //! is ONE line naming the location, what is wrong and what to do. Each test checks the exact
 //! line; `--verbose` adds the backend's full context.
 
-use std::io::BufRead;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
+use crate::support::serve::Server;
 use crate::support::{self, servers, Cairn};
 
 /// A port on loopback nothing listens on.
@@ -167,89 +167,41 @@ fn sftp_missing_directory() {
     fails_with(&servers::cairn(&location, dir.path()), &["snapshots"], 10, &line);
 }
 
-/// A `cairn serve` on a free loopback port with one repository's token; killed when dropped.
-struct Served {
-    child: std::process::Child,
-    address: String,
-    fingerprint: String,
-    token: String,
-    dir: tempfile::TempDir,
+/// A server with an admin token for repository `r`, and a runner for it with `token` and
+/// `fingerprint` as given (right or wrong).
+fn serve() -> (Server, String) {
+    let server = Server::start();
+    let token = server.token(&["--repo", "r", "--role", "admin"]);
+    (server, token)
 }
 
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve() -> Served {
-    let dir = tempfile::tempdir().unwrap();
-    let credentials = dir.path().join("credentials.json");
-    std::fs::create_dir(dir.path().join("storage")).unwrap();
-    let bin = || {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_cairn"));
-        c.env_remove("CAIRN_SERVER_TOKEN").env_remove("CAIRN_SERVER_FINGERPRINT").env_remove("CAIRN_REPOSITORY");
-        c
-    };
-    let made = bin()
-        .args(["--json", "serve", "token", "add", "--repo", "r", "--role", "admin", "--credentials"])
-        .arg(&credentials)
-        .output();
-    let made = made.unwrap();
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
-    let token =
-        serde_json::from_slice::<serde_json::Value>(&made.stdout).unwrap()["token"].as_str().unwrap().to_string();
-    let mut child = bin()
-        .args(["serve", "--listen", "127.0.0.1:0", "--storage"])
-        .arg(dir.path().join("storage"))
-        .arg("--credentials")
-        .arg(&credentials)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok);
-    let first = lines.next().expect("cairn serve printed nothing");
-    let address = first.rsplit("https://").next().unwrap().to_string();
-    let fingerprint =
-        lines.take(2).find_map(|l| l.strip_prefix("fingerprint (SHA-256): ").map(str::to_string)).unwrap();
-    Served { child, address, fingerprint, token, dir }
-}
-
-impl Served {
-    fn cairn(&self, token: &str, fingerprint: &str) -> (String, Cairn) {
-        let location = format!("cairn+https://{}/r", self.address);
-        let cairn = Cairn::new(Path::new(&location), support::PASSWORD)
-            .with_env("CAIRN_SERVER_TOKEN", token)
-            .with_env("CAIRN_SERVER_FINGERPRINT", fingerprint)
-            .with_env("CAIRN_CACHE_DIR", self.dir.path().join("cache").to_str().unwrap());
-        (location, cairn)
-    }
+fn served(server: &Server, token: &str, fingerprint: &str) -> (String, Cairn) {
+    let location = format!("cairn+https://{}/r", server.addr);
+    (location, server.cairn("r", token).with_env("CAIRN_SERVER_FINGERPRINT", fingerprint))
 }
 
 #[test]
 fn server_bad_token_and_wrong_fingerprint() {
-    let served = serve();
-    let (location, cairn) = served.cairn("not-a-token", &served.fingerprint);
+    let (server, token) = serve();
+    let (location, cairn) = served(&server, "not-a-token", &server.fingerprint);
     let line = format!(
         "{location}: the server refused the token (401 Unauthorized): check --server-token-file or CAIRN_SERVER_TOKEN \
          (a token `cairn serve` made for this repository)"
     );
     fails_with(&cairn, &init_args(), 1, &line);
     let other = "ab".repeat(32);
-    let (location, cairn) = served.cairn(&served.token, &other);
+    let (location, cairn) = served(&server, &token, &other);
     let line = format!(
         "{location}: the server's certificate has fingerprint {}, not the one given: check --server-fingerprint \
          against what `cairn serve` printed",
-        served.fingerprint
+        server.fingerprint
     );
     // Refused at once: the client's five tries with back-off would take over 6 s.
     let started = std::time::Instant::now();
     fails_with(&cairn, &init_args(), 1, &line);
     assert!(started.elapsed() < std::time::Duration::from_secs(5), "a wrong fingerprint was tried again");
     // The right token and fingerprint: the server works.
-    let (_, cairn) = served.cairn(&served.token, &served.fingerprint);
+    let (_, cairn) = served(&server, &token, &server.fingerprint);
     cairn.init(&[]);
 }
 

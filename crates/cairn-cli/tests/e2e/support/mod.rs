@@ -13,6 +13,7 @@
 #![allow(dead_code)]
 
 pub mod library;
+pub mod serve;
 pub mod servers;
 pub mod tree;
 

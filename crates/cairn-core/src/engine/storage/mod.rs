@@ -52,6 +52,17 @@ pub trait Storage: Send + Sync {
     }
     /// Writes a whole object atomically: readers see all of it or nothing.
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()>;
+    /// Writes an object from `parts` as they come, atomically like [`Storage::write`], without
+    /// holding all of it in memory where the backend allows (`cairn serve` streams uploads this
+    /// way). If a part is an error, nothing is stored, what was written so far is removed, and
+    /// that error is returned: the source checks the length and content hash in its last part.
+    fn write_parts(&self, path: &str, parts: &mut dyn Iterator<Item = Result<bytes::Bytes>>) -> Result<()> {
+        let mut data = Vec::new();
+        for part in parts {
+            data.extend_from_slice(&part?);
+        }
+        self.write(path, data)
+    }
     /// Lists the objects below `dir` (recursively).
     fn list(&self, dir: &str) -> Result<Vec<ObjectInfo>>;
     /// Deletes an object; deleting a missing object is not an error.

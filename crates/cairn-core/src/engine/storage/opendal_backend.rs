@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use opendal::blocking;
 use opendal::layers::{ConcurrentLimitLayer, RetryLayer, TimeoutLayer};
-use opendal::options::ReadOptions;
+use opendal::options::{ReadOptions, WriteOptions};
 use opendal::{ErrorKind, Operator};
 
 use super::{explain, Location, ObjectInfo, Storage};
@@ -233,6 +233,56 @@ impl OpendalStorage {
     }
 }
 
+impl OpendalStorage {
+    /// [`Storage::write_parts`]: to a temporary object renamed into place (local, SFTP), or as
+    /// one multipart upload of [`UPLOAD_PART`]-byte parts that becomes visible only when it
+    /// completes (S3). At most one such part is held in memory.
+    fn streamed_write(&self, path: &str, parts: &mut dyn Iterator<Item = Result<bytes::Bytes>>) -> Result<()> {
+        let target = match self.kind {
+            Kind::S3 => self.at(path),
+            Kind::Local | Kind::Sftp => {
+                let name = path.rsplit('/').next().unwrap_or(path);
+                self.at(&format!("{TEMPORARIES}{name}.{}", hex::encode(rand_bytes())))
+            }
+        };
+        // A file takes each part as it comes; S3 needs parts of at least 5 MiB.
+        let chunk = (self.kind == Kind::S3).then_some(UPLOAD_PART);
+        let opts = WriteOptions { chunk, ..Default::default() };
+        let mut writer = self.op.writer_options(&target, opts).map_err(|e| self.fail("write", path, e))?;
+        let mut written = || -> Result<()> {
+            for part in &mut *parts {
+                writer.write(part?).map_err(|e| self.fail("write", path, e))?;
+            }
+            writer.close().map_err(|e| self.fail("write", path, e))?;
+            Ok(())
+        };
+        let outcome = written();
+        drop(writer);
+        if let Err(e) = outcome {
+            // An S3 upload never closed is not visible (its parts expire with the bucket's
+            // rules for incomplete uploads); a temporary file is removed here.
+            if self.kind != Kind::S3 {
+                let _ = self.op.delete(&target);
+            }
+            return Err(e);
+        }
+        if self.kind == Kind::S3 {
+            return Ok(());
+        }
+        if let Err(e) = self.op.rename(&target, &self.at(path)) {
+            let exists = self.op.exists(&self.at(path)).unwrap_or(false);
+            let _ = self.op.delete(&target);
+            if !exists {
+                return Err(self.fail("write", path, e));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The size of the parts a streamed write hands the backend at once (S3's multipart parts).
+const UPLOAD_PART: usize = 8 << 20;
+
 /// Where objects are written before they are renamed into place (local and SFTP).
 const TEMPORARIES: &str = ".tmp/";
 
@@ -418,6 +468,10 @@ impl Storage for OpendalStorage {
             return Ok(());
         }
         self.staged_write(path, data)
+    }
+
+    fn write_parts(&self, path: &str, parts: &mut dyn Iterator<Item = Result<bytes::Bytes>>) -> Result<()> {
+        self.streamed_write(path, parts)
     }
 
     fn remove_stale_temporaries(&self, age: Duration) -> Result<usize> {

@@ -4,7 +4,8 @@
 //! Every [`Storage`] call is one HTTP request, sent on the shared I/O runtime; many threads may
 //! call at once (the read path does), each waiting for its own request, over a pool of
 //! keep-alive connections. Requests that fail in transit or with a 5xx status are tried again
-//! with backoff; a refusal (401, 403, 413) is reported at once, with the server's reason.
+//! with backoff; a refusal (401, 403, 413, and 507: over the quota) is reported at once, with the
+//! server's reason.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -54,6 +55,9 @@ impl ServerStorage {
             return Err(Error::Usage(format!("{location} is not a repository server location")));
         };
         let shown = location.to_string();
+        // reqwest needs a process-wide crypto provider even for plain HTTP; fails only if one
+        // is already installed, which serves as well.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let mut builder = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
@@ -95,6 +99,9 @@ impl ServerStorage {
             });
             let retry_why = match outcome {
                 Ok((status, body)) if status.is_success() => return Ok((status, body)),
+                Ok((status, body)) if status == reqwest::StatusCode::INSUFFICIENT_STORAGE => {
+                    return Err(self.refused(op, path, status, &body))
+                }
                 Ok((status, body)) if status.is_server_error() => {
                     format!("{status}: {}", String::from_utf8_lossy(&body).trim())
                 }
@@ -122,7 +129,7 @@ impl ServerStorage {
         }
     }
 
-    /// The error for a refusal (a 4xx status) with the server's one-line reason.
+    /// The error for a refusal (a 4xx status, or 507) with the server's one-line reason.
     fn refused(&self, op: &'static str, path: &str, status: reqwest::StatusCode, body: &[u8]) -> Error {
         let why = String::from_utf8_lossy(body).trim().to_string();
         match status.as_u16() {
@@ -137,6 +144,8 @@ impl ServerStorage {
                 std::io::Error::other(format!("{op} {path}: {why}")),
             ),
             403 => Error::Refused(format!("{op} {path}: the server {} refused it ({status}): {why}", self.location)),
+            // Over the repository's quota: the server's line says so and what to do.
+            507 => Error::Refused(format!("{}: {why}", self.location)),
             _ => Error::Storage { op, path: path.to_string(), source: format!("{status}: {why}").into() },
         }
     }
