@@ -228,3 +228,42 @@ impl FilterArgs {
         }
     }
 }
+
+/// An NBD server (`cairn nbd`, `restore --live`) listening on `socket`, else `listen`, else
+/// 127.0.0.1:10809, which SIGINT, SIGTERM or SIGHUP stop: caught from before it serves, so no
+/// signal can end the process with a client's writes unsynced.
+pub(crate) struct NbdServer {
+    pub server: cairn_nbd::Server,
+    signals: signal_hook::iterator::Handle,
+    watcher: std::thread::JoinHandle<()>,
+}
+
+impl NbdServer {
+    /// Binds the server and starts watching the signals.
+    pub fn bind(socket: Option<std::path::PathBuf>, listen: Option<String>) -> Result<NbdServer> {
+        use anyhow::Context;
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let listen = match (socket, listen) {
+            (Some(p), _) => cairn_nbd::Listen::Unix(p),
+            (None, Some(addr)) => cairn_nbd::Listen::Tcp(addr),
+            (None, None) => cairn_nbd::Listen::Tcp("127.0.0.1:10809".into()),
+        };
+        let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+            .context("cannot install the signal handlers")?;
+        let server = cairn_nbd::Server::bind(&listen).context("cannot listen for NBD clients")?;
+        let stopper = server.stopper();
+        let handle = signals.handle();
+        let watcher = std::thread::spawn(move || {
+            if signals.forever().next().is_some() {
+                stopper.stop();
+            }
+        });
+        Ok(NbdServer { server, signals: handle, watcher })
+    }
+
+    /// Stops watching the signals, once the server has stopped.
+    pub fn close(self) {
+        self.signals.close();
+        let _ = self.watcher.join();
+    }
+}

@@ -6,12 +6,10 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::Args as ClapArgs;
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 use cairn_core::engine::open::{self, Opened, OpenedSnapshot};
-use cairn_nbd::{Listen, Server};
 
-use super::{options, parse_size, repository, split_spec, Global};
+use super::{options, parse_size, repository, split_spec, Global, NbdServer};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -67,21 +65,8 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         eprintln!("cairn: wrote {} ({} bytes of data, the rest holes)", out.display(), written);
         return Ok(ExitCode::SUCCESS);
     }
-    let listen = match (&a.socket, &a.listen) {
-        (Some(p), _) => Listen::Unix(p.clone()),
-        (None, Some(addr)) => Listen::Tcp(addr.clone()),
-        (None, None) => Listen::Tcp("127.0.0.1:10809".into()),
-    };
-    let mut signals =
-        signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]).context("cannot install the signal handlers")?;
-    let server = Server::bind(&listen).context("cannot listen for NBD clients")?;
-    let stopper = server.stopper();
-    let signals_handle = signals.handle();
-    let watcher = std::thread::spawn(move || {
-        if signals.forever().next().is_some() {
-            stopper.stop();
-        }
-    });
+    let nbd = NbdServer::bind(a.socket.clone(), a.listen.clone())?;
+    let server = &nbd.server;
     let export_name = path.to_string_lossy().into_owned();
     eprintln!(
         "cairn: serving {} of snapshot {} ({} bytes, {}) at {}; Ctrl-C stops",
@@ -93,8 +78,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     );
     let config = cairn_nbd::Config { name: export_name, workers: WORKERS };
     let served = server.run(&*export, &config, &|e| eprintln!("cairn nbd: a client's connection ended: {e}"));
-    signals_handle.close();
-    let _ = watcher.join();
+    nbd.close();
     served.context("the NBD server failed")?;
     export.flush().context("cannot sync the overlay file")?;
     eprintln!("cairn: stopped serving {}", path.display());

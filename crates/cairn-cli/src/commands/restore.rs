@@ -174,11 +174,8 @@ fn run_live(
     opts: &RestoreOptions,
     progress: &Progress,
 ) -> Result<ExitCode> {
-    use anyhow::Context;
     use cairn_core::engine::open::{self, OpenedSnapshot};
     use cairn_mount::LiveEvent;
-    use cairn_nbd::{Listen, Server};
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
     let Some(path) = path else {
         anyhow::bail!("--live restores one file (a disk image): give it as SNAPSHOT:PATH, e.g. latest:/vm/disk.img")
@@ -192,21 +189,8 @@ fn run_live(
         decode_threads: cairn_core::engine::platform::cores(),
     };
     let live = cairn_mount::LiveRestore::open(Arc::new(repo), &id, &snapshot, path, target, &disk)?;
-    let listen = match (socket, listen) {
-        (Some(p), _) => Listen::Unix(p),
-        (None, Some(addr)) => Listen::Tcp(addr),
-        (None, None) => Listen::Tcp("127.0.0.1:10809".into()),
-    };
-    let mut signals =
-        signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]).context("cannot install the signal handlers")?;
-    let server = Server::bind(&listen).context("cannot listen for NBD clients")?;
-    let stopper = server.stopper();
-    let signals_handle = signals.handle();
-    let watcher = std::thread::spawn(move || {
-        if signals.forever().next().is_some() {
-            stopper.stop();
-        }
-    });
+    let nbd = super::NbdServer::bind(socket, listen)?;
+    let server = &nbd.server;
     eprintln!(
         "cairn: restoring {} of snapshot {} into {} ({} of {} bytes there) and serving it at {}; Ctrl-C stops",
         path.display(),
@@ -241,9 +225,8 @@ fn run_live(
         }
     };
     let served = live
-        .serve(&server, &config, opts, progress, &on_event, &|e| eprintln!("cairn: a client's connection ended: {e}"));
-    signals_handle.close();
-    let _ = watcher.join();
+        .serve(server, &config, opts, progress, &on_event, &|e| eprintln!("cairn: a client's connection ended: {e}"));
+    nbd.close();
     served?;
     eprintln!("cairn: stopped serving {}", target.display());
     Ok(if failed.into_inner() { ExitCode::from(1) } else { ExitCode::SUCCESS })
