@@ -5,15 +5,14 @@
 //! command without losing them, and a VM boots from the export, writes, and its write is in the
 //! target next to the snapshot's files.
 
-use crate::nbd::{boot_kit, disk_fixture, ext4_cat, make_vm_disk, tool, Export, MIB, SIZE};
+use crate::nbd::{boot_guest, boot_kit, disk_fixture, ext4_cat, make_vm_disk, tool, Export, MIB, SIZE};
 use crate::support;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::{output_within_timeout, Fixture, Rng};
+use support::{Fixture, Rng};
 
 /// `cairn restore --live SPEC --target TARGET --socket SOCKET extra…`, serving; each write of
 /// the background restore waits `write_wait` first (`CAIRN_INJECT_WRITE_LATENCY`: the restore
@@ -144,17 +143,7 @@ fn a_vm_boots_from_a_live_restore_and_its_write_is_in_the_target() {
     // 17 MiB of data at 2 MiB/s: the guest boots while the restore runs.
     let export = live(&fx, &spec, &target, &fx.path("vm.sock"), "", &["--limit-download", "2M"]);
     let started = Instant::now();
-    let qemu = output_within_timeout(
-        Command::new("qemu-system-x86_64")
-            .args(["-machine", "q35", "-accel", "tcg", "-cpu", "max", "-m", "256", "-nographic", "-no-reboot"])
-            .args(["-nic", "none", "-kernel", kernel.to_str().unwrap(), "-initrd", initrd.to_str().unwrap()])
-            .args(["-append", "console=ttyS0 panic=-1 quiet mitigations=off"])
-            .arg("-drive")
-            .arg(format!("file={},format=raw,if=virtio,cache=none", export.uri())),
-    );
-    let console = String::from_utf8_lossy(&qemu.stdout);
-    assert!(console.contains("CAIRN-BOOT: hello from the snapshot"), "no boot marker: {console}");
-    assert!(console.contains("CAIRN-DONE"), "the guest did not finish: {console}");
+    boot_guest(&kernel, &initrd, &export.uri());
     eprintln!("the guest booted, wrote and powered off in {:?}", started.elapsed());
     wait_complete(&target);
     export.stop();

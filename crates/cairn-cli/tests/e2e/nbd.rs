@@ -452,6 +452,22 @@ fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
 
 /// Debian's kernel (`/boot/vmlinuz-*`, package linux-image-amd64) and an initramfs of
 /// busybox-static, the modules and [`INIT`], made in `dir`.
+/// Boots the TCG guest of [`boot_kit`] from the NBD export at `uri` and waits until it powers off:
+/// it must print the snapshot's boot marker and finish its write.
+pub(crate) fn boot_guest(kernel: &Path, initrd: &Path, uri: &str) {
+    let qemu = output_within_timeout(
+        Command::new("qemu-system-x86_64")
+            .args(["-machine", "q35", "-accel", "tcg", "-cpu", "max", "-m", "256", "-nographic", "-no-reboot"])
+            .args(["-nic", "none", "-kernel", kernel.to_str().unwrap(), "-initrd", initrd.to_str().unwrap()])
+            .args(["-append", "console=ttyS0 panic=-1 quiet mitigations=off"])
+            .arg("-drive")
+            .arg(format!("file={uri},format=raw,if=virtio,cache=none")),
+    );
+    let console = String::from_utf8_lossy(&qemu.stdout);
+    assert!(console.contains("CAIRN-BOOT: hello from the snapshot"), "no boot marker: {console}");
+    assert!(console.contains("CAIRN-DONE"), "the guest did not finish: {console}");
+}
+
 pub(crate) fn boot_kit(dir: &Path) -> (PathBuf, PathBuf) {
     let kernel = fs::read_dir("/boot")
         .expect("/boot")
@@ -515,17 +531,7 @@ fn a_vm_boots_from_the_export_and_its_write_lands_in_the_overlay() {
     let export = Export::start(&fx.cairn, &spec, &fx.path("nbd.sock"), &["--writable", "--overlay", ovl]);
     // TCG: it boots everywhere (a nested /dev/kvm may exist and hang in the option ROM).
     let started = Instant::now();
-    let qemu = output_within_timeout(
-        Command::new("qemu-system-x86_64")
-            .args(["-machine", "q35", "-accel", "tcg", "-cpu", "max", "-m", "256", "-nographic", "-no-reboot"])
-            .args(["-nic", "none", "-kernel", kernel.to_str().unwrap(), "-initrd", initrd.to_str().unwrap()])
-            .args(["-append", "console=ttyS0 panic=-1 quiet mitigations=off"])
-            .arg("-drive")
-            .arg(format!("file={},format=raw,if=virtio,cache=none", export.uri())),
-    );
-    let console = String::from_utf8_lossy(&qemu.stdout);
-    assert!(console.contains("CAIRN-BOOT: hello from the snapshot"), "no boot marker: {console}");
-    assert!(console.contains("CAIRN-DONE"), "the guest did not finish: {console}");
+    boot_guest(&kernel, &initrd, &export.uri());
     eprintln!("the guest booted, wrote and powered off in {:?}", started.elapsed());
     export.stop();
 

@@ -7,7 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use crate::support::{self as common, output_within_timeout, Cairn, KDF_ARGS, PASSWORD};
+use crate::support::{self as common, ok, output_within_timeout, Cairn, KDF_ARGS, PASSWORD};
 
 /// `cairn ARGS` in `dir` with no CAIRN_* variables and a private XDG_CONFIG_HOME and HOME, so
 /// no configuration file of the machine is found.
@@ -25,17 +25,6 @@ fn cairn(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "status {}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
 }
 
 /// A directory with a source tree and a configuration file for a repository in it (not yet

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{output_within_timeout, KDF_ARGS, PASSWORD};
+use crate::support::{ok, output_within_timeout, KDF_ARGS, PASSWORD};
 
 /// A directory with a source tree, repositories, a configuration file and the agent's state.
 pub struct AgentFx {
@@ -46,18 +46,6 @@ pub fn cairn_cmd(dir: &Path, env: &[(String, String)]) -> Command {
         .env("HOME", dir.join("home"));
     c.envs(env.iter().map(|(k, v)| (k, v)));
     c
-}
-
-fn ok(out: &Output) -> String {
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    assert!(
-        out.status.success(),
-        "status {}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
 }
 
 /// Waits up to `secs` for `cond`, polling.

@@ -440,6 +440,13 @@ pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A command's stdout, once it is known to have succeeded (else the test fails showing both
+/// streams).
+pub fn ok(out: &Output) -> String {
+    assert!(out.status.success(), "status {}\nstdout:\n{}\nstderr:\n{}", out.status, stdout(out), stderr(out));
+    stdout(out)
+}
+
 /// Runs `c` with no input and its output captured, like [`Command::output`], but kills it and
 /// panics if it runs longer than [`COMMAND_TIMEOUT`] (a hung pipeline must fail the test, not
 /// stall the suite).
