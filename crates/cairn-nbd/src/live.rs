@@ -393,25 +393,14 @@ impl<B: Export> Export for Live<B> {
     }
 
     fn extents(&self, offset: u64, length: u64) -> io::Result<Vec<Extent>> {
-        let end = offset.saturating_add(length).min(self.size);
-        let mut out: Vec<Extent> = Vec::new();
-        let mut push = |length: u64, state: u32| match out.last_mut() {
-            Some(e) if e.state == state => e.length += length,
-            _ => out.push(Extent { length, state }),
-        };
-        let mut at = offset;
-        while at < end {
-            let base = self.base.extents(at, end - at)?;
-            let Some(e) = base.first().filter(|e| e.length > 0) else { break };
-            let e_end = (at + e.length).min(end);
-            let st = self.state.lock().expect("state lock");
-            while at < e_end {
-                let next = ((at / BLOCK + 1) * BLOCK).min(e_end);
-                push(next - at, if st.has(at / BLOCK) { 0 } else { e.state });
-                at = next;
-            }
-        }
-        Ok(out)
+        let range = (offset, offset.saturating_add(length).min(self.size));
+        crate::overlay::layered_extents(
+            &self.base,
+            range,
+            BLOCK,
+            || self.state.lock().expect("state lock"),
+            |st, b| st.has(b),
+        )
     }
 }
 

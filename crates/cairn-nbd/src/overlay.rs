@@ -196,27 +196,45 @@ impl<B: Export> Export for Overlay<B> {
     }
 
     fn extents(&self, offset: u64, length: u64) -> io::Result<Vec<Extent>> {
-        let end = offset.saturating_add(length).min(self.size);
-        let mut out: Vec<Extent> = Vec::new();
-        let mut push = |length: u64, state: u32| match out.last_mut() {
-            Some(e) if e.state == state => e.length += length,
-            _ => out.push(Extent { length, state }),
-        };
-        let mut at = offset;
-        while at < end {
-            let base = self.base.extents(at, end - at)?;
-            let Some(e) = base.first().filter(|e| e.length > 0) else { break };
-            let e_end = (at + e.length).min(end);
-            let map = self.map.read().expect("map lock");
-            while at < e_end {
-                let written = Self::is_written(&map, at / BLOCK);
-                let next = ((at / BLOCK + 1) * BLOCK).min(e_end);
-                push(next - at, if written { 0 } else { e.state });
-                at = next;
-            }
-        }
-        Ok(out)
+        let range = (offset, offset.saturating_add(length).min(self.size));
+        layered_extents(
+            &self.base,
+            range,
+            BLOCK,
+            || self.map.read().expect("map lock"),
+            |map, b| Self::is_written(map, b),
+        )
     }
+}
+
+/// The extents of `base` over `range` (start, end) with every `block`-sized block a layer above
+/// it holds reported as data (state 0, neither a hole nor zeros): [`Overlay`]'s written blocks,
+/// a live restore's final ones. `lock` gives the layer's map, held for one extent of `base` at a
+/// time, and `holds` asks it about a block.
+pub(crate) fn layered_extents<G>(
+    base: &dyn Export,
+    (mut at, end): (u64, u64),
+    block: u64,
+    lock: impl Fn() -> G,
+    holds: impl Fn(&G, u64) -> bool,
+) -> io::Result<Vec<Extent>> {
+    let mut out: Vec<Extent> = Vec::new();
+    let mut push = |length: u64, state: u32| match out.last_mut() {
+        Some(e) if e.state == state => e.length += length,
+        _ => out.push(Extent { length, state }),
+    };
+    while at < end {
+        let extents = base.extents(at, end - at)?;
+        let Some(e) = extents.first().filter(|e| e.length > 0) else { break };
+        let e_end = (at + e.length).min(end);
+        let map = lock();
+        while at < e_end {
+            let next = ((at / block + 1) * block).min(e_end);
+            push(next - at, if holds(&map, at / block) { 0 } else { e.state });
+            at = next;
+        }
+    }
+    Ok(out)
 }
 
 /// Writes `export` whole into a new plain file at `path`: ranges that read as zeros stay holes.
