@@ -295,11 +295,7 @@ async fn process(
             };
             let quota = state.quotas.of(repo).filter(|_| Quotas::counts(token.role, kind));
             let upload = Upload { storage, path: path.to_string(), kind, rule, token: token.name };
-            let reply = upload.run(body, entry, quota.map(|q| (state.clone(), repo.to_string(), q, announced))).await?;
-            if quota.is_some() && reply.status == StatusCode::CREATED {
-                state.usage.stored(repo, entry.bytes);
-            }
-            Ok(reply)
+            upload.run(body, entry, quota.map(|q| (state.clone(), repo.to_string(), q, announced))).await
         }
         Route::Object { op: Op::Delete, path, kind, .. } => {
             delete(storage, path.to_string(), kind, rule, token.name).await
@@ -358,11 +354,21 @@ impl Upload {
                 return Ok(Reply::new(StatusCode::OK, "already stored"));
             }
         }
-        if let Some((state, repo, quota, adding)) = quota {
-            let s = storage.clone();
-            let within = blocking(move || state.usage.check(&repo, s.as_ref(), quota, adding)).await?;
-            within.map_err(|why| Fail::new(StatusCode::INSUFFICIENT_STORAGE, why))?;
-        }
+        // With a quota, the upload's share of it, and the most its body may bring.
+        let mut limit = Limit { bytes: MAX_OBJECT_SIZE, over_quota: None };
+        let mut reservation = match quota {
+            None => None,
+            Some((state, repo, quota, adding)) => {
+                let (st, s, r) = (state.clone(), storage.clone(), repo.clone());
+                let allowed = blocking(move || st.usage.reserve(&r, s.as_ref(), quota, adding))
+                    .await?
+                    .map_err(|why| Fail::new(StatusCode::INSUFFICIENT_STORAGE, why))?;
+                if allowed < limit.bytes {
+                    limit = Limit { bytes: allowed, over_quota: Some((repo.clone(), quota)) };
+                }
+                Some(Reservation { state, repo, reserved: adding, stored: 0 })
+            }
+        };
         let (tx, rx) = tokio::sync::mpsc::channel(UPLOAD_QUEUE);
         let hash = kind.content_addressed().then(blake3::Hasher::new);
         let writer = tokio::task::spawn_blocking(move || -> Result<Result<Reply, Fail>, cairn_core::Error> {
@@ -377,21 +383,53 @@ impl Upload {
                 (None, Ok(())) => Ok(Ok(Reply::new(StatusCode::CREATED, ""))),
             }
         });
-        let received = receive(body.as_mut().expect("the body is read once"), &tx, entry).await;
+        let received = receive(body.as_mut().expect("the body is read once"), &tx, entry, &limit).await;
         // If the writer already stopped (a storage error), its error is the answer.
         let _ = tx.send(received.map_or_else(Part::Fail, |()| Part::End)).await;
         drop(tx);
         match writer.await {
-            Ok(Ok(outcome)) => outcome,
+            Ok(Ok(outcome)) => {
+                if let (Some(r), Ok(_)) = (reservation.as_mut(), &outcome) {
+                    r.stored = entry.bytes;
+                }
+                outcome
+            }
             Ok(Err(e)) => Err(storage_fail(e)),
             Err(_) => Err(Fail::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error: a storage call panicked")),
         }
     }
 }
 
-/// Reads a request body of at most [`MAX_OBJECT_SIZE`] bytes within [`BODY_TIMEOUT`] into `tx`,
-/// counting its bytes into `entry`.
-async fn receive(body: &mut Incoming, tx: &tokio::sync::mpsc::Sender<Part>, entry: &mut Entry) -> Result<(), Fail> {
+/// An upload's share of its repository's quota: reserved before the body is read, given back
+/// (with what was stored, if anything) when the upload ends, however it ends.
+struct Reservation {
+    state: Arc<State>,
+    repo: String,
+    reserved: u64,
+    stored: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.state.usage.settle(&self.repo, self.reserved, self.stored);
+    }
+}
+
+/// The most bytes a body may bring: [`MAX_OBJECT_SIZE`], or less when the repository's quota
+/// (its name and size) leaves less.
+struct Limit {
+    bytes: u64,
+    over_quota: Option<(String, u64)>,
+}
+
+/// Reads a request body of at most `limit` bytes within [`BODY_TIMEOUT`] into `tx`, counting
+/// its bytes into `entry`.
+async fn receive(
+    body: &mut Incoming,
+    tx: &tokio::sync::mpsc::Sender<Part>,
+    entry: &mut Entry,
+    limit: &Limit,
+) -> Result<(), Fail> {
     let deadline = tokio::time::Instant::now() + BODY_TIMEOUT;
     loop {
         let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
@@ -402,11 +440,16 @@ async fn receive(body: &mut Incoming, tx: &tokio::sync::mpsc::Sender<Part>, entr
         };
         let Ok(data) = frame.into_data() else { continue };
         entry.bytes += data.len() as u64;
-        if entry.bytes > MAX_OBJECT_SIZE {
-            return Err(Fail::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("an object is at most {MAX_OBJECT_SIZE} bytes"),
-            ));
+        if entry.bytes > limit.bytes {
+            return Err(match &limit.over_quota {
+                Some((repo, quota)) => Fail::new(
+                    StatusCode::INSUFFICIENT_STORAGE,
+                    crate::quota::over_quota(repo, *quota, quota - limit.bytes, entry.bytes),
+                ),
+                None => {
+                    Fail::new(StatusCode::PAYLOAD_TOO_LARGE, format!("an object is at most {MAX_OBJECT_SIZE} bytes"))
+                }
+            });
         }
         if tx.send(Part::Data(data)).await.is_err() {
             return Ok(());
@@ -549,6 +592,11 @@ fn storage_fail(e: cairn_core::Error) -> Fail {
     match e {
         cairn_core::Error::NotFound(p) => Fail::new(StatusCode::NOT_FOUND, format!("{p} does not exist")),
         e @ cairn_core::Error::Corrupt { .. } => Fail::new(StatusCode::RANGE_NOT_SATISFIABLE, e.to_string()),
+        e if cairn_core::engine::storage::storage_full(&e) => Fail::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "the server's storage is full: nothing was stored; ask the server's admin to free space, then run the \
+             command again (what is already stored is kept)",
+        ),
         e => Fail::new(StatusCode::SERVICE_UNAVAILABLE, format!("storage: {e}")),
     }
 }

@@ -71,56 +71,75 @@ pub struct Usage {
 }
 
 struct Counted {
+    /// Listed, plus what this server stored since.
     bytes: u64,
+    /// Announced by uploads in flight.
+    reserved: u64,
     at: Instant,
 }
 
 impl Usage {
-    /// Checks that `adding` more bytes keep repository `name` within `quota`; the line to
-    /// answer with if not. Lists the repository (blocking) if its count is old.
-    pub fn check(
+    /// Reserves `adding` bytes (the announced length of an upload) of repository `name`'s
+    /// `quota`: the bytes the upload may bring at most (what is left of the quota, so a body
+    /// without a length cannot pass it either), or the line to answer with if it would pass
+    /// the quota. Lists the repository (blocking) if its count is old. Every reservation is
+    /// [`Usage::settle`]d when its upload ends, so uploads in flight at once cannot together
+    /// pass the quota.
+    pub fn reserve(
         &self,
         name: &str,
         storage: &dyn Storage,
         quota: u64,
         adding: u64,
-    ) -> cairn_core::Result<Result<(), String>> {
-        let used = self.used(name, storage)?;
-        if used.saturating_add(adding) <= quota {
-            return Ok(Ok(()));
+    ) -> cairn_core::Result<Result<u64, String>> {
+        self.recount_if_old(name, storage)?;
+        let mut repos = self.repos.lock().unwrap_or_else(|p| p.into_inner());
+        let counted = repos.get_mut(name).expect("counted above");
+        let used = counted.bytes.saturating_add(counted.reserved);
+        if used.saturating_add(adding) > quota {
+            return Ok(Err(over_quota(name, quota, used, adding)));
         }
-        Ok(Err(format!(
-            "repository {name} is over its quota of {} ({} used, {} more refused): nothing was stored; ask the \
-             server's admin for a larger quota, or forget and prune old snapshots with an admin token",
-            human(quota),
-            human(used),
-            human(adding)
-        )))
+        counted.reserved += adding;
+        Ok(Ok(quota - used))
     }
 
-    /// Records `bytes` stored in repository `name`.
-    pub fn stored(&self, name: &str, bytes: u64) {
+    /// Ends a reservation of `reserved` bytes: the upload stored `stored` bytes (none if it
+    /// failed).
+    pub fn settle(&self, name: &str, reserved: u64, stored: u64) {
         if let Some(c) = self.repos.lock().unwrap_or_else(|p| p.into_inner()).get_mut(name) {
-            c.bytes += bytes;
+            c.reserved = c.reserved.saturating_sub(reserved);
+            c.bytes = c.bytes.saturating_add(stored);
         }
     }
 
-    fn used(&self, name: &str, storage: &dyn Storage) -> cairn_core::Result<u64> {
+    /// Lists repository `name` again if its count is older than [`RECOUNT_AFTER`] (or missing).
+    /// Reservations of uploads still in flight are kept.
+    fn recount_if_old(&self, name: &str, storage: &dyn Storage) -> cairn_core::Result<()> {
         if let Some(c) = self.repos.lock().unwrap_or_else(|p| p.into_inner()).get(name) {
             if c.at.elapsed() < RECOUNT_AFTER {
-                return Ok(c.bytes);
+                return Ok(());
             }
         }
         let mut bytes = 0;
         for dir in COUNTED {
             bytes += storage.list(dir)?.iter().map(|o| o.size).sum::<u64>();
         }
-        self.repos
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(name.to_string(), Counted { bytes, at: Instant::now() });
-        Ok(bytes)
+        let mut repos = self.repos.lock().unwrap_or_else(|p| p.into_inner());
+        let reserved = repos.get(name).map_or(0, |c| c.reserved);
+        repos.insert(name.to_string(), Counted { bytes, reserved, at: Instant::now() });
+        Ok(())
     }
+}
+
+/// The line a write over repository `name`'s quota is refused with.
+pub fn over_quota(name: &str, quota: u64, used: u64, adding: u64) -> String {
+    format!(
+        "repository {name} is over its quota of {} ({} used, {} more refused): nothing was stored; ask the \
+         server's admin for a larger quota, or forget and prune old snapshots with an admin token",
+        human(quota),
+        human(used),
+        human(adding)
+    )
 }
 
 /// `bytes` for a person: whole bytes below 1 KiB, else one decimal of the largest binary unit.

@@ -87,19 +87,23 @@ fn free_port() -> u16 {
 }
 
 /// Spawns a server, recording it for cleanup; its output goes to `log`.
-fn spawn(mut cmd: Command, log: &Path) -> Result<(), String> {
-    let out = std::fs::File::create(log).map_err(|e| e.to_string())?;
+fn spawn(cmd: Command, log: &Path) -> Result<(), String> {
+    let child = spawn_child(cmd, log)?;
+    CLEANUP.lock().unwrap().0.push(child);
+    Ok(())
+}
+
+/// Spawns a server in its own process group (so that killing the group also ends the
+/// per-connection processes it forks), its output appended to `log`.
+fn spawn_child(mut cmd: Command, log: &Path) -> Result<Child, String> {
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(|e| e.to_string())?;
     let err = out.try_clone().map_err(|e| e.to_string())?;
-    // Its own process group, so cleanup also ends the per-connection processes it forks.
-    let child = cmd
-        .process_group(0)
+    cmd.process_group(0)
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
         .spawn()
-        .map_err(|e| format!("{cmd:?}: {e} (run .ci/servers to install it)"))?;
-    CLEANUP.lock().unwrap().0.push(child);
-    Ok(())
+        .map_err(|e| format!("{cmd:?}: {e} (run .ci/servers to install it)"))
 }
 
 /// Waits until `port` accepts connections, or fails showing the server's log.
@@ -139,19 +143,84 @@ fn minio_binary() -> Result<PathBuf, String> {
 fn start_minio(dir: &Path) -> Result<String, String> {
     let data = dir.join("minio");
     std::fs::create_dir_all(data.join(BUCKET)).map_err(|e| e.to_string())?;
-    let (port, console) = (free_port(), free_port());
+    let port = free_port();
+    let log = dir.join("minio.log");
+    spawn(minio_command(&data, port)?, &log)?;
+    wait_for(port, "minio", &log)?;
+    Ok(format!("http://127.0.0.1:{port}"))
+}
+
+/// `minio server DATA` on `port` with the test credentials.
+fn minio_command(data: &Path, port: u16) -> Result<Command, String> {
     let mut cmd = Command::new(minio_binary()?);
     cmd.arg("server")
-        .arg(&data)
-        .args(["--address", &format!("127.0.0.1:{port}"), "--console-address", &format!("127.0.0.1:{console}")])
+        .arg(data)
+        .args(["--address", &format!("127.0.0.1:{port}"), "--console-address", &format!("127.0.0.1:{}", free_port())])
         .env("MINIO_ROOT_USER", S3_USER)
         .env("MINIO_ROOT_PASSWORD", S3_SECRET)
         .env("MINIO_BROWSER", "off")
         .env("MINIO_UPDATE", "off");
-    let log = dir.join("minio.log");
-    spawn(cmd, &log)?;
-    wait_for(port, "minio", &log)?;
-    Ok(format!("http://127.0.0.1:{port}"))
+    Ok(cmd)
+}
+
+/// A MinIO of one test's own, which the test may stop and start again on the same port and
+/// data (the shared one must stay up for the others), with the test bucket; killed when
+/// dropped.
+pub struct OwnMinio {
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    /// Its data drive: `BUCKET/` holds the objects, `.minio.sys/multipart/` the uploads not
+    /// yet completed.
+    pub data: PathBuf,
+    port: u16,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl OwnMinio {
+    /// Starts one with its data and log in `dir`.
+    pub fn start(dir: &Path) -> OwnMinio {
+        let data = dir.join("minio");
+        std::fs::create_dir_all(data.join(BUCKET)).unwrap();
+        let port = free_port();
+        let mut m = OwnMinio {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            data,
+            port,
+            log: dir.join("minio.log"),
+            child: None,
+        };
+        m.resume();
+        m
+    }
+
+    /// Kills it (SIGKILL, as a crash or a pulled cable would end it) and waits until it is gone.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signalling the process group spawn_child made for it.
+            unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port and data, and waits until it listens.
+    pub fn resume(&mut self) {
+        let cmd = minio_command(&self.data, self.port).unwrap_or_else(|e| panic!("{e}"));
+        self.child = Some(spawn_child(cmd, &self.log).unwrap_or_else(|e| panic!("{e}")));
+        wait_for(self.port, "minio", &self.log).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// The uploads it holds that were neither completed nor aborted.
+    pub fn incomplete_uploads(&self) -> usize {
+        let Ok(objects) = std::fs::read_dir(self.data.join(".minio.sys/multipart")) else { return 0 };
+        objects.flatten().map(|o| std::fs::read_dir(o.path()).map_or(0, |u| u.count())).sum()
+    }
+}
+
+impl Drop for OwnMinio {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 fn run(cmd: &mut Command) -> Result<(), String> {

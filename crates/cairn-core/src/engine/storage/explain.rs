@@ -18,6 +18,27 @@ pub(crate) fn full_text(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
+/// Whether `e` says the storage is out of space: a full disk or quota of a local or SFTP
+/// directory (ENOSPC, EDQUOT), or an S3 server out of drive space (MinIO's
+/// `XMinioStorageFull`, HTTP 507).
+pub fn storage_full(e: &Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if matches!(io.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+                || io.kind() == std::io::ErrorKind::StorageFull
+            {
+                return true;
+            }
+        }
+        cause = c.source();
+    }
+    let text = full_text(e);
+    ["No space left on device", "Disk quota exceeded", "StorageFull", "Insufficient Storage"]
+        .iter()
+        .any(|w| text.contains(w))
+}
+
 /// A failure to reach `host_port` at all (refused, no such host, unreachable, timed out); `what`
 /// names the server for the advice (`the S3 server`, `sshd`).
 pub(crate) fn connection(text: &str, host: &str, host_port: &str, what: &str) -> Option<String> {

@@ -13,7 +13,7 @@ mod opendal_backend;
 mod server_client;
 mod trace;
 
-pub use explain::bucket_name_problem;
+pub use explain::{bucket_name_problem, storage_full};
 pub use fault::{parse_duration as parse_fault_duration, Faults, FaultyStorage};
 pub use limit::{LimitedStorage, Limits, TokenBucket};
 pub use location::{is_loopback_host, Location};

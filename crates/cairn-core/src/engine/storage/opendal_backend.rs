@@ -67,6 +67,8 @@ const RETRIES: usize = 5;
 pub struct OpendalStorage {
     // Dropped before the runtime that drives it (fields drop in order).
     op: blocking::Operator,
+    /// The same operator unwrapped, for what the blocking one cannot do (abort an upload).
+    async_op: opendal::Operator,
     /// Prepended to every object path: the repository's directory below the operator's root
     /// over SFTP ("srv/cairn/"), empty otherwise.
     prefix: Arc<str>,
@@ -74,7 +76,7 @@ pub struct OpendalStorage {
     /// The location, parsed: what an error about it names (the endpoint, bucket, host).
     place: Arc<Location>,
     kind: Kind,
-    _runtime: Arc<tokio::runtime::Runtime>,
+    runtime: Arc<tokio::runtime::Runtime>,
 }
 
 /// Which OpenDAL service is behind the operator.
@@ -197,14 +199,16 @@ impl OpendalStorage {
             );
         let rt = runtime()?;
         let _guard = rt.enter();
+        let async_op = op.clone();
         let op = blocking::Operator::new(op).map_err(|e| storage_err("open", &location, e))?;
         Ok(Self {
             op,
+            async_op,
             prefix: prefix.into(),
             location: location.into(),
             place: Arc::new(place.clone()),
             kind,
-            _runtime: rt.clone(),
+            runtime: rt.clone(),
         })
     }
 
@@ -238,17 +242,12 @@ impl OpendalStorage {
     /// one multipart upload of [`UPLOAD_PART`]-byte parts that becomes visible only when it
     /// completes (S3). At most one such part is held in memory.
     fn streamed_write(&self, path: &str, parts: &mut dyn Iterator<Item = Result<bytes::Bytes>>) -> Result<()> {
-        let target = match self.kind {
-            Kind::S3 => self.at(path),
-            Kind::Local | Kind::Sftp => {
-                let name = path.rsplit('/').next().unwrap_or(path);
-                self.at(&format!("{TEMPORARIES}{name}.{}", hex::encode(rand_bytes())))
-            }
-        };
-        // A file takes each part as it comes; S3 needs parts of at least 5 MiB.
-        let chunk = (self.kind == Kind::S3).then_some(UPLOAD_PART);
-        let opts = WriteOptions { chunk, ..Default::default() };
-        let mut writer = self.op.writer_options(&target, opts).map_err(|e| self.fail("write", path, e))?;
+        if self.kind == Kind::S3 {
+            return self.multipart_write(path, parts);
+        }
+        let name = path.rsplit('/').next().unwrap_or(path);
+        let target = self.at(&format!("{TEMPORARIES}{name}.{}", hex::encode(rand_bytes())));
+        let mut writer = self.op.writer(&target).map_err(|e| self.fail("write", path, e))?;
         let mut written = || -> Result<()> {
             for part in &mut *parts {
                 writer.write(part?).map_err(|e| self.fail("write", path, e))?;
@@ -259,15 +258,8 @@ impl OpendalStorage {
         let outcome = written();
         drop(writer);
         if let Err(e) = outcome {
-            // An S3 upload never closed is not visible (its parts expire with the bucket's
-            // rules for incomplete uploads); a temporary file is removed here.
-            if self.kind != Kind::S3 {
-                let _ = self.op.delete(&target);
-            }
+            let _ = self.op.delete(&target);
             return Err(e);
-        }
-        if self.kind == Kind::S3 {
-            return Ok(());
         }
         if let Err(e) = self.op.rename(&target, &self.at(path)) {
             let exists = self.op.exists(&self.at(path)).unwrap_or(false);
@@ -277,6 +269,34 @@ impl OpendalStorage {
             }
         }
         Ok(())
+    }
+}
+
+impl OpendalStorage {
+    /// A streamed write to S3: one multipart upload of [`UPLOAD_PART`]-byte parts, visible only
+    /// once it completes. An upload that fails (the body did not come whole, the server went
+    /// away) is aborted, so its parts do not hold space until the bucket's rules for incomplete
+    /// uploads expire them; if even the abort fails (the server is down), those rules are what
+    /// remain.
+    fn multipart_write(&self, path: &str, parts: &mut dyn Iterator<Item = Result<bytes::Bytes>>) -> Result<()> {
+        let rt = self.runtime.handle();
+        let opts = WriteOptions { chunk: Some(UPLOAD_PART), ..Default::default() };
+        let mut writer =
+            rt.block_on(self.async_op.writer_options(&self.at(path), opts)).map_err(|e| self.fail("write", path, e))?;
+        let mut written = || -> Result<()> {
+            for part in &mut *parts {
+                rt.block_on(writer.write(part?)).map_err(|e| self.fail("write", path, e))?;
+            }
+            rt.block_on(writer.close()).map_err(|e| self.fail("write", path, e))?;
+            Ok(())
+        };
+        let outcome = written();
+        if outcome.is_err() {
+            if let Err(e) = rt.block_on(writer.abort()) {
+                tracing::debug!("aborting the upload of {path}: {e}");
+            }
+        }
+        outcome
     }
 }
 
