@@ -39,6 +39,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 pub use crate::engine::profile::StageTimes;
+pub use local::cost::Choice as LocalCost;
 pub use options::Step as WriteStep;
 pub use options::{
     DryRun, Guard, LocalData, Overwrite, Progress, RestoreOptions, RestoreOutcome, Sparse, SparseMode, WriteGuard,
@@ -169,6 +170,8 @@ pub fn restore(
         tuner: None,
         writers: None,
         fetch_rate: None,
+        local_rate: None,
+        repository_rate: None,
         out: RestoreOutcome::default(),
         walk_done: &walk_done,
     };

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::local::cost::Choice as LocalCost;
 use super::types::{FileState, NeededChunk, Plan};
 use crate::engine::profile::StageTimes;
 use crate::error::{Error, Result};
@@ -160,6 +161,10 @@ pub struct RestoreOptions {
     /// copies them (to change a local file in between).
     #[doc(hidden)]
     pub local_scanned_hook: Option<String>,
+    /// For tests and benchmarks (`CAIRN_LOCAL_COST`): copy every chunk found locally, or fetch
+    /// every one, whatever the measured costs say (`local/cost.rs`).
+    #[doc(hidden)]
+    pub local_cost: Option<LocalCost>,
     /// Fault injection (`CAIRN_INJECT_WRITE_LATENCY`): each write into the target waits this
     /// long first, as on a network file system, without using the CPU.
     #[doc(hidden)]
@@ -236,6 +241,7 @@ impl Default for RestoreOptions {
             cancel: None,
             local_data: LocalData::SnapshotPaths,
             local_scanned_hook: None,
+            local_cost: None,
             write_latency: Duration::ZERO,
             guard: None,
             file_name: None,
