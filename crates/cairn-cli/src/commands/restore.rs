@@ -114,7 +114,9 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         local_scanned_hook: std::env::var("CAIRN_TEST_LOCAL_SCANNED_HOOK").ok().filter(|c| !c.is_empty()),
         local_cost: match std::env::var("CAIRN_LOCAL_COST") {
             Ok(v) if !v.is_empty() => Some(LocalCost::parse(&v).ok_or_else(|| {
-                anyhow::anyhow!("CAIRN_LOCAL_COST: {v:?} is neither `local` nor `repository`: use one of them or unset it")
+                anyhow::anyhow!(
+                    "CAIRN_LOCAL_COST: {v:?} is neither `local` nor `repository`: use one of them or unset it"
+                )
             })?),
             _ => None,
         },

@@ -39,11 +39,10 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 pub use crate::engine::profile::StageTimes;
-pub use local::cost::Choice as LocalCost;
 pub use options::Step as WriteStep;
 pub use options::{
-    DryRun, Guard, LocalData, Overwrite, Progress, RestoreOptions, RestoreOutcome, Sparse, SparseMode, WriteGuard,
-    DEFAULT_MAX_MEMORY, RESERVE_MIN, STAGE_NAMES,
+    DryRun, Guard, LocalCost, LocalData, Overwrite, Progress, RestoreOptions, RestoreOutcome, Sparse, SparseMode,
+    WriteGuard, DEFAULT_MAX_MEMORY, RESERVE_MIN, STAGE_NAMES,
 };
 pub use plan::Filter;
 pub use types::Plan;

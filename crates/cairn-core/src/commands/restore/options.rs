@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::local::cost::Choice as LocalCost;
 use super::types::{FileState, NeededChunk, Plan};
 use crate::engine::profile::StageTimes;
 use crate::error::{Error, Result};
@@ -115,6 +114,26 @@ impl Sparse {
 /// (`--profile`). For small files the extra call costs more than it saves (the Linux tree with
 /// every file reserved: +1 s of system time).
 pub const RESERVE_MIN: u64 = 1024 * 1024;
+
+/// Where a range of chunks found on this machine comes from (`local/cost.rs` chooses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalCost {
+    /// Copied from a local file (verified first).
+    Local,
+    /// Fetched from the repository.
+    Repository,
+}
+
+impl LocalCost {
+    /// The choice a value of `CAIRN_LOCAL_COST` names: `local` or `repository`.
+    pub fn parse(value: &str) -> Option<LocalCost> {
+        match value {
+            "local" => Some(LocalCost::Local),
+            "repository" => Some(LocalCost::Repository),
+            _ => None,
+        }
+    }
+}
 
 /// How to restore.
 #[derive(Clone, Debug)]

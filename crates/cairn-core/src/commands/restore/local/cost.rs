@@ -25,18 +25,11 @@
 
 use std::time::Duration;
 
+pub use crate::commands::restore::options::LocalCost as Choice;
+
 /// Bytes a stage must have moved before its rate is taken as measured: less is mostly its
 /// start-up (a few files opened, the first read's round trip).
 pub const MEASURED_BYTES: u64 = 8 * 1024 * 1024;
-
-/// Where a range comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Choice {
-    /// Copied from a local file (verified first).
-    Local,
-    /// Fetched from the repository.
-    Repository,
-}
 
 /// What the batches so far measured of both ways, and the forced choice if any.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -68,17 +61,6 @@ impl Costs {
             Choice::Local
         } else {
             Choice::Repository
-        }
-    }
-}
-
-impl Choice {
-    /// The choice a value of `CAIRN_LOCAL_COST` names: `local` or `repository`.
-    pub fn parse(value: &str) -> Option<Choice> {
-        match value {
-            "local" => Some(Choice::Local),
-            "repository" => Some(Choice::Repository),
-            _ => None,
         }
     }
 }

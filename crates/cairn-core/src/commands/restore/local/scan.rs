@@ -162,8 +162,7 @@ fn scan_source(
     // hashing — one pass over the file, not two. A dry run writes nothing, so it hashes here.
     let in_place = !ctx.hash_in_scan && size == entry.node.size;
     for c in needed {
-        if c.offset + u64::from(c.len) <= size
-            && (in_place || chunk_id(&file, c.offset, c.len, ctx.key, buf)? == c.id)
+        if c.offset + u64::from(c.len) <= size && (in_place || chunk_id(&file, c.offset, c.len, ctx.key, buf)? == c.id)
         {
             hits.push((c.id, c.offset));
         } else {
