@@ -1,20 +1,23 @@
-"""The local-data scenario (issue 18, part 1): a restore elsewhere while the backed-up tree still
-exists with 10% of its files changed (data.mutate: 4 KiB overwritten in the middle of every
-tenth file) — Cairn copies what is still on disk (default) against fetching everything
-(--no-local-data), from a local repository and from one with 20 ms injected per request
-(CAIRN_INJECT_FAULTS=latency=20ms: a remote repository's round trips, on the real local backend;
-with S3's default --fetch-concurrency 32, and auto-tuned),
-and restic's restore of the same tree as the peer (it has no such mode). Modes interleaved, the
-order rotating each round. Each restore is checked with diff -r against the unchanged data set.
-Reports wall time, CPU, peak RSS, bytes fetched and bytes reused from Cairn's JSON summary.
+"""The local-data scenarios (issues 18 and 38): a restore elsewhere while the backed-up tree still
+exists — first all of it unchanged, then with 10% of its files changed (data.mutate: 4 KiB
+overwritten in the middle of every tenth file) — the default restore, which copies what is still
+on disk where its cost model finds that cheaper than fetching it ("local data"), against
+fetching everything (--no-local-data "repo"), at 0, 20 and 50 ms injected per request
+(CAIRN_INJECT_FAULTS=latency=Nms: a remote repository's round trips, on the real local backend;
+fetch concurrency auto-tuned, the default), and restic's restore of the same tree as the peer
+(it has no such mode; 0 ms only). Modes interleaved, the order rotating each round. Each restore
+is checked with diff -r against the unchanged data set. Reports wall time, CPU, peak RSS, bytes
+fetched and bytes reused from Cairn's JSON summary, and per latency the ratio local / repo of the
+minimums and of the medians, and of the bytes fetched.
 
 Writes localdata.md and localdata.csv into the output directory."""
 import csv, json, os, shutil, statistics, subprocess
 from . import data
 from .measure import CommandFailed, timed
 
-SCENARIO = "restore elsewhere, source present with 10% of files changed"
-LATENCY = "latency=20ms"
+SCENARIOS = ("all present", "10% of files changed")
+LATENCIES = (0, 20, 50)
+LOCAL, REPO = "local data (default)", "repo (--no-local-data)"
 
 
 def summary(stdout):
@@ -22,31 +25,26 @@ def summary(stdout):
     return json.loads(lines[-1]) if lines else {}
 
 
+def mode_name(lat, how):
+    return f"cairn {how}, {lat} ms"
+
+
 class LocalDataBench:
     def __init__(self, runner, out_dir):
         self.r, self.out_dir = runner, out_dir
-        self.runs = {}  # mode -> [(Run, summary)]
+        self.runs = {}  # (scenario, mode) -> [(Run, summary)]
         self.errors = {}
+        self.counts = {}
 
     def modes(self, cairn, restic, repos):
         """(name, command builder for a target, environment) of each mode."""
-        fault = dict(cairn.env, CAIRN_INJECT_FAULTS=LATENCY)
-        # With latency, S3's default of 32 requests in flight (a local repository's is 4): the
-        # changed chunks are scattered, so fetching only them takes many small reads.
-        remote = ["--fetch-concurrency", "32"]
-        out = [
-            ("cairn, source used (default)", lambda t: cairn.restore_cmd(repos["cairn"], t, local_data=True), cairn.env),
-            ("cairn --no-local-data", lambda t: cairn.restore_cmd(repos["cairn"], t, ["--no-local-data"]), cairn.env),
-            (f"cairn, source used, {LATENCY}", lambda t: cairn.restore_cmd(repos["cairn"], t, remote, local_data=True), fault),
-            (f"cairn --no-local-data, {LATENCY}",
-             lambda t: cairn.restore_cmd(repos["cairn"], t, ["--no-local-data", *remote]), fault),
-            # The true default with latency: the fetch concurrency auto-tuned.
-            (f"cairn, source used, {LATENCY}, auto", lambda t: cairn.restore_cmd(repos["cairn"], t, local_data=True), fault),
-            (f"cairn --no-local-data, {LATENCY}, auto",
-             lambda t: cairn.restore_cmd(repos["cairn"], t, ["--no-local-data"]), fault),
-        ]
+        out = []
+        for lat in LATENCIES:
+            env = dict(cairn.env, CAIRN_INJECT_FAULTS=f"latency={lat}ms") if lat else cairn.env
+            out.append((mode_name(lat, LOCAL), lambda t: cairn.restore_cmd(repos["cairn"], t, local_data=True), env))
+            out.append((mode_name(lat, REPO), lambda t: cairn.restore_cmd(repos["cairn"], t, ["--no-local-data"]), env))
         if restic:
-            out.append(("restic", lambda t: restic.restore_cmd(repos["restic"], t), restic.env))
+            out.append(("restic restore, 0 ms", lambda t: restic.restore_cmd(repos["restic"], t), restic.env))
         return out
 
     def run(self, ds):
@@ -61,71 +59,88 @@ class LocalDataBench:
                 repos[t.name] = os.path.join(home, f"repo-{t.name}")
                 t.init(repos[t.name])
                 timed(t.backup_cmd(repos[t.name], src), env=t.env)
-            changed = data.mutate(files, 0, 10)
-            self.r.log(f"  {ds.name:<10} {SCENARIO}: {changed} of {len(files)} files changed")
             modes = self.modes(cairn, restic, repos)
-            for rnd in range(self.r.rounds):
-                k = rnd % len(modes)
-                for name, cmd, env in modes[k:] + modes[:k]:
-                    target = os.path.join(home, "target")
-                    self.r.settle()
-                    try:
-                        run = timed(cmd(target), env=env)
-                    except CommandFailed as e:
-                        self.errors.setdefault(name, str(e))
-                        shutil.rmtree(target, ignore_errors=True)
-                        continue
-                    restored = os.path.join(target, src.lstrip("/"))
-                    d = subprocess.run(["diff", "-rq", "--no-dereference", ds.path, restored],
-                                       capture_output=True, text=True)
-                    if d.returncode != 0:
-                        self.errors.setdefault(name, "wrong: " + (d.stdout or d.stderr).strip()[:300])
-                    shutil.rmtree(target, ignore_errors=True)
-                    s = summary(run.stdout) if name.startswith("cairn") else {}
-                    self.runs.setdefault(name, []).append((run, s))
-                    self.r.log(f"  {ds.name:<10} {name:<44} {run.wall:7.2f} s  cpu {run.cpu:6.2f} s  "
-                               f"fetched {s.get('bytes_fetched', 0) / 2**20:8.1f} MiB  "
-                               f"reused {s.get('bytes_reused_source', 0) / 2**20:8.1f} MiB"
-                               + (f"  {self.errors[name]}" if name in self.errors else ""))
-            self.write(ds, changed, len(files))
+            for scenario in SCENARIOS:
+                if scenario == SCENARIOS[1]:
+                    changed = data.mutate(files, 0, 10)
+                    self.counts[scenario] = (changed, len(files))
+                else:
+                    self.counts[scenario] = (0, len(files))
+                self.r.log(f"  {ds.name:<10} {scenario}: {self.counts[scenario][0]} of {len(files)} files changed")
+                for rnd in range(self.r.rounds):
+                    k = rnd % len(modes)
+                    for name, cmd, env in modes[k:] + modes[:k]:
+                        if name.startswith("restic") and scenario != SCENARIOS[0]:
+                            continue  # restic reads no local data: its time does not change
+                        self.one(ds, src, home, scenario, name, cmd, env)
+            self.write(ds)
         finally:
             shutil.rmtree(home, ignore_errors=True)
 
-    def write(self, ds, changed, total):
+    def one(self, ds, src, home, scenario, name, cmd, env):
+        key = (scenario, name)
+        target = os.path.join(home, "target")
+        self.r.settle()
+        try:
+            run = timed(cmd(target), env=env)
+        except CommandFailed as e:
+            self.errors.setdefault(key, str(e))
+            shutil.rmtree(target, ignore_errors=True)
+            return
+        restored = os.path.join(target, src.lstrip("/"))
+        d = subprocess.run(["diff", "-rq", "--no-dereference", ds.path, restored], capture_output=True, text=True)
+        if d.returncode != 0:
+            self.errors.setdefault(key, "wrong: " + (d.stdout or d.stderr).strip()[:300])
+        shutil.rmtree(target, ignore_errors=True)
+        s = summary(run.stdout) if name.startswith("cairn") else {}
+        self.runs.setdefault(key, []).append((run, s))
+        self.r.log(f"  {ds.name:<10} {scenario:<22} {name:<40} {run.wall:7.2f} s  cpu {run.cpu:6.2f} s  "
+                   f"fetched {s.get('bytes_fetched', 0) / 2**20:8.1f} MiB  "
+                   f"reused {s.get('bytes_reused_source', 0) / 2**20:8.1f} MiB"
+                   + (f"  {self.errors[key]}" if key in self.errors else ""))
+
+    def write(self, ds):
         os.makedirs(self.out_dir, exist_ok=True)
         with open(os.path.join(self.out_dir, "localdata.csv"), "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["dataset", "mode", "round", "wall_s", "cpu_s", "rss_kib", "bytes_fetched", "bytes_reused_source"])
-            for name, runs in self.runs.items():
+            w.writerow(["dataset", "scenario", "mode", "round", "wall_s", "cpu_s", "rss_kib", "bytes_fetched",
+                        "bytes_reused_source"])
+            for (scenario, name), runs in self.runs.items():
                 for i, (r, s) in enumerate(runs):
-                    w.writerow([ds.name, name, i + 1, f"{r.wall:.3f}", f"{r.cpu:.3f}", r.rss_kib,
+                    w.writerow([ds.name, scenario, name, i + 1, f"{r.wall:.3f}", f"{r.cpu:.3f}", r.rss_kib,
                                 s.get("bytes_fetched", ""), s.get("bytes_reused_source", "")])
-        med = {}
-        lines = [f"### {SCENARIO} ({ds.name}: {changed} of {total} files changed)", "",
-                 "| mode | min s | median s | CPU s | peak RSS MiB | fetched MiB | reused MiB | check |",
-                 "|---|---|---|---|---|---|---|---|"]
-        for name, runs in self.runs.items():
-            walls = [r.wall for r, _ in runs]
-            med[name] = statistics.median(walls)
-            s = runs[-1][1]
-            fetched = f"{s['bytes_fetched'] / 2**20:.1f}" if "bytes_fetched" in s else "–"
-            reused = f"{s['bytes_reused_source'] / 2**20:.1f}" if "bytes_reused_source" in s else "–"
-            lines.append(f"| {name} | {min(walls):.2f} | {med[name]:.2f} | {min(r.cpu for r, _ in runs):.2f} | "
-                         f"{max(r.rss_kib for r, _ in runs) / 1024:.0f} | {fetched} | {reused} | "
-                         f"{self.errors.get(name, 'ok')} |")
-        pairs = [("cairn, source used (default)", "cairn --no-local-data"),
-                 (f"cairn, source used, {LATENCY}", f"cairn --no-local-data, {LATENCY}"),
-                 (f"cairn, source used, {LATENCY}, auto", f"cairn --no-local-data, {LATENCY}, auto")]
-        lines.append("")
-        for a, b in pairs:
-            if a in med and b in med:
-                lines.append(f"- {a} / {b} (medians): {med[a] / med[b]:.2f}x")
-        if "restic" in med and "cairn, source used (default)" in med:
-            lines.append(f"- cairn, source used / restic (medians): {med['cairn, source used (default)'] / med['restic']:.2f}x")
+        lines = []
+        for scenario in SCENARIOS:
+            changed, total = self.counts.get(scenario, (0, 0))
+            lines += [f"### {ds.name}, restored elsewhere, source {scenario} ({changed} of {total} files changed)", "",
+                      "| mode | min s | median s | CPU s (min) | peak RSS MiB | fetched MiB | reused MiB | check |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for (sc, name), runs in self.runs.items():
+                if sc != scenario:
+                    continue
+                walls = [r.wall for r, _ in runs]
+                s = runs[-1][1]
+                fetched = f"{s['bytes_fetched'] / 2**20:.1f}" if "bytes_fetched" in s else "–"
+                reused = f"{s['bytes_reused_source'] / 2**20:.1f}" if "bytes_reused_source" in s else "–"
+                lines.append(f"| {name} | {min(walls):.2f} | {statistics.median(walls):.2f} | "
+                             f"{min(r.cpu for r, _ in runs):.2f} | {max(r.rss_kib for r, _ in runs) / 1024:.0f} | "
+                             f"{fetched} | {reused} | {self.errors.get((sc, name), 'ok')} |")
+            lines += ["", "| latency | local / repo, min | local / repo, median | CPU local / repo | fetched local / repo |",
+                      "|---|---|---|---|---|"]
+            for lat in LATENCIES:
+                a, b = self.runs.get((scenario, mode_name(lat, LOCAL))), self.runs.get((scenario, mode_name(lat, REPO)))
+                if not a or not b:
+                    continue
+                wa, wb = [r.wall for r, _ in a], [r.wall for r, _ in b]
+                ca, cb = min(r.cpu for r, _ in a), min(r.cpu for r, _ in b)
+                fa, fb = a[-1][1].get("bytes_fetched", 0), b[-1][1].get("bytes_fetched", 0)
+                lines.append(f"| {lat} ms | {min(wa) / min(wb):.2f}x | {statistics.median(wa) / statistics.median(wb):.2f}x"
+                             f" | {ca / cb:.2f}x | {fa / fb if fb else 0:.2f}x |")
+            lines.append("")
         with open(os.path.join(self.out_dir, "localdata.md"), "w") as f:
             f.write("\n".join(lines) + "\n")
         print("\n".join(lines), flush=True)
 
     def failed(self):
         """Cairn's wrong results (a peer's are reported in the table)."""
-        return [f"{m} / {SCENARIO}: {e}" for m, e in self.errors.items() if m.startswith("cairn")]
+        return [f"{m} / {sc}: {e}" for (sc, m), e in self.errors.items() if m.startswith("cairn")]

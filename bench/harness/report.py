@@ -150,6 +150,9 @@ def rows(results):
             "target": res.extra.get("target", ""),
             "target_pass": res.extra.get("target_pass", ""),
             "repo_mib": None, "detail": "",
+            # Every restore row of the main run reads from the repository: Cairn's with
+            # --no-local-data (tools.py), as the peers do; local data is timed by --only-local-data.
+            "data_from": "repo" if res.scenario in RESTORES else "",
         }
     for row in lifecycle.rows(results):
         res = results[(row["dataset"], row["scenario"], row["tool"])]
@@ -184,9 +187,9 @@ def cell(text):
 
 
 def table(records):
-    lines = ["| scenario | tool | min s | median s | CPU s | CPU use | peak RSS MiB | read MiB | fetched MiB "
+    lines = ["| scenario | data from | tool | min s | median s | CPU s | CPU use | peak RSS MiB | read MiB | fetched MiB "
              "| × baseline | × best peer | check | target |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- |"]
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- |"]
     for r in records:
         vs = f"{fmt(r['ratio_baseline'])}× {r['vs']}" if r["ratio_baseline"] is not None else ""
         bp = f"{fmt(r['ratio_best_peer'])}× {r['best_peer']}" if r["ratio_best_peer"] is not None else ""
@@ -195,7 +198,7 @@ def table(records):
         if r["target"]:
             target = ("**PASS** " if r["target_pass"] else "**FAIL** ") + r["target"]
         tool = f"*{r['tool']}* (baseline)" if r["baseline"] else r["tool"]
-        lines.append(f"| {r['scenario']} | {cell(tool)} | {fmt(r['min_s'])} | {fmt(r['median_s'])} | {fmt(r['cpu_s'])} "
+        lines.append(f"| {r['scenario']} | {r.get('data_from', '')} | {cell(tool)} | {fmt(r['min_s'])} | {fmt(r['median_s'])} | {fmt(r['cpu_s'])} "
                      f"| {fmt(r['cpu_use'], '.0%')} | {fmt(r['peak_rss_mib'], '.0f')} | {fmt(r['read_mib'], '.1f')} "
                      f"| {fmt(r['fetched_mib'], '.1f')} | {cell(vs)} | {cell(bp)} | {cell(check)} | {cell(target)} |")
     return "\n".join(lines)

@@ -24,6 +24,8 @@ Environment:
                         before each write into the target, as a network file system would
   CAIRN_TEST_LOCAL_SCANNED_HOOK   for tests: a shell command `restore` runs between finding
                         local copies of chunks and copying them (see docs/DESIGN.md)
+  CAIRN_LOCAL_COST      for tests: `local` or `repository` makes `restore` copy every chunk found
+                        locally, or fetch every one, whatever its cost model measures
   CAIRN_PASSWORD_COMMAND, CAIRN_REPOSITORY_FILE, CAIRN_PROFILE, CAIRN_CONFIG,
   CAIRN_LIMIT_UPLOAD, CAIRN_LIMIT_DOWNLOAD   instead of the options of those names
 Without a password from the environment, a command or a file, cairn asks for it on the terminal.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use cairn_core::commands::restore::{self, LocalData, Progress, RestoreOptions};
+use cairn_core::commands::restore::{self, LocalCost, LocalData, Progress, RestoreOptions};
 use cairn_core::engine::open::Opened;
 use clap::Args as ClapArgs;
 
@@ -112,6 +112,14 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
             (false, _) => LocalData::SnapshotPaths,
         },
         local_scanned_hook: std::env::var("CAIRN_TEST_LOCAL_SCANNED_HOOK").ok().filter(|c| !c.is_empty()),
+        local_cost: match std::env::var("CAIRN_LOCAL_COST") {
+            Ok(v) if !v.is_empty() => Some(LocalCost::parse(&v).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "CAIRN_LOCAL_COST: {v:?} is neither `local` nor `repository`: use one of them or unset it"
+                )
+            })?),
+            _ => None,
+        },
         write_latency: match std::env::var("CAIRN_INJECT_WRITE_LATENCY") {
             Ok(v) if !v.is_empty() => cairn_core::engine::storage::parse_fault_duration(&v)
                 .ok_or_else(|| anyhow::anyhow!("CAIRN_INJECT_WRITE_LATENCY: bad duration {v:?}: use e.g. 20ms"))?,

@@ -164,6 +164,48 @@ fn source_with_a_tenth_changed_fetches_only_the_changed_chunks() {
     assert!(num(&all, "bytes_fetched") >= env.stored_size(&env.chunks_of(&env.snapshot)), "{all}");
 }
 
+/// Whichever way the cost model chooses (forced with `CAIRN_LOCAL_COST`, as when the
+/// repository is cheaper than the local files, or the local files cheaper than the
+/// repository), the restore is exact and every byte verified: forced to the repository it reads
+/// no local file and fetches everything; forced to local data it copies every chunk the source
+/// still holds (the changed files' chunks fail verification at their old offsets and are
+/// fetched) and fetches only what changed. Any other value of the variable is refused.
+#[test]
+fn the_cost_model_choice_either_way_restores_the_same_tree() {
+    let (env, files) = Fixture::for_local_data();
+    let changed = change_a_tenth(&files, 11);
+    let total = file_bytes(&files);
+    let all_stored = env.stored_size(&env.chunks_of(&env.snapshot));
+
+    let repo_target = env.path("repository-cheaper");
+    let fetch = env.cairn.clone().with_env("CAIRN_LOCAL_COST", "repository");
+    let out = fetch.restore_with(&env.snapshot, &repo_target, &[]);
+    env.assert_exact(&repo_target);
+    assert_eq!(num(&out, "bytes_reused_source") + num(&out, "bytes_reused_target"), 0, "{out}");
+    assert!(num(&out, "bytes_fetched") >= all_stored, "{out}");
+
+    // Both exact against the snapshot (assert_exact): the same tree either way.
+    let local_target = env.path("local-cheaper");
+    let copy = env.cairn.clone().with_env("CAIRN_LOCAL_COST", "local");
+    let out = copy.restore_with(&env.snapshot, &local_target, &[]);
+    env.assert_exact(&local_target);
+    assert!(num(&out, "bytes_reused_source") >= total - file_bytes(&changed), "{out}");
+    assert!(num(&out, "bytes_fetched") > 0, "the changed chunks are fetched: {out}");
+    assert!(num(&out, "bytes_fetched") < all_stored / 2, "{out}");
+    assert_eq!(num(&out, "bytes_written"), num(&out, "bytes_total"), "{out}");
+
+    // Any other value is refused in one line that names the variable.
+    let bad = env.path("bad");
+    let run = env.cairn.run_env(
+        &[("CAIRN_LOCAL_COST", "cheap")],
+        ["restore", env.snapshot.as_str(), "--target", bad.to_str().unwrap()],
+    );
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success() && run.status.code() != Some(101), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("cairn: CAIRN_LOCAL_COST") && stderr.contains("`repository`"), "{stderr}");
+}
+
 /// Renaming and moving files in a restored target (within a directory, into a new directory,
 /// a whole directory, two files swapped) and restoring again fetches nothing: every chunk is
 /// copied from the target's own files, verified. With `--delete` the target is then exact.

@@ -57,6 +57,10 @@ pub struct Run<'a> {
     pub writers: Option<writers::Controller>,
     /// Stored bytes per second the batch before fetched (for the coalescing gap).
     pub fetch_rate: Option<f64>,
+    /// Bytes per second the local-data stage copied, and the fetch pipeline wrote, in the
+    /// last batch that measured each (`local::cost`: which ranges are worth copying).
+    pub local_rate: Option<f64>,
+    pub repository_rate: Option<f64>,
     /// What the batches did.
     pub out: RestoreOutcome,
     /// Set by the plan thread once its walk is over (no tree is read after it).
@@ -98,18 +102,30 @@ impl Run<'_> {
         let files_already_done = meta_ok.iter().filter(|&&ok| ok).count() as u64;
         let needed: Vec<_> = plan.entries.iter().zip(&states).map(|(e, s)| s.needed(&e.node)).collect();
         phase.lap(&mut part.phases, "compare");
-        // Chunks already on this machine (local/): found, verified and copied now, not fetched.
-        let source = local::Source::locate(&opts.local_data, self.snapshot_path, self.into_dir);
-        let places = local::Places { target, empty: self.empty, source };
-        let reused = local::reuse(self.repo, plan, &states, &needed, places, opts)?;
-        phase.lap(&mut part.phases, "local");
-        // Where round trips are dear, reads go through the gaps between wanted chunks.
         if opts.fetch_auto && self.tuner.is_none() {
             // The first batch starts where the round trip of the open says it should.
             let round_trip = self.repo.link().latency();
             self.tuner = Some(FetchTuner::for_link(opts.fetch_concurrency, round_trip, self.data_budget));
         }
         let in_flight = self.tuner.as_ref().map_or(opts.fetch_concurrency, FetchTuner::limit);
+        // Chunks already on this machine (local/): found, verified and copied now, not fetched,
+        // where that is cheaper than fetching them.
+        let source = local::Source::locate(&opts.local_data, self.snapshot_path, self.into_dir);
+        let costs = local::cost::Costs {
+            local_rate: self.local_rate,
+            repository_rate: self.repository_rate,
+            latency: self.repo.link().latency(),
+            in_flight,
+            forced: opts.local_cost,
+        };
+        let places = local::Places { target, empty: self.empty, source, costs };
+        let local_began = Instant::now();
+        let reused = local::reuse(self.repo, plan, &states, &needed, places, opts)?;
+        if let Some(rate) = local::cost::rate(reused.from_source + reused.from_target, local_began.elapsed()) {
+            self.local_rate = Some(rate);
+        }
+        phase.lap(&mut part.phases, "local");
+        // Where round trips are dear, reads go through the gaps between wanted chunks.
         let gap = link_gap(self.repo, self.fetch_rate, in_flight);
         part.read_gaps.push(gap);
         let fetches = plan::fetches(self.repo, plan, &reused.needed, self.data_budget, gap.gap);
@@ -214,6 +230,9 @@ impl Run<'_> {
         if part.bytes_fetched >= MAX_READ {
             // Enough bytes to say what the link (or the stages after it) carries.
             self.fetch_rate = Some(part.bytes_fetched as f64 / piped.as_secs_f64().max(1e-3));
+        }
+        if let Some(rate) = local::cost::rate(written, piped) {
+            self.repository_rate = Some(rate);
         }
 
         let failed = sh.take_failures();

@@ -41,8 +41,8 @@ use std::time::Instant;
 pub use crate::engine::profile::StageTimes;
 pub use options::Step as WriteStep;
 pub use options::{
-    DryRun, Guard, LocalData, Overwrite, Progress, RestoreOptions, RestoreOutcome, Sparse, SparseMode, WriteGuard,
-    DEFAULT_MAX_MEMORY, RESERVE_MIN, STAGE_NAMES,
+    DryRun, Guard, LocalCost, LocalData, Overwrite, Progress, RestoreOptions, RestoreOutcome, Sparse, SparseMode,
+    WriteGuard, DEFAULT_MAX_MEMORY, RESERVE_MIN, STAGE_NAMES,
 };
 pub use plan::Filter;
 pub use types::Plan;
@@ -169,6 +169,8 @@ pub fn restore(
         tuner: None,
         writers: None,
         fetch_rate: None,
+        local_rate: None,
+        repository_rate: None,
         out: RestoreOutcome::default(),
         walk_done: &walk_done,
     };

@@ -115,6 +115,26 @@ impl Sparse {
 /// every file reserved: +1 s of system time).
 pub const RESERVE_MIN: u64 = 1024 * 1024;
 
+/// Where a range of chunks found on this machine comes from (`local/cost.rs` chooses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalCost {
+    /// Copied from a local file (verified first).
+    Local,
+    /// Fetched from the repository.
+    Repository,
+}
+
+impl LocalCost {
+    /// The choice a value of `CAIRN_LOCAL_COST` names: `local` or `repository`.
+    pub fn parse(value: &str) -> Option<LocalCost> {
+        match value {
+            "local" => Some(LocalCost::Local),
+            "repository" => Some(LocalCost::Repository),
+            _ => None,
+        }
+    }
+}
+
 /// How to restore.
 #[derive(Clone, Debug)]
 pub struct RestoreOptions {
@@ -160,6 +180,10 @@ pub struct RestoreOptions {
     /// copies them (to change a local file in between).
     #[doc(hidden)]
     pub local_scanned_hook: Option<String>,
+    /// For tests and benchmarks (`CAIRN_LOCAL_COST`): copy every chunk found locally, or fetch
+    /// every one, whatever the measured costs say (`local/cost.rs`).
+    #[doc(hidden)]
+    pub local_cost: Option<LocalCost>,
     /// Fault injection (`CAIRN_INJECT_WRITE_LATENCY`): each write into the target waits this
     /// long first, as on a network file system, without using the CPU.
     #[doc(hidden)]
@@ -236,6 +260,7 @@ impl Default for RestoreOptions {
             cancel: None,
             local_data: LocalData::SnapshotPaths,
             local_scanned_hook: None,
+            local_cost: None,
             write_latency: Duration::ZERO,
             guard: None,
             file_name: None,

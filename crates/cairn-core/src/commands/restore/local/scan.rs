@@ -1,8 +1,11 @@
-//! Scan pass: where the chunks the target still needs are on this machine. Each source file
-//! of an entry with wanted chunks is hashed at the snapshot's chunk offsets, and cut with the
-//! repository's chunker when its size changed; each file of the target that the snapshot does
-//! not name, or that the restore will rewrite, is cut with the chunker. Every piece is hashed with the chunk-ID key and looked up
-//! in the map of wanted chunk IDs. It stops early once every wanted chunk has a place.
+//! Scan pass: where the chunks the target still needs are on this machine. A source file of
+//! an entry with wanted chunks that still has the snapshot's size is taken to hold them at the
+//! snapshot's offsets, unread: the copy pass reads and verifies each before writing it, so
+//! each byte is read and hashed once (a dry run, which copies nothing, hashes them here). One
+//! whose size changed is hashed at those offsets and then cut with the repository's chunker;
+//! each file of the target that the snapshot does not name, or that the restore will rewrite,
+//! is cut with the chunker. Every piece cut is hashed with the chunk-ID key and looked up in
+//! the map of wanted chunk IDs. It stops early once every wanted chunk has a place.
 
 use std::fs::File;
 use std::io;
@@ -153,8 +156,14 @@ fn scan_source(
     }
     let mut hits = Vec::new();
     let mut missed = false;
+    // A file of the snapshot's size most likely holds its chunks where the snapshot has them
+    // (an edit in place keeps the boundaries): those are taken as places unread, and the copy
+    // pass, which reads and verifies every chunk before writing it, is their only reading and
+    // hashing — one pass over the file, not two. A dry run writes nothing, so it hashes here.
+    let in_place = !ctx.hash_in_scan && size == entry.node.size;
     for c in needed {
-        if c.offset + u64::from(c.len) <= size && chunk_id(&file, c.offset, c.len, ctx.key, buf)? == c.id {
+        if c.offset + u64::from(c.len) <= size && (in_place || chunk_id(&file, c.offset, c.len, ctx.key, buf)? == c.id)
+        {
             hits.push((c.id, c.offset));
         } else {
             missed = true;

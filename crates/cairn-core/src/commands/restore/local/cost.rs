@@ -1,0 +1,137 @@
+//! Whether a range is cheaper copied from a local file or read from the repository (issue 38).
+//!
+//! Local data saves bytes on the link, but costs reading, hashing and writing them here; a
+//! repository that is itself a local directory (or a fast link) may deliver the same range
+//! sooner. Each range — the chunks one file needs that may be on this machine — is weighed
+//! with what the batches before measured:
+//!
+//! ```text
+//!     local:       bytes / local rate
+//!     repository:  bytes / repository rate + latency / in flight
+//! ```
+//!
+//! The local rate is what the local-data stage copied per second of its wall time (opening,
+//! reading, hashing, writing, and the files it looked in for nothing); the repository rate is
+//! what the fetch pipeline wrote per second of its wall time (fetching, decoding, verifying,
+//! writing). Both are end to end, on the same threads, so they compare. One more range fetched
+//! costs at least one more read, whose round trip the reads in flight share. A rate not yet
+//! measured favours local data: it is the one that saves the link, and a repository that is
+//! faster shows it in the first batch that fetches enough to measure
+//! ([`MEASURED_BYTES`]).
+//!
+//! [`RestoreOptions::local_cost`](crate::commands::restore::RestoreOptions::local_cost) (the
+//! CLI's `CAIRN_LOCAL_COST=local` or `=repository`, for tests) forces the choice: every range
+//! copied locally where found, or every range fetched.
+
+use std::time::Duration;
+
+pub use crate::commands::restore::options::LocalCost as Choice;
+
+/// Bytes a stage must have moved before its rate is taken as measured: less is mostly its
+/// start-up (a few files opened, the first read's round trip).
+pub const MEASURED_BYTES: u64 = 8 * 1024 * 1024;
+
+/// What the batches so far measured of both ways, and the forced choice if any.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Costs {
+    /// Bytes per second the local-data stage copied (`None`: not measured yet).
+    pub local_rate: Option<f64>,
+    /// Bytes per second the fetch pipeline wrote (`None`: not measured yet).
+    pub repository_rate: Option<f64>,
+    /// The repository's round-trip floor (`None`: not measured yet).
+    pub latency: Option<Duration>,
+    /// Reads the fetch stage keeps in flight.
+    pub in_flight: usize,
+    /// The choice made whatever the rates (`RestoreOptions::local_cost`).
+    pub forced: Option<Choice>,
+}
+
+impl Costs {
+    /// Which is cheaper for a range of `bytes`.
+    pub fn choose(&self, bytes: u64) -> Choice {
+        if let Some(c) = self.forced {
+            return c;
+        }
+        let (Some(local), Some(repo)) = (self.local_rate, self.repository_rate) else {
+            return Choice::Local;
+        };
+        let bytes = bytes as f64;
+        let round_trip = self.latency.unwrap_or_default().as_secs_f64() / self.in_flight.max(1) as f64;
+        if bytes / local.max(1.0) <= bytes / repo.max(1.0) + round_trip {
+            Choice::Local
+        } else {
+            Choice::Repository
+        }
+    }
+}
+
+/// `bytes` moved in `took`, as a rate once there were enough to measure.
+pub fn rate(bytes: u64, took: Duration) -> Option<f64> {
+    (bytes >= MEASURED_BYTES).then(|| bytes as f64 / took.as_secs_f64().max(1e-3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: f64 = 1024.0 * 1024.0;
+
+    fn costs(local: f64, repo: f64, latency_ms: u64, in_flight: usize) -> Costs {
+        Costs {
+            local_rate: Some(local * MIB),
+            repository_rate: Some(repo * MIB),
+            latency: Some(Duration::from_millis(latency_ms)),
+            in_flight,
+            forced: None,
+        }
+    }
+
+    #[test]
+    fn a_fast_local_repository_wins_over_slow_local_files() {
+        // A local repository on a fast disk, the source on a slow one: fetched.
+        let c = costs(40.0, 300.0, 0, 4);
+        assert_eq!(c.choose(1 << 20), Choice::Repository);
+        assert_eq!(c.choose(100 << 20), Choice::Repository);
+        // Local files faster than the repository delivers: copied.
+        assert_eq!(costs(400.0, 250.0, 0, 4).choose(1 << 20), Choice::Local);
+    }
+
+    #[test]
+    fn round_trips_tip_small_ranges_to_local_data() {
+        // A link slightly faster per byte than the local disk, but 20 ms per request shared by
+        // 32 reads: a small range is dominated by its round trip and copied; a large one is
+        // dominated by its bytes and fetched.
+        let c = costs(100.0, 110.0, 20, 32);
+        assert_eq!(c.choose(64 << 10), Choice::Local);
+        assert_eq!(c.choose(1 << 30), Choice::Repository);
+        // With no latency the faster per byte wins at every size.
+        let c = costs(100.0, 110.0, 0, 32);
+        assert_eq!(c.choose(64 << 10), Choice::Repository);
+    }
+
+    #[test]
+    fn unmeasured_rates_favour_local_data_and_forcing_overrides_everything() {
+        let mut c = costs(10.0, 1000.0, 0, 4);
+        c.repository_rate = None;
+        assert_eq!(c.choose(1 << 20), Choice::Local, "the repository's rate not measured yet");
+        let mut c = costs(10.0, 1000.0, 0, 4);
+        c.local_rate = None;
+        assert_eq!(c.choose(1 << 20), Choice::Local, "the local rate not measured yet");
+        let c = Costs { forced: Some(Choice::Local), ..costs(10.0, 1000.0, 0, 4) };
+        assert_eq!(c.choose(1 << 30), Choice::Local);
+        let c = Costs { forced: Some(Choice::Repository), ..costs(1000.0, 10.0, 50, 1) };
+        assert_eq!(c.choose(1), Choice::Repository);
+        assert_eq!(Choice::parse("local"), Some(Choice::Local));
+        assert_eq!(Choice::parse("repository"), Some(Choice::Repository));
+        assert_eq!(Choice::parse(""), None);
+        assert_eq!(Choice::parse("repo"), None);
+    }
+
+    #[test]
+    fn a_rate_needs_enough_bytes() {
+        assert_eq!(rate(MEASURED_BYTES - 1, Duration::from_secs(1)), None);
+        assert_eq!(rate(MEASURED_BYTES, Duration::from_secs(2)), Some(MEASURED_BYTES as f64 / 2.0));
+        // A zero duration is not a division by zero.
+        assert!(rate(MEASURED_BYTES, Duration::ZERO).is_some_and(f64::is_finite));
+    }
+}
