@@ -7,6 +7,10 @@
 //! rather than behind it; every request of every connection is one such read, so a client's
 //! queue depth is the number of blobs in flight. `base:allocation` comes from the chunk list
 //! alone: zero chunks (holes and zeros the backup never stored) are holes.
+//!
+//! Every fetch of the export (its reads and its read-ahead) is in the download limit's
+//! foreground lane (`--limit-download`): a live restore's client does not wait behind the
+//! background restore's traffic.
 
 use std::io;
 use std::path::Path;
@@ -75,6 +79,9 @@ impl Disk {
             window: budget / 2,
             fetchers: opts.fetch_concurrency.max(1),
             decoders: opts.decode_threads.max(1),
+            // What a client waits for: with a download limit it goes ahead of any background
+            // work sharing it (a live restore's restore).
+            foreground: true,
         };
         let prefetch = Prefetch::start(repo.clone(), cache.clone(), limits)?;
         let content = Content::new(repo, cache, prefetch);
@@ -102,7 +109,9 @@ impl cairn_nbd::Export for Disk {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        match self.content.read(&self.file, offset, buf.len() as u32) {
+        // A read made here (a random read) is the client's: in the download limit's foreground.
+        let read = cairn_core::engine::storage::foreground(|| self.content.read(&self.file, offset, buf.len() as u32));
+        match read {
             Ok(data) if data.len() == buf.len() => {
                 buf.copy_from_slice(&data);
                 Ok(())

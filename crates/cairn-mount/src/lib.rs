@@ -169,6 +169,7 @@ pub fn mount(
         window: budget / 2,
         fetchers: opts.fetch_concurrency.unwrap_or_else(|| repo.storage().default_concurrency()).max(1),
         decoders: opts.decode_threads.unwrap_or_else(cairn_core::engine::platform::cores).max(1),
+        foreground: false,
     };
     let prefetch = prefetch::Prefetch::start(repo.clone(), cache.clone(), limits)?;
     let content = content::Content::new(repo.clone(), cache, prefetch);

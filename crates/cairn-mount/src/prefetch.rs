@@ -43,6 +43,9 @@ pub struct Limits {
     pub fetchers: usize,
     /// Decode workers.
     pub decoders: usize,
+    /// Reads in the download limit's foreground lane (a live restore's export: what its
+    /// client waits for goes ahead of the background restore).
+    pub foreground: bool,
 }
 
 /// What plans a stream's blobs, a batch at a time, in the order its reader will want them.
@@ -167,7 +170,8 @@ impl Drop for Prefetch {
 impl Shared {
     /// The pipeline: sessions of one long-lived reader, each fed from the streams.
     fn run(&self) {
-        let reader = Reader::new(&self.repo, self.limits.budget, self.stopped.clone());
+        let reader =
+            Reader::new(&self.repo, self.limits.budget, self.stopped.clone()).in_foreground(self.limits.foreground);
         let mut slots = Slots::new(SESSION_READS);
         while !self.stopped.load(Ordering::Acquire) {
             std::thread::scope(|s| {
@@ -538,7 +542,7 @@ mod tests {
     /// about `window / 80_000` reads).
     fn prefetch(repo: &Arc<Repository>, window: u64) -> (Prefetch, Arc<BlobCache>) {
         let cache = Arc::new(BlobCache::new(64 << 20));
-        let limits = Limits { budget: 32 << 20, window, fetchers: 2, decoders: 1 };
+        let limits = Limits { budget: 32 << 20, window, fetchers: 2, decoders: 1, foreground: false };
         (Prefetch::start(repo.clone(), cache.clone(), limits).unwrap(), cache)
     }
 

@@ -3,7 +3,8 @@
 //! `CAIRN_INJECT_WRITE_LATENCY` or `--limit-download`); the export reads as the snapshot with the writes applied, the writes
 //! are never overwritten by the restore, a restore killed with SIGKILL is resumed by the same
 //! command without losing them, and a VM boots from the export, writes, and its write is in the
-//! target next to the snapshot's files.
+//! target next to the snapshot's files; under `--limit-download` a client's read does not wait
+//! behind the background restore's traffic.
 
 use crate::nbd::{boot_guest, boot_kit, disk_fixture, ext4_cat, make_vm_disk, tool, Export, MIB, SIZE};
 use crate::support;
@@ -154,4 +155,35 @@ fn a_vm_boots_from_a_live_restore_and_its_write_is_in_the_target() {
     let (source, after) = (fs::read(&image).unwrap(), fs::read(&target).unwrap());
     let changed = source.chunks(4096).zip(after.chunks(4096)).filter(|(s, a)| s != a).count();
     assert!(changed > 0 && changed < 1024, "{changed} blocks differ from the snapshot");
+}
+
+#[test]
+fn under_a_download_limit_a_clients_read_goes_ahead_of_the_background_restore() {
+    let fx = disk_fixture();
+    let image = fx.src.join("disk.img");
+    let spec = format!("latest:{}", image.display());
+    let target = fx.path("restored.img");
+    // About 6 MiB to fetch at 1 MiB/s, 16 ranged reads in flight: without a lane of its own the
+    // client's read would queue behind most of the restore's traffic, paid for ahead of it.
+    let export =
+        live(&fx, &spec, &target, &fx.path("lane.sock"), "", &["--limit-download", "1M", "--fetch-concurrency", "16"]);
+    let started = Instant::now();
+    // The restore's reads are in flight; then the last 64 KiB chunk of the image, what the
+    // restore fetches last.
+    std::thread::sleep(Duration::from_millis(300));
+    let read = Instant::now();
+    let out = tool("qemu-io", &["-f", "raw", "-c", &format!("read -v {} 16", SIZE - 4096), &export.uri()]);
+    let read_took = read.elapsed();
+    let still_running = state_of(&target).exists();
+    let total = started.elapsed() + wait_complete(&target);
+    export.stop();
+    let want = &fs::read(&image).unwrap()[(SIZE - 4096) as usize..(SIZE - 4096 + 16) as usize];
+    let hex: String = want.iter().map(|b| format!("{b:02x} ")).collect();
+    assert!(out.contains(hex.trim_end()), "qemu-io read {out:?}, the snapshot holds {hex}");
+    eprintln!("the client's read took {read_took:?}; the background restore {total:?}");
+    assert!(still_running, "the restore ended before the client's read returned ({read_took:?} of {total:?})");
+    assert!(
+        read_took * 4 < total,
+        "the client's read took {read_took:?} of the background restore's {total:?}: it waited behind it"
+    );
 }

@@ -209,6 +209,8 @@ pub struct Reader<'a> {
     meter: Meter,
     /// Called once every fetch and decode worker of a [`Reader::start`] has ended.
     when_done: Option<&'a (dyn Fn() + Sync)>,
+    /// Its workers read in the download limit's foreground lane ([`Reader::in_foreground`]).
+    foreground: bool,
 }
 
 /// The fetch stage's running totals the controller samples.
@@ -246,6 +248,24 @@ impl<'a> Reader<'a> {
             tuning: None,
             meter: Meter::default(),
             when_done: None,
+            foreground: false,
+        }
+    }
+
+    /// Makes this reader's workers read in the download limit's foreground lane
+    /// ([`crate::engine::storage::foreground`]): what a client waits for now, read ahead of
+    /// background work sharing the limit.
+    pub fn in_foreground(mut self, yes: bool) -> Self {
+        self.foreground = yes;
+        self
+    }
+
+    /// Runs `f` in this reader's lane.
+    fn in_lane(&self, f: impl FnOnce()) {
+        if self.foreground {
+            crate::engine::storage::foreground(f)
+        } else {
+            f()
         }
     }
 
@@ -339,7 +359,7 @@ impl<'a> Reader<'a> {
         for _ in 0..fetchers {
             let (rx, tx, sink) = (reads_rx.clone(), fetched_tx.clone(), sink.clone());
             workers.push(spawn_named(s, "fetch", move || {
-                fetch::fetch_worker(self, rx, tx, sink);
+                self.in_lane(|| fetch::fetch_worker(self, rx, tx, sink));
                 self.meter.live_fetchers.fetch_sub(1, Ordering::Relaxed);
                 self.worker_ended();
             }));
@@ -347,7 +367,7 @@ impl<'a> Reader<'a> {
         for _ in 0..decoders {
             let (rx, sink) = (fetched_rx.clone(), sink.clone());
             workers.push(spawn_named(s, "decode", move || {
-                decode::decode_worker(self, rx, sink);
+                self.in_lane(|| decode::decode_worker(self, rx, sink));
                 self.worker_ended();
             }));
         }

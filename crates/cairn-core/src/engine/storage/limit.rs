@@ -9,7 +9,15 @@
 //! bucket holds at most [`BURST`] of traffic, so an idle link does not save up for a long burst;
 //! a request larger than what the bucket holds runs it into debt, which the next requests wait
 //! out. Listings, existence checks and deletions move few bytes and are not held.
+//!
+//! Reads someone waits for now (a live restore's client reading what is not restored yet) are
+//! made on a thread inside [`foreground`]: they wait only behind each other's bytes (a second
+//! bucket at the same rate), never behind the debt of the background work in flight, which pays
+//! for them instead (their bytes count against the shared bucket the background waits on). Over
+//! any long stretch the total stays the limit; for a moment it can exceed it by the foreground
+//! bytes in flight.
 
+use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,6 +42,29 @@ impl Limits {
     pub fn is_none(&self) -> bool {
         self.upload.is_none() && self.download.is_none()
     }
+}
+
+thread_local! {
+    /// Whether this thread's requests are in the foreground lane.
+    static FOREGROUND: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with this thread's requests in the foreground lane: a limited download made in it
+/// waits only behind other foreground downloads, not behind the background's.
+pub fn foreground<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            FOREGROUND.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(FOREGROUND.with(|c| c.replace(true)));
+    f()
+}
+
+/// Whether this thread is inside [`foreground`].
+pub fn in_foreground() -> bool {
+    FOREGROUND.with(|c| c.get())
 }
 
 /// A token bucket of bytes: [`TokenBucket::take`] waits until the bytes taken so far fit the rate.
@@ -61,20 +92,49 @@ impl TokenBucket {
 
     /// Takes `n` bytes, waiting as long as the bucket is in debt after them.
     pub fn take(&self, n: u64) {
-        let wait = {
-            let mut b = self.state.lock().expect("token bucket");
-            let now = Instant::now();
-            let refill = now.saturating_duration_since(b.at).as_secs_f64() * self.rate;
-            b.tokens = (b.tokens + refill).min(self.capacity) - n as f64;
-            b.at = now;
-            if b.tokens < 0.0 {
-                Duration::from_secs_f64(-b.tokens / self.rate)
-            } else {
-                Duration::ZERO
-            }
-        };
+        let wait = self.charge(n);
         if !wait.is_zero() {
             std::thread::sleep(wait);
+        }
+    }
+
+    /// Takes `n` bytes without waiting; returns how long the taker should wait (the debt after
+    /// them, at the rate).
+    fn charge(&self, n: u64) -> Duration {
+        let mut b = self.state.lock().expect("token bucket");
+        let now = Instant::now();
+        let refill = now.saturating_duration_since(b.at).as_secs_f64() * self.rate;
+        b.tokens = (b.tokens + refill).min(self.capacity) - n as f64;
+        b.at = now;
+        if b.tokens < 0.0 {
+            Duration::from_secs_f64(-b.tokens / self.rate)
+        } else {
+            Duration::ZERO
+        }
+    }
+}
+
+/// One direction's limit with two lanes: the background waits on `all` (every byte), a
+/// [`foreground`] request on `urgent` (the foreground's bytes only) and charges `all` too.
+#[derive(Debug)]
+pub struct Lanes {
+    all: TokenBucket,
+    urgent: TokenBucket,
+}
+
+impl Lanes {
+    /// Both lanes at `rate` bytes per second.
+    pub fn new(rate: u64) -> Self {
+        Lanes { all: TokenBucket::new(rate), urgent: TokenBucket::new(rate) }
+    }
+
+    /// Takes `n` bytes in this thread's lane, waiting as that lane's debt requires.
+    pub fn take(&self, n: u64) {
+        if in_foreground() {
+            let _ = self.all.charge(n);
+            self.urgent.take(n);
+        } else {
+            self.all.take(n);
         }
     }
 }
@@ -83,17 +143,13 @@ impl TokenBucket {
 pub struct LimitedStorage {
     inner: Arc<dyn Storage>,
     upload: Option<TokenBucket>,
-    download: Option<TokenBucket>,
+    download: Option<Lanes>,
 }
 
 impl LimitedStorage {
     /// Wraps `inner`.
     pub fn new(inner: Arc<dyn Storage>, limits: Limits) -> Self {
-        LimitedStorage {
-            inner,
-            upload: limits.upload.map(TokenBucket::new),
-            download: limits.download.map(TokenBucket::new),
-        }
+        LimitedStorage { inner, upload: limits.upload.map(TokenBucket::new), download: limits.download.map(Lanes::new) }
     }
 
     fn download(&self, n: u64) {
@@ -177,6 +233,44 @@ mod tests {
         let took = start.elapsed().as_secs_f64();
         let want = 0.5 - BURST.as_secs_f64();
         assert!(took >= want * 0.95, "{took:.3} s, want {want:.3} s");
+    }
+
+    #[test]
+    fn a_foreground_download_goes_ahead_of_the_background_debt() {
+        // 4 background downloads of 512 KiB at 1 MiB/s are paid for ahead: about 2 s of debt.
+        // A foreground download of 16 KiB made after them returns before any of them, and its
+        // bytes are added to what the background pays; a background one made then is last.
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let lanes = Lanes::new(1 << 20);
+        let order = Mutex::new(Vec::new());
+        let started = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for i in 0..4 {
+                let (lanes, order, started) = (&lanes, &order, &started);
+                s.spawn(move || {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    lanes.take(512 << 10);
+                    order.lock().unwrap().push(format!("background {i}"));
+                });
+            }
+            while started.load(Ordering::SeqCst) < 4 {
+                std::thread::yield_now();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            s.spawn(|| {
+                foreground(|| lanes.take(16 << 10));
+                assert!(!in_foreground(), "the lane is this thread's only inside foreground()");
+                order.lock().unwrap().push("foreground".into());
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            s.spawn(|| {
+                lanes.take(16 << 10);
+                order.lock().unwrap().push("background late".into());
+            });
+        });
+        let order = order.into_inner().unwrap();
+        assert_eq!(order[0], "foreground", "{order:?}");
+        assert_eq!(order[5], "background late", "{order:?}");
     }
 
     #[test]

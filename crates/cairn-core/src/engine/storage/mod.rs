@@ -15,7 +15,7 @@ mod trace;
 
 pub use explain::{bucket_name_problem, storage_full};
 pub use fault::{parse_duration as parse_fault_duration, Faults, FaultyStorage};
-pub use limit::{LimitedStorage, Limits, TokenBucket};
+pub use limit::{foreground, LimitedStorage, Limits, TokenBucket};
 pub use location::{is_loopback_host, Location};
 pub use metered::{LinkMeter, MeteredStorage};
 pub use opendal_backend::{OpendalStorage, RemoteOptions};
