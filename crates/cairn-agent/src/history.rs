@@ -147,7 +147,7 @@ impl History {
 
     /// A new run of `job`, marked as running on disk.
     pub fn start(&mut self, profile: &str, job: JobKind, reason: &str) -> Result<Run> {
-        let now = chrono::Utc::now().timestamp();
+        let now = crate::scheduler::now().timestamp();
         let run = Run {
             id: self.next_id,
             profile: profile.to_string(),

@@ -153,7 +153,7 @@ pub async fn run(
 }
 
 fn finish(run: &mut Run) {
-    run.ended = chrono::Utc::now().timestamp();
+    run.ended = crate::scheduler::now().timestamp();
 }
 
 fn exit_text(status: &std::process::ExitStatus) -> String {

@@ -125,7 +125,7 @@ impl Agent {
             wake: tokio::sync::Notify::new(),
             stopping: AtomicBool::new(false),
             host: notify::host(),
-            started: chrono::Utc::now().timestamp(),
+            started: crate::scheduler::now().timestamp(),
             metrics_file: config.metrics_file.clone(),
             opener: config.opener.clone(),
             check_record_dir: config.check_record_dir.clone(),
@@ -317,7 +317,7 @@ pub fn run_once(config: Config, profile: &str, job: JobKind) -> Result<history::
             job,
             reason: "once".into(),
             attempt: agent.profiles[i].retries,
-            not_before: chrono::Local::now(),
+            not_before: crate::scheduler::now(),
         };
         agent.state.lock().unwrap().profiles[i].running =
             Some(scheduler::Live { run: run.clone(), pid: 0, progress: job::Progress::default() });
