@@ -22,21 +22,8 @@ pub fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&#39;")
 }
 
-/// Bytes in binary units, as the terminal shows them.
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
+/// Bytes in binary units ("1.5 GiB").
+pub use cairn_core::engine::platform::format_size as bytes;
 
 fn time(secs: i64) -> String {
     Local.timestamp_opt(secs, 0).single().map_or("-".into(), |t| t.format("%Y-%m-%d %H:%M:%S").to_string())

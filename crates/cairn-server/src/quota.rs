@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use cairn_core::engine::platform::format_size;
 use cairn_core::engine::storage::Storage;
 use cairn_format::protocol::Kind;
 
@@ -136,26 +137,10 @@ pub fn over_quota(name: &str, quota: u64, used: u64, adding: u64) -> String {
     format!(
         "repository {name} is over its quota of {} ({} used, {} more refused): nothing was stored; ask the \
          server's admin for a larger quota, or forget and prune old snapshots with an admin token",
-        human(quota),
-        human(used),
-        human(adding)
+        format_size(quota),
+        format_size(used),
+        format_size(adding)
     )
-}
-
-/// `bytes` for a person: whole bytes below 1 KiB, else one decimal of the largest binary unit.
-fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
-    }
 }
 
 #[cfg(test)]
@@ -179,7 +164,5 @@ mod tests {
         assert!(Quotas::counts(Role::Append, Kind::Pack));
         assert!(!Quotas::counts(Role::Append, Kind::Lock));
         assert!(!Quotas::counts(Role::Admin, Kind::Pack));
-        assert_eq!(human(1536 << 20), "1.5 GiB");
-        assert_eq!(human(10), "10 B");
     }
 }

@@ -43,6 +43,23 @@ pub fn now_secs() -> u64 {
     now().secs.max(0) as u64
 }
 
+/// A byte size for a person, in the units [`parse_size`] reads: whole bytes below 1 KiB, else
+/// one decimal of the largest binary unit up to TiB ("1.5 GiB").
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
 /// Parses a byte size: a number with an optional K, M, G or T suffix (binary units).
 pub fn parse_size(s: &str) -> crate::Result<u64> {
     let t = s.trim().to_ascii_uppercase();
@@ -581,6 +598,14 @@ pub fn cstring(path: &Path) -> io::Result<CString> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_are_shown_in_one_decimal_of_binary_units() {
+        assert_eq!(format_size(1536 << 20), "1.5 GiB");
+        assert_eq!(format_size(10), "10 B");
+        assert_eq!(format_size(200 << 10), "200.0 KiB");
+        assert_eq!(format_size(3 << 40), "3.0 TiB");
+    }
 
     #[test]
     fn cpu_ticks_are_read_from_the_aggregate_line() {

@@ -220,24 +220,33 @@ impl OpendalStorage {
     /// under new names), and content-addressed objects with the same name hold the same bytes,
     /// so an existing target means the object is already stored.
     fn staged_write(&self, path: &str, data: Vec<u8>) -> Result<()> {
-        let name = path.rsplit('/').next().unwrap_or(path);
-        let tmp = self.at(&format!("{TEMPORARIES}{name}.{}", hex::encode(rand_bytes())));
+        let tmp = self.temporary(path);
         if let Err(e) = self.op.write(&tmp, data) {
             let _ = self.op.delete(&tmp);
             return Err(self.fail("write", path, e));
         }
-        if let Err(e) = self.op.rename(&tmp, &self.at(path)) {
+        self.commit(&tmp, path)
+    }
+
+    /// A new temporary object's full path for a write of `path`: `.tmp/NAME.RANDOM`.
+    fn temporary(&self, path: &str) -> String {
+        let name = path.rsplit('/').next().unwrap_or(path);
+        self.at(&format!("{TEMPORARIES}{name}.{}", hex::encode(rand_bytes())))
+    }
+
+    /// Renames the whole temporary object `tmp` into place as `path` ([`Self::staged_write`]
+    /// says why an existing `path` means it is already stored); `tmp` is gone afterwards.
+    fn commit(&self, tmp: &str, path: &str) -> Result<()> {
+        if let Err(e) = self.op.rename(tmp, &self.at(path)) {
             let exists = self.op.exists(&self.at(path)).unwrap_or(false);
-            let _ = self.op.delete(&tmp);
+            let _ = self.op.delete(tmp);
             if !exists {
                 return Err(self.fail("write", path, e));
             }
         }
         Ok(())
     }
-}
 
-impl OpendalStorage {
     /// [`Storage::write_parts`]: to a temporary object renamed into place (local, SFTP), or as
     /// one multipart upload of [`UPLOAD_PART`]-byte parts that becomes visible only when it
     /// completes (S3). At most one such part is held in memory.
@@ -245,8 +254,7 @@ impl OpendalStorage {
         if self.kind == Kind::S3 {
             return self.multipart_write(path, parts);
         }
-        let name = path.rsplit('/').next().unwrap_or(path);
-        let target = self.at(&format!("{TEMPORARIES}{name}.{}", hex::encode(rand_bytes())));
+        let target = self.temporary(path);
         let mut writer = self.op.writer(&target).map_err(|e| self.fail("write", path, e))?;
         let mut written = || -> Result<()> {
             for part in &mut *parts {
@@ -261,18 +269,9 @@ impl OpendalStorage {
             let _ = self.op.delete(&target);
             return Err(e);
         }
-        if let Err(e) = self.op.rename(&target, &self.at(path)) {
-            let exists = self.op.exists(&self.at(path)).unwrap_or(false);
-            let _ = self.op.delete(&target);
-            if !exists {
-                return Err(self.fail("write", path, e));
-            }
-        }
-        Ok(())
+        self.commit(&target, path)
     }
-}
 
-impl OpendalStorage {
     /// A streamed write to S3: one multipart upload of [`UPLOAD_PART`]-byte parts, visible only
     /// once it completes. An upload that fails (the body did not come whole, the server went
     /// away) is aborted, so its parts do not hold space until the bucket's rules for incomplete
