@@ -6,7 +6,7 @@
 //! target next to the snapshot's files; under `--limit-download` a client's read does not wait
 //! behind the background restore's traffic.
 
-use crate::nbd::{boot_guest, boot_kit, disk_fixture, ext4_cat, make_vm_disk, tool, Export, MIB, SIZE};
+use crate::nbd::{boot_guest, disk_fixture, ext4_cat, tool, Export, Vm, MIB, SIZE};
 use crate::support;
 
 use std::fs;
@@ -132,14 +132,7 @@ fn killed_midway_a_second_live_restore_resumes_and_the_writes_survive() {
 #[test]
 fn a_vm_boots_from_a_live_restore_and_its_write_is_in_the_target() {
     let fx = Fixture::new();
-    let scratch = fx.path("scratch");
-    fs::create_dir_all(&fx.src).unwrap();
-    make_vm_disk(&fx.src, &scratch);
-    fx.cairn.init(&[]);
-    fx.cairn.backup(&[&fx.src], &["--chunker", "fixed:64K"]);
-    let image = fx.src.join("vm.img");
-    let (kernel, initrd) = boot_kit(&scratch);
-    let spec = format!("latest:{}", image.display());
+    let Vm { image, spec, kernel, initrd } = Vm::backed_up(&fx);
     let target = fx.path("vm.img");
     // 17 MiB of data at 2 MiB/s: the guest boots while the restore runs.
     let export = live(&fx, &spec, &target, &fx.path("vm.sock"), "", &["--limit-download", "2M"]);

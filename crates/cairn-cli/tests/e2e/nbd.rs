@@ -499,13 +499,32 @@ pub(crate) fn boot_kit(dir: &Path) -> (PathBuf, PathBuf) {
     (kernel, initrd)
 }
 
-/// The guest's disk: an ext4 file system holding a marker and 16 MiB of random data.
-pub(crate) fn make_vm_disk(src: &Path, scratch: &Path) {
-    let root = scratch.join("rootfs");
-    fs::create_dir_all(&root).unwrap();
-    fs::write(root.join("marker"), "hello from the snapshot").unwrap();
-    fs::write(root.join("filler"), Rng(5).bytes(16 * MIB as usize)).unwrap();
-    tool("mkfs.ext4", &["-q", "-F", "-d", root.to_str().unwrap(), src.join("vm.img").to_str().unwrap(), "64M"]);
+/// A guest to boot: its disk (an ext4 file system holding a marker and 16 MiB of random data,
+/// `vm.img` in `fx`'s source) backed up into `fx`'s new repository with fixed 64 KiB chunks.
+pub(crate) struct Vm {
+    /// The disk image as backed up.
+    pub image: PathBuf,
+    /// `latest:IMAGE`.
+    pub spec: String,
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+}
+
+impl Vm {
+    pub(crate) fn backed_up(fx: &Fixture) -> Vm {
+        let scratch = fx.path("scratch");
+        let root = scratch.join("rootfs");
+        fs::create_dir_all(&root).unwrap();
+        fs::create_dir_all(&fx.src).unwrap();
+        fs::write(root.join("marker"), "hello from the snapshot").unwrap();
+        fs::write(root.join("filler"), Rng(5).bytes(16 * MIB as usize)).unwrap();
+        let image = fx.src.join("vm.img");
+        tool("mkfs.ext4", &["-q", "-F", "-d", root.to_str().unwrap(), image.to_str().unwrap(), "64M"]);
+        fx.cairn.init(&[]);
+        fx.cairn.backup(&[&fx.src], &["--chunker", "fixed:64K"]);
+        let (kernel, initrd) = boot_kit(&scratch);
+        Vm { spec: format!("latest:{}", image.display()), image, kernel, initrd }
+    }
 }
 
 /// `debugfs -R "cat PATH" IMAGE`: a file of an ext4 image, without mounting it.
@@ -518,14 +537,7 @@ pub(crate) fn ext4_cat(image: &Path, path: &str) -> Vec<u8> {
 #[test]
 fn a_vm_boots_from_the_export_and_its_write_lands_in_the_overlay() {
     let fx = Fixture::new();
-    let scratch = fx.path("scratch");
-    fs::create_dir_all(&fx.src).unwrap();
-    make_vm_disk(&fx.src, &scratch);
-    fx.cairn.init(&[]);
-    fx.cairn.backup(&[&fx.src], &["--chunker", "fixed:64K"]);
-    let image = fx.src.join("vm.img");
-    let (kernel, initrd) = boot_kit(&scratch);
-    let spec = format!("latest:{}", image.display());
+    let Vm { image, spec, kernel, initrd } = Vm::backed_up(&fx);
     let overlay = fx.path("vm.overlay");
     let ovl = overlay.to_str().unwrap();
     let export = Export::start(&fx.cairn, &spec, &fx.path("nbd.sock"), &["--writable", "--overlay", ovl]);

@@ -420,6 +420,29 @@ fn damaged_objects(repo: &Path) -> Vec<String> {
         .collect()
 }
 
+/// A backup of `src` through `c` with uploads slowed to `limit` a second, so that a fault
+/// can land while packs are still being sent; waits until `uploading` says they are.
+fn slow_backup(c: &Cairn, src: &Path, limit: &str, uploading: impl FnMut() -> bool) -> std::process::Child {
+    let mut backup = c.command();
+    backup.args(["--limit-upload", limit, "backup"]).arg(src).stdout(std::process::Stdio::null());
+    backup.stderr(std::process::Stdio::piped());
+    let running = backup.spawn().unwrap();
+    common::wait_until(std::time::Duration::from_secs(60), "the first upload", uploading);
+    running
+}
+
+/// Waits for the backup of `src` a fault hit: it completes, or fails with one clear line and
+/// the next backup finishes the work; either way the repository then holds one snapshot.
+fn backup_completes_or_the_next_does(c: &Cairn, running: std::process::Child, src: &Path) {
+    let out = running.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        assert_eq!(err.lines().count(), 1, "{err}");
+        c.backup(&[src], &[]);
+    }
+    assert_eq!(c.snapshots().len(), 1, "{err}");
+}
+
 #[test]
 fn a_server_killed_during_uploads_leaves_no_partial_object_and_the_backup_completes() {
     let mut server = Server::start();
@@ -434,33 +457,16 @@ fn a_server_killed_during_uploads_leaves_no_partial_object_and_the_backup_comple
         std::fs::write(src.join(format!("f{i}")), rng.bytes(4 << 20)).unwrap();
     }
     let repo = server.storage().join("laptop");
-    // Slow uploads (a bandwidth limit), so that the kill lands with packs still to send.
-    let mut backup = c.command();
-    backup.args(["--limit-upload", "8M", "backup"]).arg(&src).stdout(std::process::Stdio::null());
-    backup.stderr(std::process::Stdio::piped());
-    let running = backup.spawn().unwrap();
     // Killed as soon as the first pack is arriving or stored, with the rest still to come.
-    let uploading = || {
+    let running = slow_backup(&c, &src, "8M", || {
         let temporaries = std::fs::read_dir(repo.join(".tmp")).map(|d| d.count()).unwrap_or(0);
         temporaries > 0 || objects(&repo).keys().any(|k| k.starts_with("data/"))
-    };
-    let start = std::time::Instant::now();
-    while !uploading() {
-        assert!(start.elapsed() < std::time::Duration::from_secs(60), "no upload started");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    });
     server.kill();
     // Nothing partial is under an object's name; the temporary files are not objects.
     assert_eq!(damaged_objects(&repo), Vec::<String>::new());
     server.restart();
-    let out = running.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() {
-        // Failing is allowed only with one clear line; the next backup finishes the work.
-        assert_eq!(err.lines().count(), 1, "{err}");
-        c.backup(&[&src], &[]);
-    }
-    assert_eq!(c.snapshots().len(), 1, "{err}");
+    backup_completes_or_the_next_does(&c, running, &src);
     assert_eq!(damaged_objects(&repo), Vec::<String>::new());
     c.ok(["check", "--read-data"]);
 }
@@ -649,27 +655,12 @@ fn the_s3_storage_stopping_under_the_server_loses_nothing_and_failed_uploads_are
         std::fs::write(src.join(format!("f{i}")), rng.bytes(3 << 20)).unwrap();
     }
     let want = common::scan_source(&src);
-    let mut backup = c.command();
-    backup.args(["--limit-upload", "6M", "backup"]).arg(&src).stdout(std::process::Stdio::null());
-    backup.stderr(std::process::Stdio::piped());
-    let running = backup.spawn().unwrap();
     let packs = minio.data.join(common::servers::BUCKET).join("site/laptop/data");
-    let start = std::time::Instant::now();
-    while std::fs::read_dir(&packs).map_or(0, |d| d.count()) == 0 {
-        assert!(start.elapsed() < std::time::Duration::from_secs(60), "no pack arrived");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let running = slow_backup(&c, &src, "6M", || std::fs::read_dir(&packs).map_or(0, |d| d.count()) > 0);
     minio.stop();
     std::thread::sleep(std::time::Duration::from_secs(3));
     minio.resume();
-    let out = running.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() {
-        // Failing is allowed only with one clear line; the next backup finishes the work.
-        assert_eq!(err.lines().count(), 1, "{err}");
-        c.backup(&[&src], &[]);
-    }
-    assert_eq!(c.snapshots().len(), 1, "{err}");
+    backup_completes_or_the_next_does(&c, running, &src);
     c.ok(["check", "--read-data"]);
     restores_exactly(&c, &src, &want, work.path());
 }

@@ -42,7 +42,9 @@ fn start_driver() -> Driver {
         .spawn()
         .expect("chromedriver (Debian's chromium-driver; .ci/run installs it)");
     let url = format!("http://127.0.0.1:{port}");
-    super::wait_until(30, "chromedriver to listen", || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    crate::support::wait_until(Duration::from_secs(30), "chromedriver to listen", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
     Driver { child, url, _profile: tempfile::tempdir().unwrap() }
 }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{ok, output_within_timeout, KDF_ARGS, PASSWORD};
+use crate::support::{ok, output_within_timeout, wait_until, KDF_ARGS, PASSWORD};
 
 /// A directory with a source tree, repositories, a configuration file and the agent's state.
 pub struct AgentFx {
@@ -46,18 +46,6 @@ pub fn cairn_cmd(dir: &Path, env: &[(String, String)]) -> Command {
         .env("HOME", dir.join("home"));
     c.envs(env.iter().map(|(k, v)| (k, v)));
     c
-}
-
-/// Waits up to `secs` for `cond`, polling.
-pub fn wait_until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < end {
-        if cond() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("waited {secs} s for {what}");
 }
 
 impl AgentFx {
@@ -170,7 +158,7 @@ impl AgentFx {
     /// Waits until `profile`'s last run is newer than `after` and returns it.
     pub fn wait_run(&self, profile: &str, after: u64, secs: u64) -> Value {
         let mut last = Value::Null;
-        wait_until(secs, &format!("a run of {profile} after run {after}"), || {
+        wait_until(Duration::from_secs(secs), &format!("a run of {profile} after run {after}"), || {
             let p = self.profile(profile);
             last = p["last"].clone();
             p["running"].is_null() && last["id"].as_u64().unwrap_or(0) > after
@@ -362,7 +350,7 @@ fn an_unreachable_repository_fails_alerts_and_others_still_run() {
     let away = fx.wait_run("away", 0, 120);
     assert_eq!(away["outcome"], "failed", "{away}");
     assert!(away["message"].as_str().unwrap().contains("no-such-repo"), "{away}");
-    wait_until(30, "the webhook", || !hook.bodies.lock().unwrap().is_empty());
+    wait_until(Duration::from_secs(30), "the webhook", || !hook.bodies.lock().unwrap().is_empty());
     let alert = hook.bodies.lock().unwrap()[0].clone();
     assert_eq!(alert["event"], "failure");
     assert_eq!(alert["profile"], "away");
@@ -371,7 +359,7 @@ fn an_unreachable_repository_fails_alerts_and_others_still_run() {
     assert_eq!(alert["host"], host.as_str());
     let msg = alert["message"].as_str().unwrap();
     assert!(msg.contains("backup of profile away on") && msg.contains(&host) && msg.contains("no-such-repo"), "{msg}");
-    wait_until(30, "the notify command", || {
+    wait_until(Duration::from_secs(30), "the notify command", || {
         fs::read_to_string(fx.dir.join("alert.json")).is_ok_and(|t| t.contains("failure"))
     });
     // A missing repository is not transient: no retry.
@@ -385,7 +373,7 @@ fn an_unreachable_repository_fails_alerts_and_others_still_run() {
     fx.run_now("away", "backup");
     let again = fx.wait_run("away", away["id"].as_u64().unwrap(), 120);
     assert_eq!(again["outcome"], "success");
-    wait_until(30, "the recovery webhook", || hook.bodies.lock().unwrap().len() >= 2);
+    wait_until(Duration::from_secs(30), "the recovery webhook", || hook.bodies.lock().unwrap().len() >= 2);
     assert_eq!(hook.bodies.lock().unwrap()[1]["event"], "recovery");
 }
 
@@ -601,7 +589,7 @@ fn slow_backup_fixture(extra: &str) -> AgentFx {
 
 fn running_pid(fx: &AgentFx) -> u32 {
     let mut pid = 0;
-    wait_until(60, "a running backup with progress", || {
+    wait_until(Duration::from_secs(60), "a running backup with progress", || {
         let p = fx.profile("home");
         pid = p["running"]["pid"].as_u64().unwrap_or(0) as u32;
         pid > 0 && p["running"]["files_done"].as_u64().unwrap_or(0) > 0
@@ -646,7 +634,7 @@ fn kill_9_of_the_agent_mid_backup_is_recorded_and_the_next_run_completes() {
     agent.kill().unwrap();
     agent.wait().unwrap();
     // The job is told its agent died (SIGINT, as Ctrl-C) and stops without a snapshot.
-    wait_until(60, "the job of the killed agent to end", || ended(job));
+    wait_until(Duration::from_secs(60), "the job of the killed agent to end", || ended(job));
     fx.env.clear();
     fx.start();
     let killed = fx.profile("home")["last"].clone();
@@ -720,7 +708,7 @@ fn no_backup_for_too_long_alerts_once() {
     std::thread::sleep(Duration::from_millis(600));
     assert!(hook.bodies.lock().unwrap().is_empty());
     fs::write(&clock, "3700").unwrap();
-    wait_until(30, "the overdue alert", || !hook.bodies.lock().unwrap().is_empty());
+    wait_until(Duration::from_secs(30), "the overdue alert", || !hook.bodies.lock().unwrap().is_empty());
     std::thread::sleep(Duration::from_millis(600));
     let got = hook.bodies.lock().unwrap().clone();
     assert_eq!(got.len(), 1, "one alert, not one per recheck: {got:?}");

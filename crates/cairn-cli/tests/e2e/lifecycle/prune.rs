@@ -17,7 +17,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::{assert_same, last_json, restored_path, scan, scan_source, Cairn, Fixture, Rng};
+use support::{assert_same, last_json, restored_path, scan, scan_source, wait_until, Cairn, Fixture, Rng};
 
 /// Small chunks and 1 MiB packs: a few MiB make many packs and blobs.
 const INIT: [&str; 4] = ["--chunk-sizes", "65536,131072,524288", "--pack-size", "1"];
@@ -140,15 +140,6 @@ fn assert_checks(cairn: &Cairn, clean: bool) {
 /// Waits for `child` (at most five minutes) and returns its output.
 fn finish(child: Child, what: &str) -> std::process::Output {
     support::wait_within_timeout(child, what)
-}
-
-/// Waits until `cond` holds (at most `within`).
-fn wait_until(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < within, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A repository with four generations of 12 files, the first two forgotten: about half of its

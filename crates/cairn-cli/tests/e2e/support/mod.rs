@@ -457,6 +457,15 @@ pub fn output_within_timeout(c: &mut Command) -> Output {
     wait_within_timeout(c.spawn().expect("running the cairn binary"), &shown)
 }
 
+/// Waits until `cond` holds, polling every 20 ms; panics naming `what` after `within`.
+pub fn wait_until(within: std::time::Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < within, "timed out after {within:?} waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Waits for `child` (shown as `shown` in messages), collecting whatever of its stdout and
 /// stderr is still piped; kills it and panics if it runs longer than [`COMMAND_TIMEOUT`].
 pub fn wait_within_timeout(mut child: std::process::Child, shown: &str) -> Output {

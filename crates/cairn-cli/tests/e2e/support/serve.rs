@@ -118,14 +118,6 @@ impl Server {
     }
 
     pub fn raw_with(&self, method: &str, path: &str, token: Option<&str>, body: &[u8], extra: &str) -> (u16, String) {
-        let tcp = std::net::TcpStream::connect(self.addr).unwrap();
-        tcp.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
-        let conn = rustls::ClientConnection::new(
-            self.tls.clone().expect("a server over TLS"),
-            "localhost".try_into().unwrap(),
-        )
-        .unwrap();
-        let mut tls = rustls::StreamOwned::new(conn, tcp);
         let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
         let head = format!(
             "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}{extra}Content-Length: {}\r\nConnection: close\r\n\r\n",
@@ -133,20 +125,21 @@ impl Server {
         );
         let mut request = head.into_bytes();
         request.extend_from_slice(body);
-        let _ = tls.write_all(&request);
-        let mut response = Vec::new();
-        let _ = tls.read_to_end(&mut response);
-        let text = String::from_utf8_lossy(&response).into_owned();
-        let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-        (status, body)
+        self.exchange(&request, std::time::Duration::from_secs(30), false)
     }
 
     /// Sends `request` as given over TLS (then closes the sending side); returns the status and
     /// body of the first answer (status 0 when the server closed without one).
     pub fn raw_bytes(&self, request: &[u8]) -> (u16, String) {
+        self.exchange(request, std::time::Duration::from_secs(60), true)
+    }
+
+    /// Sends `request` over a new TLS connection (with `close`, then closes the sending side)
+    /// and reads until the server closes, for at most `timeout` a read; returns the status and
+    /// body of the first answer (status 0 when there was none).
+    fn exchange(&self, request: &[u8], timeout: std::time::Duration, close: bool) -> (u16, String) {
         let tcp = std::net::TcpStream::connect(self.addr).unwrap();
-        tcp.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+        tcp.set_read_timeout(Some(timeout)).unwrap();
         let conn = rustls::ClientConnection::new(
             self.tls.clone().expect("a server over TLS"),
             "localhost".try_into().unwrap(),
@@ -154,8 +147,10 @@ impl Server {
         .unwrap();
         let mut tls = rustls::StreamOwned::new(conn, tcp);
         let _ = tls.write_all(request);
-        tls.conn.send_close_notify();
-        let _ = tls.flush();
+        if close {
+            tls.conn.send_close_notify();
+            let _ = tls.flush();
+        }
         let mut response = Vec::new();
         let _ = tls.read_to_end(&mut response);
         let text = String::from_utf8_lossy(&response).into_owned();
