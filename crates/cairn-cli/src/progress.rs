@@ -73,6 +73,35 @@ pub fn restore(p: &Progress, done: &Signal, json: bool) {
     }
 }
 
+/// Shows a live restore's progress until `done`: the bytes of the target present (restored in
+/// the background, or read or written by a client) out of its size, as a bar on a terminal or
+/// a `live_status` JSON line a second with `--json` (the first after 100 ms).
+pub fn live(p: &Progress, present: &dyn Fn() -> u64, size: u64, done: &Signal, json: bool) {
+    let bar = terminal_bar(json);
+    if let Some(bar) = &bar {
+        bar.set_length(size);
+    }
+    let started = Instant::now();
+    let mut last_json = None::<Instant>;
+    while !done.wait_timeout(TICK) {
+        if let Some(bar) = &bar {
+            bar.set_position(present());
+            let mut msg =
+                format!("present; {} restored in the background, serving", bytes(p.done_bytes.load(Ordering::Relaxed)));
+            if let Some(s) = p.stall.lock().expect("stall lock").clone() {
+                msg.push_str(&format!(" — stalled: {s}"));
+            }
+            bar.set_message(msg);
+        } else if json && last_json.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            last_json = Some(Instant::now());
+            outln!("{}", json::line(&json::LiveStatus::new(p, present(), size, started.elapsed())));
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+}
+
 /// Prints the end-of-restore summary (and, with `profile`, per-stage times).
 pub fn print_restore_summary(snapshot: &str, out: &RestoreOutcome, json: bool, profile: bool) {
     let secs = out.duration.as_secs_f64();

@@ -183,6 +183,7 @@ fn run_live(
     progress: &Progress,
 ) -> Result<ExitCode> {
     use cairn_core::engine::open::{self, OpenedSnapshot};
+    use cairn_core::engine::signal::{RaiseOnDrop, Signal};
     use cairn_mount::LiveEvent;
 
     let Some(path) = path else {
@@ -210,30 +211,47 @@ fn run_live(
     );
     let config = cairn_nbd::Config { name: path.to_string_lossy().into_owned(), workers: 32 };
     let failed = AtomicBool::new(false);
-    let on_event = |event: LiveEvent| match event {
-        LiveEvent::Restored(out) if out.failed.is_empty() => eprintln!(
-            "cairn: restore complete: {} holds the snapshot with every write applied ({} bytes fetched); still serving",
-            target.display(),
-            out.bytes_fetched
-        ),
-        LiveEvent::Restored(out) => {
-            failed.store(true, std::sync::atomic::Ordering::Relaxed);
-            for (p, why) in &out.failed {
-                eprintln!("error: {}: {why}", p.display());
+    // The progress display runs while the background restore does; the restore's end stops it
+    // before the lines saying how it ended.
+    let restoring = Signal::default();
+    let on_event = |event: LiveEvent| {
+        restoring.raise();
+        match event {
+            LiveEvent::Restored(out) if out.failed.is_empty() => {
+                eprintln!(
+                    "cairn: restore complete: {} holds the snapshot with every write applied ({} bytes fetched); still serving",
+                    target.display(),
+                    out.bytes_fetched
+                );
+                if g.json {
+                    crate::progress::print_restore_summary(&id.to_hex(), &out, true, false);
+                }
             }
-            eprintln!("cairn: the restore is not complete; still serving (reads of what is missing fetch it)");
-        }
-        LiveEvent::Stopped(cairn_core::Error::Interrupted) => eprintln!(
-            "cairn: restore interrupted; run the same command again to resume it ({} keeps its state)",
-            live.state_path().display()
-        ),
-        LiveEvent::Stopped(e) => {
-            failed.store(true, std::sync::atomic::Ordering::Relaxed);
-            eprintln!("error: the background restore stopped: {e}");
+            LiveEvent::Restored(out) => {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                for (p, why) in &out.failed {
+                    eprintln!("error: {}: {why}", p.display());
+                }
+                eprintln!("cairn: the restore is not complete; still serving (reads of what is missing fetch it)");
+            }
+            LiveEvent::Stopped(cairn_core::Error::Interrupted) => eprintln!(
+                "cairn: restore interrupted; run the same command again to resume it ({} keeps its state)",
+                live.state_path().display()
+            ),
+            LiveEvent::Stopped(e) => {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                eprintln!("error: the background restore stopped: {e}");
+            }
         }
     };
-    let served = live
-        .serve(server, &config, opts, progress, &on_event, &|e| eprintln!("cairn: a client's connection ended: {e}"));
+    let size = live.export().size();
+    let served = std::thread::scope(|s| {
+        s.spawn(|| crate::progress::live(progress, &|| live.present_bytes(), size, &restoring, g.json));
+        let _stop = RaiseOnDrop(&restoring);
+        live.serve(server, &config, opts, progress, &on_event, &|e| {
+            eprintln!("cairn: a client's connection ended: {e}")
+        })
+    });
     nbd.close();
     served?;
     eprintln!("cairn: stopped serving {}", target.display());

@@ -254,3 +254,34 @@ fn json_schema_errors_and_tokens() {
     let repos: Vec<&Value> = tokens.as_array().unwrap().iter().map(|t| &t["repo"]).collect();
     assert_eq!(repos, [&Value::from("host1"), &Value::Null], "{tokens}");
 }
+
+#[test]
+fn json_schema_live_restore() {
+    let fx = crate::nbd::disk_fixture();
+    let spec = format!("latest:{}", fx.src.join("disk.img").display());
+    let target = fx.path("restored.img");
+    // 50 ms before each of the background restore's 64 KiB writes: about 5 s of status lines.
+    let export = crate::live_restore::live(
+        &fx,
+        &spec,
+        &target,
+        &fx.path("live.sock"),
+        "50ms",
+        &["--json", "--write-threads", "1"],
+    );
+    crate::live_restore::wait_complete(&target);
+    let out = stdout(&export.stop());
+    let matched = validate("restore", &out);
+    assert!(has(&matched, "restore/live_status"), "{matched:?}");
+    assert_eq!(matched.last().map(String::as_str), Some("restore/summary"), "{matched:?}");
+    // What is present only grows, up to the image's size.
+    let present: Vec<u64> = out
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["message_type"] == "live_status")
+        .inspect(|v| assert_eq!(v["total_bytes"], crate::nbd::SIZE, "{v}"))
+        .map(|v| v["present_bytes"].as_u64().unwrap())
+        .collect();
+    assert!(present.windows(2).all(|w| w[0] <= w[1]), "{present:?}");
+    assert!(present.len() >= 2 && present[0] < crate::nbd::SIZE, "{present:?}");
+}

@@ -18,7 +18,7 @@ use support::{Fixture, Rng};
 /// `cairn restore --live SPEC --target TARGET --socket SOCKET extra…`, serving; each write of
 /// the background restore waits `write_wait` first (`CAIRN_INJECT_WRITE_LATENCY`: the restore
 /// is slow, the client's reads are not).
-fn live(fx: &Fixture, spec: &str, target: &Path, socket: &Path, write_wait: &str, extra: &[&str]) -> Export {
+pub(crate) fn live(fx: &Fixture, spec: &str, target: &Path, socket: &Path, write_wait: &str, extra: &[&str]) -> Export {
     let mut cmd = fx.cairn.command();
     cmd.env("CAIRN_INJECT_WRITE_LATENCY", write_wait);
     cmd.args(["restore", "--live", spec, "--no-local-data", "--target"]).arg(target).arg("--socket").arg(socket);
@@ -32,7 +32,7 @@ fn state_of(target: &Path) -> PathBuf {
 }
 
 /// Waits until the background restore into `target` is complete (its state file is gone).
-fn wait_complete(target: &Path) -> Duration {
+pub(crate) fn wait_complete(target: &Path) -> Duration {
     let started = Instant::now();
     while state_of(target).exists() {
         assert!(started.elapsed() < Duration::from_secs(120), "the live restore did not complete within 120 s");

@@ -715,6 +715,35 @@ impl RestoreStatus {
     }
 }
 
+/// A status line of `restore --live --json`, once a second until the background restore ends.
+#[derive(Debug, Serialize)]
+pub struct LiveStatus {
+    message_type: &'static str,
+    seconds_elapsed: f64,
+    present_bytes: u64,
+    total_bytes: u64,
+    restored_bytes: u64,
+    fetched_bytes: u64,
+    stall: Option<String>,
+}
+
+impl LiveStatus {
+    /// The background restore's progress `p`, `present` bytes of the `total` in the target
+    /// (restored, or written or read by a client), `elapsed` after it started.
+    pub fn new(p: &super::restore::Progress, present: u64, total: u64, elapsed: Duration) -> Self {
+        use std::sync::atomic::Ordering::Relaxed;
+        LiveStatus {
+            message_type: "live_status",
+            seconds_elapsed: secs(elapsed),
+            present_bytes: present,
+            total_bytes: total,
+            restored_bytes: p.done_bytes.load(Relaxed),
+            fetched_bytes: p.fetched_bytes.load(Relaxed),
+            stall: p.stall.lock().map(|s| s.clone()).unwrap_or(None),
+        }
+    }
+}
+
 /// The last line of `restore --json`.
 #[derive(Debug, Serialize)]
 pub struct RestoreSummary<'a> {
