@@ -129,6 +129,14 @@ impl cairn_nbd::Export for Disk {
         }
     }
 
+    fn read_unit(&self, offset: u64) -> std::ops::Range<u64> {
+        let i = self.starts.partition_point(|&s| s <= offset).saturating_sub(1);
+        match self.file.node().content.get(i) {
+            Some(c @ Chunk::Data { .. }) => self.starts[i]..self.starts[i] + c.len(),
+            _ => offset..offset,
+        }
+    }
+
     fn extents(&self, offset: u64, length: u64) -> io::Result<Vec<Extent>> {
         let chunks = &self.file.node().content;
         let end = offset.saturating_add(length).min(self.size());

@@ -237,6 +237,21 @@ impl<B: Export> Live<B> {
         (offset / BLOCK, (offset + len).min(self.size).div_ceil(BLOCK))
     }
 
+    /// `[from, to)` widened to the whole blocks of the base's read units (chunks) at its ends: a
+    /// client's read of 4 KiB of a 1 MiB chunk decodes the chunk anyway, and keeping all of it
+    /// makes the next reads of that chunk local (random readers touch each chunk many times).
+    /// Blocks a unit covers only in part are left out: they would need the next unit decoded.
+    fn widened(&self, from: u64, to: u64) -> (u64, u64) {
+        let (first, last) = (self.base.read_unit(from), self.base.read_unit(to - 1));
+        let start = if first.start < from { first.start.div_ceil(BLOCK) * BLOCK } else { from };
+        let end = match last.end.min(self.size) {
+            e if e == self.size && e > to => e,
+            e if e > to => (e / BLOCK * BLOCK).max(to),
+            _ => to,
+        };
+        (start.min(from), end)
+    }
+
     /// Makes every block of `[offset, offset + len)` present: those that are not are read from
     /// the base (a run at a time) and written to the target.
     fn ensure(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -360,7 +375,10 @@ impl<B: Export> Export for Live<B> {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.ensure(offset, buf.len() as u64)?;
+        if !buf.is_empty() {
+            let (from, to) = self.widened(offset, offset + buf.len() as u64);
+            self.ensure(from, to - from)?;
+        }
         self.target.read_exact_at(buf, offset)
     }
 
@@ -432,6 +450,54 @@ mod tests {
         fn extents(&self, offset: u64, _length: u64) -> io::Result<Vec<Extent>> {
             Ok(vec![Extent { length: SIZE - offset, state: 0 }])
         }
+    }
+
+    /// [`Base`] stored in chunks of 2.5 blocks.
+    struct Chunked;
+
+    const UNIT: u64 = 5 * BLOCK / 2;
+
+    impl Export for Chunked {
+        fn size(&self) -> u64 {
+            SIZE
+        }
+
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+            Base.read_at(offset, buf)
+        }
+
+        fn read_unit(&self, offset: u64) -> std::ops::Range<u64> {
+            offset / UNIT * UNIT..((offset / UNIT + 1) * UNIT).min(SIZE)
+        }
+
+        fn extents(&self, offset: u64, length: u64) -> io::Result<Vec<Extent>> {
+            Base.extents(offset, length)
+        }
+    }
+
+    #[test]
+    fn a_read_keeps_the_whole_blocks_of_the_chunks_it_touches() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("disk.img");
+        let live = Live::open(Chunked, &target, &[6u8; 32]).unwrap();
+        let read = |offset: u64, len: u64| {
+            let mut buf = vec![0u8; len as usize];
+            live.read_at(offset, &mut buf).unwrap();
+            assert!(buf.iter().enumerate().all(|(i, &b)| b == snap(offset + i as u64)));
+        };
+        // In the first chunk [0, 2.5 blocks): blocks 0 and 1, not block 2 (half the next chunk's).
+        read(10, 100);
+        assert_eq!(live.state.lock().unwrap().absent(0, 11), [(2, 11)]);
+        // Across chunks 2 and 3 [5, 10 blocks): blocks 5 to 9.
+        read(7 * BLOCK, 2 * BLOCK);
+        assert_eq!(live.state.lock().unwrap().absent(0, 11), [(2, 5), (10, 11)]);
+        // The last chunk [10 blocks, end): the last, short block.
+        read(SIZE - 1, 1);
+        assert_eq!(live.state.lock().unwrap().absent(0, 11), [(2, 5)]);
+        // Block 2 spans chunks 0 and 1: a read in its chunk-0 half brings it alone.
+        read(2 * BLOCK + 5, 1);
+        assert_eq!(live.state.lock().unwrap().absent(0, 11), [(3, 5)]);
+        assert_eq!(all(&live), (0..SIZE).map(snap).collect::<Vec<u8>>());
     }
 
     fn all(e: &dyn Export) -> Vec<u8> {

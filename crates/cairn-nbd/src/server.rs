@@ -47,6 +47,13 @@ pub trait Export: Send + Sync {
         Ok(())
     }
 
+    /// The range around `offset` that one read costs as much as the byte at `offset` alone (the
+    /// stored chunk holding it), for a reader that keeps what it reads (a live restore writes it
+    /// into its target); empty where nothing is gained (the default).
+    fn read_unit(&self, offset: u64) -> std::ops::Range<u64> {
+        offset..offset
+    }
+
     /// The extents of `base:allocation` from `offset` on, covering at least one byte and at
     /// most `length` bytes (more are cut).
     fn extents(&self, offset: u64, length: u64) -> io::Result<Vec<Extent>>;
