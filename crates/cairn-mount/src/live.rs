@@ -41,6 +41,10 @@ impl WriteGuard for Into {
     fn zero(&self, _file: &File, offset: u64, len: u64) -> io::Result<()> {
         self.0.restore_zero(offset, len)
     }
+
+    fn present(&self, offset: u64, len: u64) -> bool {
+        self.0.is_present(offset, len)
+    }
 }
 
 /// What happened to the background restore.

@@ -228,6 +228,13 @@ impl<B: Export> Live<B> {
         (self.present_blocks() * BLOCK).min(self.size)
     }
 
+    /// Whether every block of `[offset, offset + len)` is present (final in the target).
+    pub fn is_present(&self, offset: u64, len: u64) -> bool {
+        let (first, last) = self.blocks_of(offset, len);
+        let st = self.state.lock().expect("state lock");
+        st.complete || (first..last).all(|b| st.has(b))
+    }
+
     /// Whether the restore is complete.
     pub fn is_complete(&self) -> bool {
         self.state.lock().expect("state lock").complete

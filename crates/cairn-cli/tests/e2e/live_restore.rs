@@ -4,7 +4,8 @@
 //! are never overwritten by the restore, a restore killed with SIGKILL is resumed by the same
 //! command without losing them, and a VM boots from the export, writes, and its write is in the
 //! target next to the snapshot's files; under `--limit-download` a client's read does not wait
-//! behind the background restore's traffic.
+//! behind the background restore's traffic; what a client's reads brought into the target is
+//! not fetched again by the background restore.
 
 use crate::nbd::{boot_guest, disk_fixture, ext4_cat, tool, Export, Vm, MIB, SIZE};
 use crate::support;
@@ -179,4 +180,34 @@ fn under_a_download_limit_a_clients_read_goes_ahead_of_the_background_restore() 
         read_took * 4 < total,
         "the client's read took {read_took:?} of the background restore's {total:?}: it waited behind it"
     );
+}
+
+#[test]
+fn what_a_client_brought_in_is_not_fetched_again_by_the_background_restore() {
+    let fx = disk_fixture();
+    let image = fx.src.join("disk.img");
+    let spec = format!("latest:{}", image.display());
+    let target = fx.path("restored.img");
+    // One write at a time, each after 50 ms, one read in flight and a small budget: the
+    // restore fetches only a read or two ahead of its writer, and would take about 5 s.
+    let slow = ["--write-threads", "1", "--fetch-concurrency", "1", "--max-memory", "4M", "--json"];
+    let export = live(&fx, &spec, &target, &fx.path("live.sock"), "50ms", &slow);
+    // The client reads everything at once: every chunk is in the target long before the
+    // background restore would have reached it.
+    let copied = fx.path("copied.img");
+    tool("nbdcopy", &[&export.uri(), copied.to_str().unwrap()]);
+    assert!(state_of(&target).exists(), "the restore ended before the client's copy");
+    let took = wait_complete(&target);
+    let out = support::stdout(&export.stop());
+    let summary: serde_json::Value = out
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["message_type"] == "summary")
+        .unwrap_or_else(|| panic!("no summary: {out}"));
+    let fetched = summary["bytes_fetched"].as_u64().unwrap();
+    eprintln!("the background restore fetched {fetched} bytes and completed {took:?} after the copy");
+    // Without the check it fetches all 6 MiB; with it, what it had in flight before the copy.
+    assert!(fetched < 4 * MIB, "the background restore fetched {fetched} bytes of 6 MiB the client had brought in");
+    let source = fs::read(&image).unwrap();
+    assert!(fs::read(&copied).unwrap() == source && fs::read(&target).unwrap() == source);
 }

@@ -204,6 +204,11 @@ pub trait WriteGuard: Send + Sync {
     fn write(&self, file: &std::fs::File, offset: u64, data: &[u8]) -> std::io::Result<()>;
     /// Makes `[offset, offset + len)` of `file` zeros, except where the client wrote.
     fn zero(&self, file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<()>;
+    /// Whether `[offset, offset + len)` of the file is final already (a client's read brought
+    /// it, or a client wrote it): the restore need not fetch what it would write there.
+    fn present(&self, _offset: u64, _len: u64) -> bool {
+        false
+    }
 }
 
 /// A restore's [`WriteGuard`].

@@ -165,7 +165,11 @@ pub fn run(
         let (to_writers, writer_queues): (Vec<_>, Vec<_>) = (0..writers).map(|_| bounded(4)).unzip();
         let mut workers = vec![spawn_named(s, "create", create)];
         let sink = ToWriters { sh, queues: to_writers, active, at_start: opts.write_threads.max(1) };
-        workers.extend(sh.reader.start(s, &sh.fetches.reads, opts.fetch_concurrency, opts.decode_threads, sink));
+        // A live restore does not fetch what a client brought into the target meanwhile: each
+        // read is checked as it is fed to the fetchers, not when it was planned.
+        let mut dirs = super::dirs::ParentDirs::new(sh.target);
+        let reads = sh.fetches.reads.iter().filter(move |r| !write::skip_present(sh, &mut dirs, r));
+        workers.extend(sh.reader.start(s, reads, opts.fetch_concurrency, opts.decode_threads, sink));
         for (i, rx) in writer_queues.into_iter().enumerate() {
             // A writer not at work yet does not count its wait as the stage's idle time.
             let working = i < at_work;

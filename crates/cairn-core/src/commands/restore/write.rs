@@ -47,24 +47,71 @@ pub fn write_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Vec<Decoded<'s>>>, m
             let Some(dests) = sh.fetches.dests.get(&blob.id) else {
                 continue;
             };
-            work(clock, || {
-                for d in dests {
-                    if let Err(e) = write_one(sh, &mut dirs, d, &blob.data) {
-                        if is_fatal(&e) {
-                            sh.fatal(sh.target.join(&sh.plan.entries[d.entry as usize].rel), e);
-                            return;
-                        }
-                        sh.failures.entry(d.entry as usize, &format!("cannot write: {e}"));
-                    }
-                }
-            });
+            work(clock, || each_dest(sh, dests, |d| write_one(sh, &mut dirs, d, &blob.data)));
             drop(blob); // written everywhere: its bytes leave memory, then the budget
         }
     }
 }
 
+/// Runs `one` for each of `dests`: a failure is the entry's, or stops the restore when fatal.
+fn each_dest(sh: &Shared<'_>, dests: &[Dest], mut one: impl FnMut(&Dest) -> io::Result<()>) {
+    for d in dests {
+        if let Err(e) = one(d) {
+            if is_fatal(&e) {
+                sh.fatal(sh.target.join(&sh.plan.entries[d.entry as usize].rel), e);
+                return;
+            }
+            sh.failures.entry(d.entry as usize, &format!("cannot write: {e}"));
+        }
+    }
+}
+
+/// A live restore's (one with a guard) check before it fetches `read`: when every blob of it
+/// goes only where the target is final already (a client's read or write brought it since the
+/// plan), the read is not made and each of its chunks counts as written — the file finished if
+/// it was its last. Returns whether the read is skipped. Without a guard, never.
+pub fn skip_present(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, read: &crate::engine::read::PackRead) -> bool {
+    let Some(guard) = sh.guard else { return false };
+    let chunks = || {
+        read.blobs.iter().flat_map(|b| {
+            let dests = sh.fetches.dests.get(&b.id).map_or(&[][..], Vec::as_slice);
+            dests.iter().map(move |d| (d, u64::from(b.raw_length)))
+        })
+    };
+    if !chunks().all(|(d, len)| guard.present(d.offset, len)) {
+        return false;
+    }
+    for b in &read.blobs {
+        let dests = sh.fetches.dests.get(&b.id).map_or(&[][..], Vec::as_slice);
+        each_dest(sh, dests, |d| {
+            let (file, fresh) = open_for(sh, dirs, d.entry as usize)?;
+            written(sh, d.entry as usize, &file, fresh, u64::from(b.raw_length));
+            Ok(())
+        });
+    }
+    true
+}
+
 fn write_one(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, d: &Dest, data: &[u8]) -> io::Result<()> {
-    let i = d.entry as usize;
+    let (file, fresh) = open_for(sh, dirs, d.entry as usize)?;
+    if !sh.write_latency.is_zero() {
+        std::thread::sleep(sh.write_latency); // fault injection: a target that makes writes wait
+    }
+    write_data(&file, data, d.offset, fresh, sh.sparse, sh.guard)?;
+    written(sh, d.entry as usize, &file, fresh, data.len() as u64);
+    Ok(())
+}
+
+/// Counts `len` bytes of file `i` written; whoever writes its last chunk finishes it.
+fn written(sh: &Shared<'_>, i: usize, file: &File, fresh: bool, len: u64) {
+    sh.written.fetch_add(len, Ordering::Relaxed);
+    if sh.remaining[i].fetch_sub(1, Ordering::AcqRel) == 1 {
+        finish_file(sh, i, file, fresh);
+    }
+}
+
+/// File `i` opened for a write (prepared by the first one), and whether it is a new file.
+fn open_for(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, i: usize) -> io::Result<(File, bool)> {
     let entry = &sh.plan.entries[i];
     // The first write prepares the file; a concurrent write to it waits for that.
     let mut opened = None;
@@ -82,16 +129,7 @@ fn write_one(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, d: &Dest, data: &[u8]) 
         Some(f) => f,
         None => dirs.create(&entry.rel, entry.node.mode)?,
     };
-    let fresh = matches!(sh.states[i], FileState::Create { .. });
-    if !sh.write_latency.is_zero() {
-        std::thread::sleep(sh.write_latency); // fault injection: a target that makes writes wait
-    }
-    write_data(&file, data, d.offset, fresh, sh.sparse, sh.guard)?;
-    sh.written.fetch_add(data.len() as u64, Ordering::Relaxed);
-    if sh.remaining[i].fetch_sub(1, Ordering::AcqRel) == 1 {
-        finish_file(sh, i, &file, fresh);
-    }
-    Ok(())
+    Ok((file, matches!(sh.states[i], FileState::Create { .. })))
 }
 
 /// Readies file `i` for its first write and opens it: clears what is in the way and sizes a new
