@@ -320,13 +320,14 @@ pub fn parse_tables(t: &Trailer, b: &[u8]) -> Result<Tables, String> {
     }
     let (pack_bytes, rest) = b.split_at(t.packs as usize * PACK_LEN);
     let packs = pack_bytes.chunks_exact(PACK_LEN).map(PackInfo::decode).collect::<Result<Vec<_>, _>>()?;
-    let words: Vec<u32> = rest.chunks_exact(4).map(|w| u32::from_le_bytes(w.try_into().expect("4"))).collect();
     let buckets = 1usize << t.bits;
-    let (starts, sums) = words.split_at(buckets + 1);
+    let words = |b: &[u8]| b.chunks_exact(4).map(|w| u32::from_le_bytes(w.try_into().expect("4"))).collect::<Vec<_>>();
+    let (starts, sums) = rest.split_at((buckets + 1) * 4);
+    let (starts, sums) = (words(starts), words(sums));
     if starts[0] != 0 || u64::from(starts[buckets]) != t.count || starts.windows(2).any(|w| w[0] > w[1]) {
         return Err("its bucket starts are not in order".into());
     }
-    Ok(Tables { packs, starts: starts.to_vec(), sums: sums.to_vec() })
+    Ok(Tables { packs, starts, sums })
 }
 
 /// Reads a sorted index file (`cairn-core` implements it over a real file).
@@ -429,5 +430,95 @@ impl DiskSlots {
         let b = self.starts.partition_point(|&s| s as usize <= pos) - 1;
         let (start, slots) = self.bucket(b, packs)?;
         slots.get(pos - start).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::Codec;
+
+    fn slot(n: u32, pack: u32) -> Slot {
+        let id = BlobId(*blake3::hash(&n.to_le_bytes()).as_bytes());
+        let entry = BlobEntry { id, kind: BlobKind::Data, codec: Codec::None, offset: n, length: 100, raw_length: 60 };
+        Slot { entry, pack }
+    }
+
+    fn file(n: u32) -> (Vec<u8>, Vec<Slot>, Vec<PackInfo>) {
+        let packs: Vec<PackInfo> = (0..2u8).map(|p| PackInfo::new(PackId([p; 32]), [p; 32], p == 1)).collect();
+        let mut slots: Vec<Slot> = (0..n).map(|i| slot(i, i % 2)).collect();
+        sort_slots(&mut slots, |p| packs[p as usize].doomed);
+        let mut w = Writer::new(bits_for(u64::from(n)));
+        let mut out = Vec::new();
+        w.records(&slots, &mut out).unwrap();
+        out.extend_from_slice(&w.finish(&packs, &[9; 32]));
+        (out, slots, packs)
+    }
+
+    fn open(b: &[u8]) -> Result<(Vec<PackInfo>, DiskSlots), String> {
+        if b.len() < TRAILER_LEN {
+            return Err("short".into());
+        }
+        let t = parse_trailer(&b[b.len() - TRAILER_LEN..], b.len() as u64)?;
+        let at = t.tables_at() as usize;
+        let mut tables = parse_tables(&t, &b[at..at + t.tables_len() as usize])?;
+        let packs = std::mem::take(&mut tables.packs);
+        Ok((packs, DiskSlots::new(Box::new(b.to_vec()), &t, tables)))
+    }
+
+    #[test]
+    fn written_files_read_back_and_every_table_byte_is_checked() {
+        for n in [0, 1, 9, 1000] {
+            let (b, slots, packs) = file(n);
+            let (read_packs, disk) = open(&b).unwrap();
+            assert_eq!(read_packs, packs);
+            assert_eq!(disk.len(), n as usize);
+            for (pos, s) in slots.iter().enumerate() {
+                assert_eq!(disk.find(&s.entry.id, 2), Some((pos, *s)));
+                assert_eq!(disk.at(pos, 2), Some(*s));
+            }
+            assert_eq!(disk.find(&slot(n + 1, 0).entry.id, 2), None);
+            assert_eq!(disk.at(n as usize, 2), None);
+            // Cut anywhere, or any byte of the tables and trailer changed: refused at open.
+            for cut in 1..b.len().min(200) {
+                assert!(open(&b[..b.len() - cut]).is_err(), "cut {cut}");
+            }
+            for at in slots.len() * RECORD_LEN..b.len() {
+                let mut bad = b.clone();
+                bad[at] ^= 0x10;
+                assert!(open(&bad).is_err(), "byte {at} of {}", b.len());
+            }
+        }
+    }
+
+    #[test]
+    fn a_changed_record_is_never_used() {
+        let (b, slots, _) = file(1000);
+        for at in [0, 47, 51, 52 * 500 + 20, 52 * 999 + 51] {
+            let mut bad = b.clone();
+            bad[at] ^= 0x01;
+            let (_, disk) = open(&bad).unwrap();
+            let s = slots[at / RECORD_LEN];
+            assert_eq!(disk.find(&s.entry.id, 2), None, "byte {at}");
+            assert!(disk.is_damaged());
+            // Once damaged, nothing more is answered from the file.
+            assert_eq!(disk.at(0, 2), None);
+        }
+        // A record naming a pack the table does not have is damage too.
+        let (_, disk) = open(&b).unwrap();
+        let in_second = slots.iter().find(|s| s.pack == 1).unwrap();
+        assert_eq!(disk.find(&in_second.entry.id, 1), None);
+        assert!(disk.is_damaged());
+    }
+
+    #[test]
+    fn records_out_of_order_are_refused() {
+        let mut w = Writer::new(4);
+        let mut out = Vec::new();
+        let (a, b) = (slot(1, 0), slot(2, 0));
+        let (lo, hi) = if a.entry.id < b.entry.id { (a, b) } else { (b, a) };
+        w.records(&[hi], &mut out).unwrap();
+        assert!(w.records(&[lo], &mut out).is_err());
+        assert!(w.records(&[hi], &mut out).is_err(), "the same ID twice");
     }
 }

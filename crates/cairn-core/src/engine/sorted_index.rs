@@ -293,3 +293,203 @@ pub fn dir_in(base: &Path, repo_id: &str) -> Option<PathBuf> {
     let plain = !repo_id.is_empty() && repo_id.bytes().all(|b| b.is_ascii_alphanumeric());
     plain.then(|| base.join(repo_id).join("index-sorted"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_format::compress::Codec;
+    use cairn_format::id::BlobId;
+    use cairn_format::index::encode;
+    use cairn_format::pack::{BlobEntry, BlobKind};
+    use proptest::prelude::*;
+
+    /// Blob `n`'s ID: a hash, so IDs spread over every bucket as real ones do.
+    fn id(n: u16) -> BlobId {
+        BlobId(*blake3::hash(&n.to_le_bytes()).as_bytes())
+    }
+
+    fn entry() -> impl Strategy<Value = BlobEntry> {
+        (0u16..400, any::<bool>(), any::<u32>(), 64u32..1000, any::<u32>()).prop_map(|(n, tree, offset, length, raw)| {
+            BlobEntry {
+                id: id(n),
+                kind: if tree { BlobKind::Tree } else { BlobKind::Data },
+                codec: Codec::Lz4,
+                offset: offset / 2,
+                length,
+                raw_length: raw,
+            }
+        })
+    }
+
+    fn pack() -> impl Strategy<Value = IndexedPack> {
+        (any::<[u8; 32]>(), any::<[u8; 32]>(), proptest::collection::vec(entry(), 0..40))
+            .prop_map(|(id, salt, blobs)| IndexedPack { id: PackId(id), salt, blobs })
+    }
+
+    /// The index files `files` (each a list of packs) as a listing and a reader.
+    fn listing(files: &[Vec<IndexedPack>]) -> Vec<ObjectInfo> {
+        let infos = files.iter().enumerate();
+        infos.map(|(n, f)| ObjectInfo { path: format!("index/{n:02}"), size: encode(f).len() as u64 }).collect()
+    }
+
+    fn reader(files: &[Vec<IndexedPack>]) -> impl Fn(&str) -> Result<Vec<IndexedPack>> + Sync + '_ {
+        |path: &str| Ok(files[path["index/".len()..].parse::<usize>().unwrap()].clone())
+    }
+
+    fn on_disk(dir: &Path, files: &[Vec<IndexedPack>], doomed: &IdSet<PackId>) -> Index {
+        load(Some(dir), &listing(files), doomed, reader(files), 2).unwrap()
+    }
+
+    /// Every question gets the same answer from both indexes.
+    fn same(a: &Index, b: &Index) -> std::result::Result<(), TestCaseError> {
+        prop_assert_eq!(a.len(), b.len());
+        prop_assert_eq!(a.largest_tree(), b.largest_tree());
+        prop_assert_eq!(a.tree_packs(), b.tree_packs());
+        prop_assert_eq!(a.pack_ends(), b.pack_ends());
+        for n in 0..a.pack_ends().len() as u32 + 2 {
+            prop_assert_eq!(a.is_doomed(n), b.is_doomed(n));
+        }
+        for n in 0..420 {
+            let id = id(n);
+            prop_assert_eq!(a.get(&id), b.get(&id));
+            prop_assert_eq!(a.position(&id), b.position(&id));
+            prop_assert_eq!(a.contains(&id), b.contains(&id));
+            prop_assert_eq!(a.contains_live(&id), b.contains_live(&id));
+            if let Some(pos) = a.position(&id) {
+                prop_assert_eq!(a.at(pos), b.at(pos));
+                prop_assert_eq!(a.at(pos).map(|l| l.entry.id), Some(id));
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// A sorted index file answers every question as the in-memory index does, doomed
+        /// packs, copies of a blob in several packs and packs added since loading included;
+        /// opened a second time it is read, not built again.
+        #[test]
+        fn disk_and_memory_indexes_answer_alike(
+            files in proptest::collection::vec(proptest::collection::vec(pack(), 0..4), 0..5),
+            doomed_picks in proptest::collection::vec(any::<prop::sample::Index>(), 0..3),
+            added in proptest::collection::vec(pack(), 0..3),
+        ) {
+            let all: Vec<&IndexedPack> = files.iter().flatten().collect();
+            let doomed: IdSet<PackId> =
+                if all.is_empty() { IdSet::default() } else { doomed_picks.iter().map(|i| i.get(&all).id).collect() };
+            let dir = tempfile::tempdir().unwrap();
+            let mut memory = Index::with_doomed(files.iter().flatten(), &doomed);
+            let mut disk = on_disk(dir.path(), &files, &doomed);
+            prop_assert!(disk.is_on_disk() && !memory.is_on_disk());
+            same(&memory, &disk)?;
+            let built = std::fs::read_dir(dir.path()).unwrap().count();
+            prop_assert_eq!(built, 1);
+            let again = load(Some(dir.path()), &listing(&files), &doomed, |_: &str| panic!("read again"), 2).unwrap();
+            same(&memory, &again)?;
+            for p in &added {
+                memory.add_pack(p);
+                disk.add_pack(p);
+            }
+            same(&memory, &disk)?;
+        }
+    }
+
+    fn some_files() -> Vec<Vec<IndexedPack>> {
+        let blob = |n: u16| BlobEntry {
+            id: id(n),
+            kind: if n % 7 == 0 { BlobKind::Tree } else { BlobKind::Data },
+            codec: Codec::None,
+            offset: u32::from(n) * 100,
+            length: 100,
+            raw_length: 60,
+        };
+        (0..3u8)
+            .map(|f| {
+                let blobs = (0..2000).filter(|n| n % 3 == u16::from(f)).map(blob).collect();
+                vec![IndexedPack { id: PackId([f; 32]), salt: [f; 32], blobs }]
+            })
+            .collect()
+    }
+
+    fn the_file(dir: &Path) -> PathBuf {
+        let mut names: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(names.len(), 1, "one sorted index file: {names:?}");
+        names.pop().unwrap()
+    }
+
+    /// A sorted index file cut short, or with a byte of its tables changed, is found damaged
+    /// when opened and built again; one with a byte of its records changed is found damaged by
+    /// the lookup that reads them (which answers "not found", never a wrong entry), removed,
+    /// and built again by the next load.
+    #[test]
+    fn a_damaged_file_is_rebuilt_never_trusted() {
+        let files = some_files();
+        let doomed = IdSet::default();
+        let dir = tempfile::tempdir().unwrap();
+        let good = Index::from_packs(files.iter().flatten());
+        on_disk(dir.path(), &files, &doomed);
+        let path = the_file(dir.path());
+        let bytes = std::fs::read(&path).unwrap();
+        let tables_at = 2000 * RECORD_LEN;
+        for damage in [Damage::Cut(1), Damage::Cut(bytes.len() - 10), Damage::Flip(tables_at + 5), Damage::Flip(bytes.len() - 40)] {
+            let mut bad = bytes.clone();
+            match damage {
+                Damage::Cut(n) => bad.truncate(bad.len() - n),
+                Damage::Flip(at) => bad[at] ^= 0x20,
+            }
+            std::fs::write(&path, &bad).unwrap();
+            let index = on_disk(dir.path(), &files, &doomed);
+            assert_eq!(std::fs::read(the_file(dir.path())).unwrap(), bytes, "{damage:?}: rebuilt whole");
+            for n in 0..2100 {
+                assert_eq!(index.get(&id(n)), good.get(&id(n)), "{damage:?}");
+            }
+        }
+        // A record's byte changed: the lookups reading its bucket say "not found", the others
+        // still answer, and the file is gone.
+        let mut bad = bytes.clone();
+        bad[RECORD_LEN * 1000 + 10] ^= 1;
+        std::fs::write(&path, &bad).unwrap();
+        let index = on_disk(dir.path(), &files, &doomed);
+        let damaged = Index::from_packs(files.iter().flatten()).at(1000).unwrap().entry.id;
+        assert_eq!(index.get(&damaged), None);
+        assert!(index.is_damaged());
+        assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none(), "the damaged file is removed");
+        let index = on_disk(dir.path(), &files, &doomed);
+        assert_eq!(index.get(&damaged), good.get(&damaged));
+        assert!(!index.is_damaged());
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum Damage {
+        Cut(usize),
+        Flip(usize),
+    }
+
+    /// Built from other index files (one more, or another pack doomed), a new file is built
+    /// and the old one removed; without a directory, a temporary file serves.
+    #[test]
+    fn other_index_files_build_another_file() {
+        let mut files = some_files();
+        let dir = tempfile::tempdir().unwrap();
+        on_disk(dir.path(), &files[..2], &IdSet::default());
+        let first = the_file(dir.path());
+        let index = on_disk(dir.path(), &files, &IdSet::default());
+        assert_ne!(the_file(dir.path()), first);
+        assert_eq!(index.len(), 2000);
+        let doomed: IdSet<PackId> = [PackId([1; 32])].into_iter().collect();
+        let index = on_disk(dir.path(), &files, &doomed);
+        assert!(index.is_doomed(1) && !index.contains_live(&id(1)) && index.contains_live(&id(0)));
+        files.push(Vec::new());
+        let temp = load(None, &listing(&files), &doomed, reader(&files), 1).unwrap();
+        assert!(temp.is_on_disk() && temp.len() == 2000);
+    }
+
+    #[test]
+    fn cairn_index_names_a_placement() {
+        let files = [ObjectInfo { path: "index/a".into(), size: 48 << 20 }];
+        assert!(Placement::Auto.on_disk(&files, Some(64 << 20)));
+        assert!(!Placement::Auto.on_disk(&files, Some(4 << 30)));
+        assert!(!Placement::Memory.on_disk(&files, Some(1)));
+        assert!(Placement::Disk.on_disk(&[], None));
+    }
+}
