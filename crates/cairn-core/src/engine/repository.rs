@@ -584,8 +584,9 @@ impl Repository {
 
     /// Reads, decrypts, decompresses and verifies one blob.
     pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
-        let loc =
-            self.index().get(id).ok_or_else(|| Error::NotFound(format!("blob {} (not in any index)", id.short())))?;
+        let index = self.index();
+        let loc = index.get(id).ok_or_else(|| crate::engine::sorted_index::not_found(&index, "blob", id))?;
+        drop(index);
         self.reread_blob(&pack_path(&loc.pack), &self.key.object_key(&loc.salt), &loc.entry)
     }
 
@@ -604,8 +605,9 @@ impl Repository {
         if let Some(tree) = self.cached_tree_as(id) {
             return Ok(tree);
         }
-        let loc =
-            self.index().get(id).ok_or_else(|| Error::NotFound(format!("tree {} (not in any index)", id.short())))?;
+        let index = self.index();
+        let loc = index.get(id).ok_or_else(|| crate::engine::sorted_index::not_found(&index, "tree", id))?;
+        drop(index);
         let path = pack_path(&loc.pack);
         let key = self.key.object_key(&loc.salt);
         crate::engine::storage::retry_damaged(|| {

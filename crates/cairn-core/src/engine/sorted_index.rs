@@ -288,6 +288,15 @@ pub fn damaged() -> Error {
     )
 }
 
+/// The error for `what` (`blob`, `tree`) `id` that `index` did not find: not in any index, or
+/// [`damaged`] if the index's sorted index file turned out damaged.
+pub fn not_found(index: &Index, what: &str, id: &cairn_format::id::BlobId) -> Error {
+    if index.is_damaged() {
+        return damaged();
+    }
+    Error::NotFound(format!("{what} {} (not in any index)", id.short()))
+}
+
 /// The directory of sorted index files for the repository `repo_id` under the cache base `base`.
 pub fn dir_in(base: &Path, repo_id: &str) -> Option<PathBuf> {
     let plain = !repo_id.is_empty() && repo_id.bytes().all(|b| b.is_ascii_alphanumeric());
