@@ -53,8 +53,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         if p >= packs {
                             return Ok(());
                         }
-                        let blobs: Vec<(BlobKind, Vec<u8>)> =
-                            (p * per_pack..((p + 1) * per_pack).min(count)).map(|i| (BlobKind::Data, content(i))).collect();
+                        let blobs: Vec<(BlobKind, Vec<u8>)> = (p * per_pack..((p + 1) * per_pack).min(count))
+                            .map(|i| (BlobKind::Data, content(i)))
+                            .collect();
                         repo.write_pack(&blobs, Codec::None).map_err(|e| e.to_string())?;
                         if p % 50 == 49 {
                             eprintln!("{} packs of {packs} in {:.1} s", p + 1, started.elapsed().as_secs_f64());

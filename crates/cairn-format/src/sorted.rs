@@ -362,7 +362,13 @@ pub struct DiskSlots {
 impl DiskSlots {
     /// Slots read from `file`, whose checked tables are `tables` (the packs taken out).
     pub fn new(file: Box<dyn SortedFile>, trailer: &Trailer, tables: Tables) -> Self {
-        DiskSlots { file, bits: trailer.bits, starts: tables.starts, sums: tables.sums, damaged: AtomicBool::new(false) }
+        DiskSlots {
+            file,
+            bits: trailer.bits,
+            starts: tables.starts,
+            sums: tables.sums,
+            damaged: AtomicBool::new(false),
+        }
     }
 
     /// Number of records.

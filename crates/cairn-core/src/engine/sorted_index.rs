@@ -222,7 +222,8 @@ fn build(
                     info.count(&entry);
                     rec.clear();
                     Slot { entry, pack }.encode(&mut rec);
-                    let run = if run_bits == 0 { 0 } else { (sorted::id_prefix(&entry.id) >> (64 - run_bits)) as usize };
+                    let run =
+                        if run_bits == 0 { 0 } else { (sorted::id_prefix(&entry.id) >> (64 - run_bits)) as usize };
                     runs[run].write_all(&rec).map_err(io(&tmp_dir, "cannot write a run file"))?;
                 }
                 count += p.blobs.len() as u64;
@@ -318,16 +319,16 @@ mod tests {
     }
 
     fn entry() -> impl Strategy<Value = BlobEntry> {
-        (0u16..400, any::<bool>(), any::<u32>(), 64u32..1000, any::<u32>()).prop_map(|(n, tree, offset, length, raw)| {
-            BlobEntry {
+        (0u16..400, any::<bool>(), any::<u32>(), 64u32..1000, any::<u32>()).prop_map(
+            |(n, tree, offset, length, raw)| BlobEntry {
                 id: id(n),
                 kind: if tree { BlobKind::Tree } else { BlobKind::Data },
                 codec: Codec::Lz4,
                 offset: offset / 2,
                 length,
                 raw_length: raw,
-            }
-        })
+            },
+        )
     }
 
     fn pack() -> impl Strategy<Value = IndexedPack> {
@@ -406,7 +407,7 @@ mod tests {
     fn some_files() -> Vec<Vec<IndexedPack>> {
         let blob = |n: u16| BlobEntry {
             id: id(n),
-            kind: if n % 7 == 0 { BlobKind::Tree } else { BlobKind::Data },
+            kind: if n.is_multiple_of(7) { BlobKind::Tree } else { BlobKind::Data },
             codec: Codec::None,
             offset: u32::from(n) * 100,
             length: 100,
@@ -440,7 +441,9 @@ mod tests {
         let path = the_file(dir.path());
         let bytes = std::fs::read(&path).unwrap();
         let tables_at = 2000 * RECORD_LEN;
-        for damage in [Damage::Cut(1), Damage::Cut(bytes.len() - 10), Damage::Flip(tables_at + 5), Damage::Flip(bytes.len() - 40)] {
+        for damage in
+            [Damage::Cut(1), Damage::Cut(bytes.len() - 10), Damage::Flip(tables_at + 5), Damage::Flip(bytes.len() - 40)]
+        {
             let mut bad = bytes.clone();
             match damage {
                 Damage::Cut(n) => bad.truncate(bad.len() - n),

@@ -19,7 +19,8 @@ impl Fixture {
     /// The one sorted index file of the repository in the test's cache directory.
     fn sorted_index_file(&self) -> PathBuf {
         let dir = self.path("xdg-cache").join("cairn").join(self.repo_id()).join("index-sorted");
-        let files: Vec<PathBuf> = fs::read_dir(&dir).expect("the sorted index directory").map(|e| e.unwrap().path()).collect();
+        let files: Vec<PathBuf> =
+            fs::read_dir(&dir).expect("the sorted index directory").map(|e| e.unwrap().path()).collect();
         assert_eq!(files.len(), 1, "{files:?}");
         files[0].clone()
     }
@@ -59,7 +60,11 @@ fn a_disk_index_serves_backup_restore_check_and_is_rebuilt_when_damaged() {
     fs::write(&sorted, records).unwrap();
     let out = fx.cairn.run(["restore", "latest", "--target", fx.path("damaged-records").to_str().unwrap()]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("sorted index") && stderr(&out).contains("run the command again"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("sorted index") && stderr(&out).contains("run the command again"),
+        "{}",
+        stderr(&out)
+    );
     assert!(!sorted.exists(), "the damaged file is removed");
     fx.restore_exact("latest", "rebuilt");
     assert_eq!(fs::read(fx.sorted_index_file()).unwrap(), good);

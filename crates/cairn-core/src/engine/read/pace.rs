@@ -6,7 +6,7 @@
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use cairn_format::id::BlobId;
 use cairn_format::index::Index;
 
