@@ -26,6 +26,8 @@ Environment:
                         local copies of chunks and copying them (see docs/DESIGN.md)
   CAIRN_LOCAL_COST      for tests: `local` or `repository` makes `restore` copy every chunk found
                         locally, or fetch every one, whatever its cost model measures
+  CAIRN_INDEX           for tests: `disk` or `memory` keeps the index in a sorted file in the cache
+                        directory, or in memory, whatever its size (see docs/DESIGN.md)
   CAIRN_PASSWORD_COMMAND, CAIRN_REPOSITORY_FILE, CAIRN_PROFILE, CAIRN_CONFIG,
   CAIRN_LIMIT_UPLOAD, CAIRN_LIMIT_DOWNLOAD   instead of the options of those names
 Without a password from the environment, a command or a file, cairn asks for it on the terminal.

@@ -3,14 +3,16 @@
 //! On storage, an index file is a sealed file whose plaintext is a list of packs, each
 //! `pack ID(32) | salt(32) | blob count u32 LE | entry * count` with the 48-byte entries of the
 //! pack header. In memory the index is one sorted vector of 52-byte entries (ten million blobs
-//! take about 500 MiB and load with one sort), plus a hash map for blobs added since loading.
+//! take about 500 MiB and load with one sort), or a sorted index file on disk
+//! ([`crate::sorted`]), plus a hash map for blobs added since loading.
 
 use std::borrow::Borrow;
 
 use crate::crypto::SALT_LEN;
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IdMap, IdSet, PackId, ID_LEN};
-use crate::pack::{BlobEntry, BlobKind, ENTRY_LEN};
+use crate::pack::{BlobEntry, ENTRY_LEN};
+use crate::sorted::{id_prefix, sort_slots, DiskSlots, PackInfo, Slot};
 
 /// One pack as listed in an index file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,19 +63,8 @@ pub fn decode(name: &str, mut b: &[u8]) -> Result<Vec<IndexedPack>> {
     Ok(packs)
 }
 
-/// The first eight bytes of an ID, in the order IDs sort.
-fn id_prefix(id: &BlobId) -> u64 {
-    u64::from_be_bytes(id.0[..8].try_into().expect("8 of 32 bytes"))
-}
-
 /// Fewest blobs added since loading that are merged into the sorted slots.
 const RECENT_MERGE_MIN: usize = 65_536;
-
-#[derive(Clone, Copy, Debug)]
-struct Slot {
-    entry: BlobEntry,
-    pack: u32,
-}
 
 /// Where to find a blob.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,23 +79,78 @@ pub struct BlobLocation {
     pub entry: BlobEntry,
 }
 
-/// The in-memory index of every blob in the repository.
-///
-/// Packs a pending prune is about to delete (FORMAT.md §13) are *doomed*: where a blob is in a
-/// doomed pack and another, the other copy is the one found, and [`Index::contains_live`] says
-/// whether a blob has a copy that is not doomed (a backup stores a blob again rather than
-/// deduplicate against one about to be deleted).
+/// The blobs loaded with the index, sorted by ID: in memory, or in a sorted index file
+/// ([`crate::sorted`]) of which only the bucket table is in memory.
+enum Store {
+    Memory(MemorySlots),
+    Disk(DiskSlots),
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Store::Memory(MemorySlots::default())
+    }
+}
+
 #[derive(Default)]
-pub struct Index {
-    packs: Vec<(PackId, [u8; SALT_LEN])>,
-    /// Whether each pack (by number) is doomed.
-    doomed: Vec<bool>,
+struct MemorySlots {
     sorted: Vec<Slot>,
     /// `starts[b]` is the first slot whose ID's top `bucket_bits` bits are `b` or more (and
     /// `starts[2^bits]` the number of slots): a lookup goes straight to its few candidates
     /// instead of binary-searching a vector far larger than the CPU cache.
     starts: Vec<u32>,
     bucket_bits: u32,
+}
+
+impl MemorySlots {
+    fn new(sorted: Vec<Slot>) -> Self {
+        let mut m = MemorySlots { sorted, ..Default::default() };
+        // About one slot per bucket: 4 bytes per blob next to the slots' 52.
+        m.bucket_bits = (m.sorted.len().max(1).next_power_of_two().trailing_zeros()).max(1);
+        let buckets = 1usize << m.bucket_bits;
+        m.starts = Vec::with_capacity(buckets + 1);
+        let mut slot = 0;
+        for b in 0..=buckets {
+            while slot < m.sorted.len() && m.bucket(&m.sorted[slot].entry.id) < b {
+                slot += 1;
+            }
+            m.starts.push(slot as u32);
+        }
+        m
+    }
+
+    /// The bucket of an ID: its top `bucket_bits` bits.
+    fn bucket(&self, id: &BlobId) -> usize {
+        (id_prefix(id) >> (64 - self.bucket_bits)) as usize
+    }
+
+    fn position(&self, id: &BlobId) -> Option<usize> {
+        if self.starts.is_empty() {
+            return None; // nothing loaded
+        }
+        let b = self.bucket(id);
+        let (start, end) = (self.starts[b] as usize, self.starts[b + 1] as usize);
+        self.sorted[start..end].iter().position(|s| s.entry.id == *id).map(|at| start + at)
+    }
+}
+
+/// The index of every blob in the repository.
+///
+/// Packs a pending prune is about to delete (FORMAT.md §13) are *doomed*: where a blob is in a
+/// doomed pack and another, the other copy is the one found, and [`Index::contains_live`] says
+/// whether a blob has a copy that is not doomed (a backup stores a blob again rather than
+/// deduplicate against one about to be deleted).
+///
+/// The blobs loaded with it are sorted in memory (52 bytes a blob), or, for an index too large
+/// for a command's memory, in a sorted index file on disk ([`Index::on_disk`]): the callers
+/// cannot tell which but by [`Index::memory_bytes`]. Blobs added since loading are kept in
+/// memory either way. What commands ask of all of a pack's blobs ([`Index::pack_ends`],
+/// [`Index::tree_packs`], [`Index::largest_tree`]) is counted into the pack table as blobs are
+/// loaded or added, so no command walks every blob.
+#[derive(Default)]
+pub struct Index {
+    packs: Vec<PackInfo>,
+    store: Store,
     recent: IdMap<BlobId, Slot>,
 }
 
@@ -133,48 +179,37 @@ impl Index {
         all: impl IntoIterator<Item = (PackId, [u8; SALT_LEN], &'a [BlobEntry])>,
         doomed: &IdSet<PackId>,
     ) -> Self {
-        let mut idx = Index::default();
         let all: Vec<(PackId, [u8; SALT_LEN], &[BlobEntry])> = all.into_iter().collect();
+        let mut packs = Vec::with_capacity(all.len());
         // Sized once: growing by doubling held up to three times the slots at the peak.
-        idx.sorted.reserve_exact(all.iter().map(|p| p.2.len()).sum());
+        let mut sorted = Vec::with_capacity(all.iter().map(|p| p.2.len()).sum());
         for (id, salt, blobs) in all {
-            let pack = idx.packs.len() as u32;
-            idx.packs.push((id, salt));
-            idx.doomed.push(doomed.contains(&id));
-            idx.sorted.extend(blobs.iter().map(|&entry| Slot { entry, pack }));
+            let pack = packs.len() as u32;
+            let mut info = PackInfo::new(id, salt, doomed.contains(&id));
+            blobs.iter().for_each(|e| info.count(e));
+            packs.push(info);
+            sorted.extend(blobs.iter().map(|&entry| Slot { entry, pack }));
         }
         // Of several copies of a blob, the first is kept: one in a pack that stays, if any.
-        // IDs are hashes, so their first eight bytes nearly always decide: compared as one
-        // integer first, the sort of a million blobs took a third of the time it did comparing
-        // whole IDs byte by byte (it holds up every command that loads the index).
-        let flags = &idx.doomed;
-        let prefix = |s: &Slot| {
-            let [a, b, c, d, e, f, g, h, ..] = s.entry.id.0;
-            u64::from_be_bytes([a, b, c, d, e, f, g, h])
-        };
-        idx.sorted.sort_unstable_by(|a, b| {
-            prefix(a)
-                .cmp(&prefix(b))
-                .then_with(|| (a.entry.id, flags[a.pack as usize]).cmp(&(b.entry.id, flags[b.pack as usize])))
-        });
-        idx.sorted.dedup_by(|a, b| a.entry.id == b.entry.id);
-        idx.build_buckets();
-        idx
+        sort_slots(&mut sorted, |p| packs[p as usize].doomed);
+        Index { packs, store: Store::Memory(MemorySlots::new(sorted)), recent: IdMap::default() }
     }
 
-    /// Fills `starts` for the slots in `sorted`.
-    fn build_buckets(&mut self) {
-        // About one slot per bucket: 4 bytes per blob next to the slots' 52.
-        self.bucket_bits = (self.sorted.len().max(1).next_power_of_two().trailing_zeros()).max(1);
-        let buckets = 1usize << self.bucket_bits;
-        self.starts = Vec::with_capacity(buckets + 1);
-        let mut slot = 0;
-        for b in 0..=buckets {
-            while slot < self.sorted.len() && self.bucket(&self.sorted[slot].entry.id) < b {
-                slot += 1;
-            }
-            self.starts.push(slot as u32);
-        }
+    /// An index whose loaded blobs are in a sorted index file, with its pack table (see
+    /// [`crate::sorted`]).
+    pub fn on_disk(packs: Vec<PackInfo>, slots: DiskSlots) -> Self {
+        Index { packs, store: Store::Disk(slots), recent: IdMap::default() }
+    }
+
+    /// Whether the loaded blobs are in a sorted index file.
+    pub fn is_on_disk(&self) -> bool {
+        matches!(self.store, Store::Disk(_))
+    }
+
+    /// Whether a lookup in the sorted index file found it damaged (later lookups of loaded
+    /// blobs answer "not found"; the file has been told, and is rebuilt by the next command).
+    pub fn is_damaged(&self) -> bool {
+        matches!(&self.store, Store::Disk(d) if d.is_damaged())
     }
 
     /// Moves the blobs added since loading into the sorted slots once they are a quarter as
@@ -182,37 +217,53 @@ impl Index {
     /// slot, and growing the map held its old and new tables at once, so a backup adding a
     /// million blobs peaked at 267 MB for them instead of about 60 MB. Each merge copies
     /// the slots once; growing by a quarter each time, that is a few copies of each in all.
+    /// (Slots in a sorted index file stay there: what is added stays in memory.)
     fn merge_recent_if_large(&mut self) {
-        if self.recent.len() < RECENT_MERGE_MIN.max(self.sorted.len() / 4) {
+        let Store::Memory(m) = &mut self.store else { return };
+        if self.recent.len() < RECENT_MERGE_MIN.max(m.sorted.len() / 4) {
             return;
         }
-        self.sorted.reserve_exact(self.recent.len());
-        self.sorted.extend(std::mem::take(&mut self.recent).into_values());
-        let flags = &self.doomed;
-        self.sorted.sort_unstable_by_key(|s| (s.entry.id, flags[s.pack as usize]));
-        self.sorted.dedup_by(|a, b| a.entry.id == b.entry.id);
-        self.build_buckets();
+        let mut sorted = std::mem::take(&mut m.sorted);
+        sorted.reserve_exact(self.recent.len());
+        sorted.extend(std::mem::take(&mut self.recent).into_values());
+        let packs = &self.packs;
+        sort_slots(&mut sorted, |p| packs[p as usize].doomed);
+        *m = MemorySlots::new(sorted);
     }
 
     /// Adds the blobs of a pack written since loading.
     pub fn add_pack(&mut self, p: &IndexedPack) {
         let pack = self.packs.len() as u32;
-        self.packs.push((p.id, p.salt));
-        self.doomed.push(false);
+        let mut info = PackInfo::new(p.id, p.salt, false);
+        p.blobs.iter().for_each(|e| info.count(e));
+        self.packs.push(info);
         for &entry in &p.blobs {
             self.recent.entry(entry.id).or_insert(Slot { entry, pack });
         }
         self.merge_recent_if_large();
     }
 
+    fn location(&self, slot: Slot) -> BlobLocation {
+        let p = &self.packs[slot.pack as usize];
+        BlobLocation { pack: p.id, pack_no: slot.pack, salt: p.salt, entry: slot.entry }
+    }
+
+    /// Finds an ID among the loaded slots: a restore looks up every chunk of the tree (binary
+    /// search took 129 ms for the Linux tree's 80,000 chunks, nearly all of it cache misses).
+    fn find_loaded(&self, id: &BlobId) -> Option<(usize, Slot)> {
+        match &self.store {
+            Store::Memory(m) => m.position(id).map(|at| (at, m.sorted[at])),
+            Store::Disk(d) => d.find(id, self.packs.len()),
+        }
+    }
+
     /// Finds a blob.
     pub fn get(&self, id: &BlobId) -> Option<BlobLocation> {
-        let slot = match self.find_sorted(id) {
-            Some(s) => *s,
+        let slot = match self.find_loaded(id) {
+            Some((_, s)) => s,
             None => *self.recent.get(id)?,
         };
-        let (pack, salt) = self.packs[slot.pack as usize];
-        Some(BlobLocation { pack, pack_no: slot.pack, salt, entry: slot.entry })
+        Some(self.location(slot))
     }
 
     /// Where `id` lies among the blobs loaded with the index, in `0..self.len()`: a dense number
@@ -220,53 +271,47 @@ impl Index {
     /// entry). Stable until a pack is added; `None` for blobs added since loading and unknown
     /// ones.
     pub fn position(&self, id: &BlobId) -> Option<usize> {
-        if self.starts.is_empty() {
-            return None; // nothing loaded
-        }
-        let b = self.bucket(id);
-        let (start, end) = (self.starts[b] as usize, self.starts[b + 1] as usize);
-        self.sorted[start..end].iter().position(|s| s.entry.id == *id).map(|at| start + at)
+        self.find_loaded(id).map(|(at, _)| at)
     }
 
-    /// The blob at `pos` (of [`Index::position`]).
-    pub fn at(&self, pos: usize) -> BlobLocation {
-        let slot = self.sorted[pos];
-        let (pack, salt) = self.packs[slot.pack as usize];
-        BlobLocation { pack, pack_no: slot.pack, salt, entry: slot.entry }
+    /// The blob at `pos` (of [`Index::position`]); `None` only where a sorted index file turned
+    /// out damaged.
+    pub fn at(&self, pos: usize) -> Option<BlobLocation> {
+        let slot = match &self.store {
+            Store::Memory(m) => m.sorted[pos],
+            Store::Disk(d) => d.at(pos, self.packs.len())?,
+        };
+        Some(self.location(slot))
     }
 
     /// Whether the repository holds this blob.
     pub fn contains(&self, id: &BlobId) -> bool {
-        self.find_sorted(id).is_some() || self.recent.contains_key(id)
+        self.find_loaded(id).is_some() || self.recent.contains_key(id)
     }
 
     /// Whether the repository holds this blob in a pack no pending prune is about to delete.
     pub fn contains_live(&self, id: &BlobId) -> bool {
-        match self.find_sorted(id) {
-            Some(s) => !self.doomed[s.pack as usize],
+        match self.find_loaded(id) {
+            Some((_, s)) => !self.packs[s.pack as usize].doomed,
             None => self.recent.contains_key(id),
         }
     }
 
     /// Whether pack number `pack_no` (of a [`BlobLocation`]) is about to be deleted.
     pub fn is_doomed(&self, pack_no: u32) -> bool {
-        self.doomed.get(pack_no as usize).copied().unwrap_or(false)
+        self.packs.get(pack_no as usize).is_some_and(|p| p.doomed)
     }
 
-    /// Finds an ID among the loaded slots: a restore looks up every chunk of the tree (binary
-    /// search took 129 ms for the Linux tree's 80,000 chunks, nearly all of it cache misses).
-    fn find_sorted(&self, id: &BlobId) -> Option<&Slot> {
-        self.position(id).map(|at| &self.sorted[at])
-    }
-
-    /// The bucket of an ID: its top `bucket_bits` bits.
-    fn bucket(&self, id: &BlobId) -> usize {
-        (id_prefix(id) >> (64 - self.bucket_bits)) as usize
+    fn loaded(&self) -> usize {
+        match &self.store {
+            Store::Memory(m) => m.sorted.len(),
+            Store::Disk(d) => d.len(),
+        }
     }
 
     /// Number of distinct blobs.
     pub fn len(&self) -> usize {
-        self.sorted.len() + self.recent.len()
+        self.loaded() + self.recent.len()
     }
 
     /// Whether the index is empty.
@@ -274,52 +319,36 @@ impl Index {
         self.len() == 0
     }
 
-    /// Bytes the index takes in memory (about 56 a blob: its 52-byte slot and 4 of lookup
-    /// table), which a command's `--max-memory` counts.
+    /// Bytes the index takes in memory, which a command's `--max-memory` counts: in memory,
+    /// about 56 a blob (its 52-byte slot and 4 of lookup table); in a sorted index file, 1 a
+    /// blob (its bucket table) and 80 a pack; and the blobs added since loading.
     pub fn memory_bytes(&self) -> u64 {
         use std::mem::size_of;
         let recent = self.recent.capacity() * (size_of::<BlobId>() + size_of::<Slot>() + 8);
-        (self.sorted.capacity() * size_of::<Slot>()
-            + self.starts.capacity() * size_of::<u32>()
-            + self.packs.capacity() * size_of::<(PackId, [u8; SALT_LEN])>()
-            + self.doomed.capacity()
-            + recent) as u64
+        let store = match &self.store {
+            Store::Memory(m) => (m.sorted.capacity() * size_of::<Slot>() + m.starts.capacity() * 4) as u64,
+            Store::Disk(d) => d.memory_bytes(),
+        };
+        store + (self.packs.capacity() * size_of::<PackInfo>() + recent) as u64
     }
 
     /// The plaintext length of the largest tree: what a walk holds at most for one directory
     /// (a restore counts it in its `--max-memory`).
     pub fn largest_tree(&self) -> u64 {
-        self.sorted
-            .iter()
-            .chain(self.recent.values())
-            .filter(|s| s.entry.kind == BlobKind::Tree)
-            .map(|s| u64::from(s.entry.raw_length))
-            .max()
-            .unwrap_or(0)
+        self.packs.iter().map(|p| u64::from(p.largest_tree)).max().unwrap_or(0)
     }
 
     /// The packs holding trees (none a pending prune is about to delete): each one's number,
     /// ID and salt.
     pub fn tree_packs(&self) -> Vec<(u32, PackId, [u8; SALT_LEN])> {
-        let mut trees = vec![false; self.packs.len()];
-        for s in self.sorted.iter().chain(self.recent.values()) {
-            trees[s.pack as usize] |= s.entry.kind == crate::pack::BlobKind::Tree;
-        }
-        (0..self.packs.len())
-            .filter(|&p| trees[p] && !self.doomed[p])
-            .map(|p| (p as u32, self.packs[p].0, self.packs[p].1))
-            .collect()
+        let packs = self.packs.iter().enumerate();
+        packs.filter(|(_, p)| p.trees && !p.doomed).map(|(n, p)| (n as u32, p.id, p.salt)).collect()
     }
 
     /// Where the last blob listed in each pack (by number) ends: how much of it a read of all
     /// its blobs takes.
     pub fn pack_ends(&self) -> Vec<u64> {
-        let mut ends = vec![0u64; self.packs.len()];
-        for s in self.sorted.iter().chain(self.recent.values()) {
-            let end = u64::from(s.entry.offset) + u64::from(s.entry.length);
-            ends[s.pack as usize] = ends[s.pack as usize].max(end);
-        }
-        ends
+        self.packs.iter().map(|p| p.end).collect()
     }
 }
 

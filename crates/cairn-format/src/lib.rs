@@ -22,6 +22,7 @@
 //! | [`lock`] | lock objects | §12 |
 //! | [`hint`] | the start hint | §14 |
 //! | [`protocol`] | the server protocol's requests: routes, names, headers | §15 |
+//! | [`sorted`] | the sorted index file a command keeps on this machine (not a repository object) | §17 |
 
 #![warn(missing_docs)]
 
@@ -40,6 +41,7 @@ pub mod pack;
 pub mod protocol;
 pub mod sealed;
 pub mod snapshot;
+pub mod sorted;
 pub mod tree;
 
 pub use error::{Error, Result};

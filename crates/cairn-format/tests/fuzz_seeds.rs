@@ -18,8 +18,9 @@ use cairn_format::index;
 use cairn_format::keyfile::KeyFile;
 use cairn_format::pack::{read_header, BlobKind, ENTRY_LEN, TRAILER_LEN};
 use cairn_format::sealed::{self, SealedKind};
+use cairn_format::sorted;
 
-const TARGETS: [&str; 14] = [
+const TARGETS: [&str; 15] = [
     "keyfile",
     "lock",
     "sealed",
@@ -34,6 +35,7 @@ const TARGETS: [&str; 14] = [
     "decompress",
     "blob_decode",
     "ids",
+    "sorted_index",
 ];
 
 fn root() -> PathBuf {
@@ -210,6 +212,26 @@ fn generate_fuzz_seeds() {
     // Index records re-encoded one pack at a time, and the lock object format (FORMAT.md §12).
     let packs = index::decode("i", &index_plain).unwrap();
     out.put("index", "one-pack", &index::encode(&packs[..1]));
+
+    // The golden index as a sorted index file (mode 0), and its records for the target to
+    // write into one (mode 1, no byte changed).
+    let mut infos = Vec::new();
+    let mut slots = Vec::new();
+    for (n, p) in packs.iter().enumerate() {
+        let mut info = sorted::PackInfo::new(p.id, p.salt, false);
+        p.blobs.iter().for_each(|e| info.count(e));
+        infos.push(info);
+        slots.extend(p.blobs.iter().map(|&entry| sorted::Slot { entry, pack: n as u32 }));
+    }
+    sorted::sort_slots(&mut slots, |_| false);
+    let mut writer = sorted::Writer::new(sorted::bits_for(slots.len() as u64));
+    let mut file = vec![0u8];
+    writer.records(&slots, &mut file).unwrap();
+    file.extend_from_slice(&writer.finish(&infos, &[7; 32]));
+    out.put("sorted_index", "golden-v1", &file);
+    let mut records = vec![1u8, 0xff, 0xff];
+    slots.iter().for_each(|s| s.encode(&mut records));
+    out.put("sorted_index", "golden-v1-records", &records);
     out.put(
         "lock",
         "shared",

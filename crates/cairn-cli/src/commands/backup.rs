@@ -100,8 +100,9 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         cairn_format::tree::check_name(a.stdin_filename.as_bytes())
             .map_err(|why| anyhow::anyhow!("--stdin-filename wants a plain file name: {why}"))?;
     }
+    let max_memory = a.max_memory.as_deref().map(parse_size).transpose()?;
     let (repo, _lock) = open_locked(g, LockKind::Shared)?;
-    repo.load_index()?;
+    repo.load_index_within(max_memory)?;
     let defaults = BackupOptions::default();
     let show_progress = g.json || std::io::stderr().is_terminal();
     let opts = BackupOptions {
@@ -128,7 +129,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         },
         dry_run: a.dry_run,
         prescan: show_progress,
-        max_memory: a.max_memory.as_deref().map(parse_size).transpose()?,
+        max_memory,
         ..defaults
     };
     let mut paths = a.paths;

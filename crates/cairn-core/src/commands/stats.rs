@@ -127,7 +127,7 @@ pub fn stats(
     }
     let index = repo.index();
     for pos in blobs.positions() {
-        let e = index.at(pos).entry;
+        let e = index.at(pos).ok_or_else(crate::engine::sorted_index::damaged)?.entry;
         match e.kind {
             BlobKind::Data => {
                 s.raw.data_blobs += 1;

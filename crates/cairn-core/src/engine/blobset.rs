@@ -59,8 +59,11 @@ impl BlobSet {
     }
 
     /// The IDs of the blobs in the set, `index` the one it was made for.
-    pub fn ids(&self, index: &Index) -> IdSet<BlobId> {
-        self.positions().map(|pos| index.at(pos).entry.id).chain(self.unlisted.iter().copied()).collect()
+    pub fn ids(&self, index: &Index) -> crate::error::Result<IdSet<BlobId>> {
+        let listed = self.positions().map(|pos| index.at(pos).map(|l| l.entry.id));
+        let mut ids = listed.collect::<Option<IdSet<BlobId>>>().ok_or_else(crate::engine::sorted_index::damaged)?;
+        ids.extend(self.unlisted.iter().copied());
+        Ok(ids)
     }
 }
 
@@ -90,12 +93,12 @@ mod tests {
             set.insert(&index, BlobId([n; 32]));
         }
         assert_eq!(set.len(), 4, "7 counted once");
-        let listed: Vec<u8> = set.positions().map(|p| index.at(p).entry.id.0[0]).collect();
+        let listed: Vec<u8> = set.positions().map(|p| index.at(p).unwrap().entry.id.0[0]).collect();
         assert_eq!(listed, [3, 7, 99], "in the index's order");
         assert!(set.at(index.position(&BlobId([3; 32])).unwrap()));
         assert!(!set.at(index.position(&BlobId([4; 32])).unwrap()));
         assert_eq!(set.unlisted().iter().copied().collect::<Vec<_>>(), [BlobId([200; 32])]);
-        let ids = set.ids(&index);
+        let ids = set.ids(&index).unwrap();
         assert_eq!(ids.len(), 4);
         assert!(ids.contains(&BlobId([200; 32])) && ids.contains(&BlobId([99; 32])));
     }

@@ -19,5 +19,6 @@ pub mod repository;
 pub mod select;
 pub mod signal;
 pub mod snapshot_name;
+pub mod sorted_index;
 pub mod storage;
 pub mod trees;

@@ -277,6 +277,10 @@ fn open_keyed(
             crate::engine::cache::remember_key(base, &location, &id);
         }
     }
+    // Sorted index files are kept for local repositories too: they are built, not downloaded.
+    if let Some(dir) = machine.dir.as_deref().and_then(|b| crate::engine::sorted_index::dir_in(b, &repo.config().id)) {
+        repo.set_index_dir(dir);
+    }
     if let Some(base) = machine.cache_base(&**repo.storage()) {
         repo.set_cache(Cache::open(&base, &repo.config().id)?);
     }

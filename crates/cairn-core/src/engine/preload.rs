@@ -20,6 +20,9 @@ use cairn_format::layout::{self, Dir};
 
 /// Most files fetched at once per directory.
 const PRELOAD_THREADS: usize = 32;
+/// Most bytes of index files fetched ahead: a larger index is read a few files at a time as it
+/// loads (it may go to disk, `sorted_index`), never held whole.
+pub const PRELOAD_INDEX_MAX: u64 = 64 << 20;
 
 /// What to read ahead while opening.
 #[derive(Clone, Debug, Default)]
@@ -127,7 +130,10 @@ impl Preloaded {
                 let out = &out;
                 let started = std::thread::Builder::new().name("cairn-preload".into()).spawn_scoped(s, move || {
                     let Ok(listed) = storage.list(dir.name()) else { return };
-                    let wanted: Vec<&ObjectInfo> = listed.iter().filter(|o| what.wants(dir, &o.path)).collect();
+                    let mut wanted: Vec<&ObjectInfo> = listed.iter().filter(|o| what.wants(dir, &o.path)).collect();
+                    if dir == Dir::Index && wanted.iter().map(|o| o.size).sum::<u64>() > PRELOAD_INDEX_MAX {
+                        wanted.clear();
+                    }
                     // All at once (up to [`PRELOAD_THREADS`]): a few at a time would wait a
                     // round trip per few files.
                     let threads = threads.max(wanted.len().min(PRELOAD_THREADS));

@@ -60,6 +60,8 @@ pub struct Repository {
     config: Config,
     index: RwLock<Index>,
     cache: Option<Cache>,
+    /// Where sorted index files are kept (`None`: a temporary file each time).
+    index_dir: Option<std::path::PathBuf>,
     /// The key file that opened the repository (or was made by `init`): its ID and bytes
     /// (carried by the start hint this repository writes).
     key_file: Option<(KeyId, Vec<u8>)>,
@@ -100,6 +102,7 @@ impl Repository {
             config,
             index: RwLock::new(Index::default()),
             cache: None,
+            index_dir: None,
             key_file: None,
             hint: None,
             hinted: Arc::default(),
@@ -273,6 +276,7 @@ impl Repository {
             config,
             index: RwLock::new(Index::default()),
             cache: None,
+            index_dir: None,
             key_file: Some((KeyId::hash_of(&key_file), key_file)),
             hint,
             hinted: Arc::default(),
@@ -284,16 +288,22 @@ impl Repository {
 
     /// Reads every index file into memory, several at once (each is read, decrypted and
     /// decoded on its own, and a remote one waits a round trip), and the deletion manifests of
-    /// pending prunes beside them: their packs are doomed (see [`Index`]).
+    /// pending prunes beside them: their packs are doomed (see [`Index`]). An index too large
+    /// for the default share of memory goes to disk ([`Repository::load_index_within`]).
     pub fn load_index(&self) -> Result<()> {
+        self.load_index_within(None)
+    }
+
+    /// [`Repository::load_index`] for a command allowed `max_memory` bytes: an index whose
+    /// slots would take more than a quarter of it (256 MiB without a budget) is kept in a
+    /// sorted index file on disk instead ([`crate::engine::sorted_index`]).
+    pub fn load_index_within(&self, max_memory: Option<u64>) -> Result<()> {
+        let placement = crate::engine::sorted_index::Placement::from_env()?;
         let (files, deletions) = std::thread::scope(|s| {
             let deletions = s.spawn(|| self.deletions());
-            (self.index_files(), deletions.join().expect("deletion reader panicked"))
+            (self.list_index_files(), deletions.join().expect("deletion reader panicked"))
         });
-        let mut packs = Vec::new();
-        for (_, file) in files? {
-            packs.extend(file?);
-        }
+        let files = files?;
         let mut doomed = IdSet::default();
         for (_, d) in deletions? {
             match d {
@@ -303,8 +313,31 @@ impl Repository {
                 Err(e) => tracing::warn!("ignoring a deletion manifest: {e}"),
             }
         }
+        if placement.on_disk(&files, max_memory) {
+            self.clear_index();
+            let read = |path: &str| self.read_index_file(path);
+            let index =
+                crate::engine::sorted_index::load(self.index_dir.as_deref(), &files, &doomed, read, self.threads())?;
+            self.replace_index(|| index);
+            return Ok(());
+        }
+        let mut packs = Vec::new();
+        for (_, file) in self.read_index_files(files) {
+            packs.extend(file?);
+        }
         self.set_index_doomed(packs, &doomed);
         Ok(())
+    }
+
+    /// Threads that read files side by side: as many as the storage keeps requests in flight,
+    /// at least one per core.
+    fn threads(&self) -> usize {
+        crate::engine::platform::cores().max(self.storage.default_concurrency())
+    }
+
+    /// Keeps sorted index files in `dir` from now on (see [`crate::engine::sorted_index`]).
+    pub fn set_index_dir(&mut self, dir: std::path::PathBuf) {
+        self.index_dir = Some(dir);
     }
 
     /// Every deletion manifest of a pending prune, each read on its own (a damaged one is its
@@ -335,11 +368,22 @@ impl Repository {
     /// Reads and decodes every index file, each on its own (on as many threads as the storage
     /// keeps requests in flight, at least one per core): a damaged one is its own error.
     pub fn index_files(&self) -> Result<Vec<(String, Result<Vec<IndexedPack>>)>> {
+        Ok(self.read_index_files(self.list_index_files()?))
+    }
+
+    /// Lists the index files (and drops from the cache those no longer listed).
+    fn list_index_files(&self) -> Result<Vec<crate::engine::storage::ObjectInfo>> {
         let files = self.preloaded.list(&*self.storage, Dir::Index)?;
         self.uncache_unlisted("index", files.iter().map(|o| o.path.as_str()));
-        let threads = crate::engine::platform::cores().max(self.storage.default_concurrency());
-        let read = map_parallel(&files, threads, |obj| self.read_index_file(&obj.path));
-        Ok(files.into_iter().map(|obj| obj.path).zip(read).collect())
+        Ok(files)
+    }
+
+    fn read_index_files(
+        &self,
+        files: Vec<crate::engine::storage::ObjectInfo>,
+    ) -> Vec<(String, Result<Vec<IndexedPack>>)> {
+        let read = map_parallel(&files, self.threads(), |obj| self.read_index_file(&obj.path));
+        files.into_iter().map(|obj| obj.path).zip(read).collect()
     }
 
     /// The packs in `data/` and their sizes (stray names left out).
@@ -540,8 +584,9 @@ impl Repository {
 
     /// Reads, decrypts, decompresses and verifies one blob.
     pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
-        let loc =
-            self.index().get(id).ok_or_else(|| Error::NotFound(format!("blob {} (not in any index)", id.short())))?;
+        let index = self.index();
+        let loc = index.get(id).ok_or_else(|| crate::engine::sorted_index::not_found(&index, "blob", id))?;
+        drop(index);
         self.reread_blob(&pack_path(&loc.pack), &self.key.object_key(&loc.salt), &loc.entry)
     }
 
@@ -560,8 +605,9 @@ impl Repository {
         if let Some(tree) = self.cached_tree_as(id) {
             return Ok(tree);
         }
-        let loc =
-            self.index().get(id).ok_or_else(|| Error::NotFound(format!("tree {} (not in any index)", id.short())))?;
+        let index = self.index();
+        let loc = index.get(id).ok_or_else(|| crate::engine::sorted_index::not_found(&index, "tree", id))?;
+        drop(index);
         let path = pack_path(&loc.pack);
         let key = self.key.object_key(&loc.salt);
         crate::engine::storage::retry_damaged(|| {

@@ -434,7 +434,7 @@ pub fn load_level_each<T: TreeForm>(
                 Some((bytes, at)) => held.push((loc, bytes, at)),
                 None => located.push(loc),
             },
-            None => each(*id, Err(Error::NotFound(format!("tree {} (not in any index)", id.short())))),
+            None => each(*id, Err(crate::engine::sorted_index::not_found(&index, "tree", id))),
         }
     }
     drop(index);

@@ -2,6 +2,7 @@
 //! choices and failures ([`engine`]), and restores that reuse the data of local files
 //! ([`local_data`]).
 
+mod disk_index;
 mod engine;
 mod local_data;
 mod roundtrip;

@@ -136,7 +136,7 @@ pub fn finish(
         let index = repo.index();
         // The index finds a blob's copy outside the doomed packs if it has one.
         for pos in needed.positions() {
-            let loc = index.at(pos);
+            let loc = index.at(pos).ok_or_else(crate::engine::sorted_index::damaged)?;
             if index.is_doomed(loc.pack_no) && doomed.remove(&loc.pack) {
                 out.rescued_packs += 1;
             }

@@ -93,7 +93,7 @@ pub fn open_and_restore(
         ..open
     };
     let (opened, (id, result)) = open::open_then(storage, password, open, |repo| -> Result<_> {
-        repo.load_index()?;
+        repo.load_index_within(Some(opts.max_memory))?;
         let (id, snap) = repo.find_snapshot(name)?;
         Ok((id, restore(repo, &snap, &id.short(), path, target, opts, progress)))
     })?;

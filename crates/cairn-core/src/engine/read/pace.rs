@@ -6,7 +6,7 @@
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use cairn_format::id::BlobId;
 use cairn_format::index::Index;
 
@@ -86,7 +86,7 @@ pub fn ordered_reads(index: &Index, wanted: &[BlobId], gap: u64) -> Result<Vec<P
             continue;
         }
         last = Some(*id);
-        let loc = index.get(id).ok_or_else(|| Error::NotFound(format!("blob {} (not in any index)", id.short())))?;
+        let loc = index.get(id).ok_or_else(|| crate::engine::sorted_index::not_found(index, "blob", id))?;
         let b = loc.entry;
         let (start, end) = (u64::from(b.offset), u64::from(b.offset) + u64::from(b.length));
         if let Some(r) = reads.last_mut().filter(|r| r.pack == loc.pack) {
