@@ -24,6 +24,16 @@ const PRELOAD_THREADS: usize = 32;
 /// loads (it may go to disk, `sorted_index`), never held whole.
 pub const PRELOAD_INDEX_MAX: u64 = 64 << 20;
 
+/// Whether the index of the index files `wanted` is not to be fetched ahead: it goes to disk
+/// for a command allowed `max_memory`, or its files pass [`PRELOAD_INDEX_MAX`].
+fn index_goes_to_disk(wanted: &[&ObjectInfo], max_memory: Option<u64>) -> bool {
+    use crate::engine::sorted_index::Placement;
+    let files: Vec<ObjectInfo> = wanted.iter().map(|o| (*o).clone()).collect();
+    // A bad CAIRN_INDEX is refused when the index loads; here it fetches nothing ahead.
+    let placement = Placement::from_env().unwrap_or(Placement::Disk);
+    placement.on_disk(&files, max_memory) || files.iter().map(|o| o.size).sum::<u64>() > PRELOAD_INDEX_MAX
+}
+
 /// What to read ahead while opening.
 #[derive(Clone, Debug, Default)]
 pub struct Preload {
@@ -44,6 +54,11 @@ pub struct Preload {
     /// Most bytes of the tree packs the start hint names to read whole once the key opens,
     /// beside the index files (a restore that reads every tree pack at its start; 0: none).
     pub tree_packs: u64,
+    /// The command's memory budget, when it has one: index files are fetched ahead only while
+    /// the index they make stays in memory ([`crate::engine::sorted_index::Placement`]); an
+    /// index on disk reads them a few at a time as it builds its file, or not at all once the
+    /// file is built, and held here they would take the memory it saves.
+    pub max_memory: Option<u64>,
 }
 
 impl Preload {
@@ -68,6 +83,11 @@ impl Preload {
             packs: true,
             ..Preload::default()
         }
+    }
+
+    /// This, for a command allowed `max_memory` bytes (see [`Preload::max_memory`]).
+    pub fn with_max_memory(self, max_memory: u64) -> Self {
+        Preload { max_memory: Some(max_memory), ..self }
     }
 
     /// This, with the start hint's tree packs read ahead up to `bytes` (when the files are
@@ -131,7 +151,7 @@ impl Preloaded {
                 let started = std::thread::Builder::new().name("cairn-preload".into()).spawn_scoped(s, move || {
                     let Ok(listed) = storage.list(dir.name()) else { return };
                     let mut wanted: Vec<&ObjectInfo> = listed.iter().filter(|o| what.wants(dir, &o.path)).collect();
-                    if dir == Dir::Index && wanted.iter().map(|o| o.size).sum::<u64>() > PRELOAD_INDEX_MAX {
+                    if dir == Dir::Index && index_goes_to_disk(&wanted, what.max_memory) {
                         wanted.clear();
                     }
                     // All at once (up to [`PRELOAD_THREADS`]): a few at a time would wait a

@@ -87,7 +87,9 @@ pub fn open_and_restore(
     let stop = opts.cancel.clone();
     let open = OpenOptions {
         lock: Some(LockKind::Shared),
-        preload: Preload::snapshot(name, true).with_tree_packs(tree_pack_share(opts.max_memory)),
+        preload: Preload::snapshot(name, true)
+            .with_tree_packs(tree_pack_share(opts.max_memory))
+            .with_max_memory(opts.max_memory),
         stop: stop.as_deref(),
         release: Some(&progress.reads_over),
         ..open
