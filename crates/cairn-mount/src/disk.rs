@@ -97,6 +97,11 @@ impl Disk {
         Ok(Disk { content, file, starts, identity })
     }
 
+    /// The number of the chunk holding `offset`.
+    fn chunk_at(&self, offset: u64) -> usize {
+        self.starts.partition_point(|&s| s <= offset).saturating_sub(1)
+    }
+
     /// What names this export (its snapshot and path): an overlay made for it records this.
     pub fn identity(&self) -> &[u8; 32] {
         &self.identity
@@ -130,7 +135,7 @@ impl cairn_nbd::Export for Disk {
     }
 
     fn read_unit(&self, offset: u64) -> std::ops::Range<u64> {
-        let i = self.starts.partition_point(|&s| s <= offset).saturating_sub(1);
+        let i = self.chunk_at(offset);
         match self.file.node().content.get(i) {
             Some(c @ Chunk::Data { .. }) => self.starts[i]..self.starts[i] + c.len(),
             _ => offset..offset,
@@ -140,7 +145,7 @@ impl cairn_nbd::Export for Disk {
     fn extents(&self, offset: u64, length: u64) -> io::Result<Vec<Extent>> {
         let chunks = &self.file.node().content;
         let end = offset.saturating_add(length).min(self.size());
-        let mut i = self.starts.partition_point(|&s| s <= offset).saturating_sub(1);
+        let mut i = self.chunk_at(offset);
         let mut at = offset;
         let mut out: Vec<Extent> = Vec::new();
         while at < end && i < chunks.len() {

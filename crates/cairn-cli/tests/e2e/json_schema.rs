@@ -258,8 +258,7 @@ fn json_schema_errors_and_tokens() {
 #[test]
 fn json_schema_live_restore() {
     let fx = crate::nbd::disk_fixture();
-    let spec = format!("latest:{}", fx.src.join("disk.img").display());
-    let target = fx.path("restored.img");
+    let (_, spec, target) = crate::live_restore::image_spec_target(&fx);
     // 50 ms before each of the background restore's 64 KiB writes: about 5 s of status lines.
     let export = crate::live_restore::live(
         &fx,

@@ -27,6 +27,13 @@ pub(crate) fn live(fx: &Fixture, spec: &str, target: &Path, socket: &Path, write
     Export::run(cmd, socket)
 }
 
+/// The disk image of [`disk_fixture`] `fx`, its spec (`latest:IMAGE`) and a live restore's target.
+pub(crate) fn image_spec_target(fx: &Fixture) -> (PathBuf, String, PathBuf) {
+    let image = fx.src.join("disk.img");
+    let spec = format!("latest:{}", image.display());
+    (image, spec, fx.path("restored.img"))
+}
+
 /// The state file of a live restore into `target`.
 fn state_of(target: &Path) -> PathBuf {
     PathBuf::from(format!("{}.cairn-live", target.display()))
@@ -63,9 +70,7 @@ fn expected(image: &Path) -> Vec<u8> {
 #[test]
 fn the_target_is_served_while_it_restores_and_the_restore_never_overwrites_a_write() {
     let fx = disk_fixture();
-    let image = fx.src.join("disk.img");
-    let spec = format!("latest:{}", image.display());
-    let target = fx.path("restored.img");
+    let (image, spec, target) = image_spec_target(&fx);
     // 6 MiB of data in 64 KiB chunks written one at a time, each after 50 ms: about 5 s.
     let export = live(&fx, &spec, &target, &fx.path("live.sock"), "50ms", &["--write-threads", "1"]);
     let uri = export.uri();
@@ -100,9 +105,7 @@ fn the_target_is_served_while_it_restores_and_the_restore_never_overwrites_a_wri
 #[test]
 fn killed_midway_a_second_live_restore_resumes_and_the_writes_survive() {
     let fx = disk_fixture();
-    let image = fx.src.join("disk.img");
-    let spec = format!("latest:{}", image.display());
-    let target = fx.path("restored.img");
+    let (image, spec, target) = image_spec_target(&fx);
     // 100 ms before each of its ~100 chunk writes: 10 s, killed after 2.5 s.
     let slow = live(&fx, &spec, &target, &fx.path("a.sock"), "100ms", &["--write-threads", "1"]);
     for (byte, offset, length) in WRITES {
@@ -154,9 +157,7 @@ fn a_vm_boots_from_a_live_restore_and_its_write_is_in_the_target() {
 #[test]
 fn under_a_download_limit_a_clients_read_goes_ahead_of_the_background_restore() {
     let fx = disk_fixture();
-    let image = fx.src.join("disk.img");
-    let spec = format!("latest:{}", image.display());
-    let target = fx.path("restored.img");
+    let (image, spec, target) = image_spec_target(&fx);
     // About 6 MiB to fetch at 1 MiB/s, 16 ranged reads in flight: without a lane of its own the
     // client's read would queue behind most of the restore's traffic, paid for ahead of it.
     let export =
@@ -185,9 +186,7 @@ fn under_a_download_limit_a_clients_read_goes_ahead_of_the_background_restore() 
 #[test]
 fn what_a_client_brought_in_is_not_fetched_again_by_the_background_restore() {
     let fx = disk_fixture();
-    let image = fx.src.join("disk.img");
-    let spec = format!("latest:{}", image.display());
-    let target = fx.path("restored.img");
+    let (image, spec, target) = image_spec_target(&fx);
     // One write at a time, each after 50 ms, one read in flight and a small budget: the
     // restore fetches only a read or two ahead of its writer, and would take about 5 s.
     let slow = ["--write-threads", "1", "--fetch-concurrency", "1", "--max-memory", "4M", "--json"];

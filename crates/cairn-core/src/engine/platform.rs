@@ -46,17 +46,22 @@ pub fn now_secs() -> u64 {
 /// A byte size for a person, in the units [`parse_size`] reads: whole bytes below 1 KiB, else
 /// one decimal of the largest binary unit up to TiB ("1.5 GiB").
 pub fn format_size(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    format_scaled(bytes, &["B", "KiB", "MiB", "GiB", "TiB"], 1)
+}
+
+/// `bytes` in the largest of `units` (each 1024 of the one before, the first bytes) it reaches,
+/// with `decimals` decimals; whole bytes below the second unit.
+pub fn format_scaled(bytes: u64, units: &[&str], decimals: usize) -> String {
     let mut v = bytes as f64;
     let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
+    while v >= 1024.0 && unit + 1 < units.len() {
         v /= 1024.0;
         unit += 1;
     }
     if unit == 0 {
-        format!("{bytes} B")
+        format!("{bytes} {}", units[0])
     } else {
-        format!("{v:.1} {}", UNITS[unit])
+        format!("{v:.decimals$} {}", units[unit])
     }
 }
 

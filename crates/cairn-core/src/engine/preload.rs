@@ -28,10 +28,10 @@ pub const PRELOAD_INDEX_MAX: u64 = 64 << 20;
 /// for a command allowed `max_memory`, or its files pass [`PRELOAD_INDEX_MAX`].
 fn index_goes_to_disk(wanted: &[&ObjectInfo], max_memory: Option<u64>) -> bool {
     use crate::engine::sorted_index::Placement;
-    let files: Vec<ObjectInfo> = wanted.iter().map(|o| (*o).clone()).collect();
     // A bad CAIRN_INDEX is refused when the index loads; here it fetches nothing ahead.
     let placement = Placement::from_env().unwrap_or(Placement::Disk);
-    placement.on_disk(&files, max_memory) || files.iter().map(|o| o.size).sum::<u64>() > PRELOAD_INDEX_MAX
+    placement.on_disk(wanted.iter().copied(), max_memory)
+        || wanted.iter().map(|o| o.size).sum::<u64>() > PRELOAD_INDEX_MAX
 }
 
 /// What to read ahead while opening.

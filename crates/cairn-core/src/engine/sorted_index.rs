@@ -74,7 +74,7 @@ impl Placement {
 
     /// Whether an index of the index files `files` goes to disk for a command allowed
     /// `max_memory` bytes.
-    pub fn on_disk(self, files: &[ObjectInfo], max_memory: Option<u64>) -> bool {
+    pub fn on_disk<'a>(self, files: impl IntoIterator<Item = &'a ObjectInfo>, max_memory: Option<u64>) -> bool {
         match self {
             Placement::Memory => false,
             Placement::Disk => true,
@@ -87,8 +87,8 @@ impl Placement {
 }
 
 /// About how many blobs the index files list (a 48-byte entry each, and a little more).
-fn estimated_blobs(files: &[ObjectInfo]) -> u64 {
-    files.iter().map(|f| f.size / ENTRY_LEN as u64).sum()
+fn estimated_blobs<'a>(files: impl IntoIterator<Item = &'a ObjectInfo>) -> u64 {
+    files.into_iter().map(|f| f.size / ENTRY_LEN as u64).sum()
 }
 
 /// What a sorted index file is built from: the index files' names and the doomed packs, each

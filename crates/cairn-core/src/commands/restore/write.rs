@@ -22,6 +22,8 @@ use super::types::{Dest, Entry, FileState};
 use crate::engine::chunker::is_zero;
 use crate::engine::profile::work;
 use crate::engine::read::Decoded;
+use cairn_format::id::BlobId;
+use cairn_format::pack::BlobEntry;
 
 /// Runs until `input` is drained. A writer not `working` from the start (one the writers'
 /// controller may put to work later) counts no idle time until its first blobs arrive.
@@ -72,18 +74,13 @@ fn each_dest(sh: &Shared<'_>, dests: &[Dest], mut one: impl FnMut(&Dest) -> io::
 /// it was its last. Returns whether the read is skipped. Without a guard, never.
 pub fn skip_present(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, read: &crate::engine::read::PackRead) -> bool {
     let Some(guard) = sh.guard else { return false };
-    let chunks = || {
-        read.blobs.iter().flat_map(|b| {
-            let dests = sh.fetches.dests.get(&b.id).map_or(&[][..], Vec::as_slice);
-            dests.iter().map(move |d| (d, u64::from(b.raw_length)))
-        })
-    };
-    if !chunks().all(|(d, len)| guard.present(d.offset, len)) {
+    let dests = |id: &BlobId| sh.fetches.dests.get(id).map_or(&[][..], Vec::as_slice);
+    let present = |b: &BlobEntry| dests(&b.id).iter().all(|d| guard.present(d.offset, u64::from(b.raw_length)));
+    if !read.blobs.iter().all(present) {
         return false;
     }
     for b in &read.blobs {
-        let dests = sh.fetches.dests.get(&b.id).map_or(&[][..], Vec::as_slice);
-        each_dest(sh, dests, |d| {
+        each_dest(sh, dests(&b.id), |d| {
             let (file, fresh) = open_for(sh, dirs, d.entry as usize)?;
             written(sh, d.entry as usize, &file, fresh, u64::from(b.raw_length));
             Ok(())
