@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use super::{coalesce_gap, MAX_READ};
 use crate::engine::repository::Repository;
+use cairn_format::index::BlobLocation;
 
 /// The rate assumed before the fetch stage has measured one (the first batch of a restore):
 /// about what one core decodes.
@@ -67,6 +68,32 @@ pub fn link_gap(repo: &Repository, rate: Option<f64>, in_flight: usize) -> GapCh
     let floor = coalesce_gap(repo);
     let cost = repo.link().latency().map(|latency| LinkCost { latency, rate: rate.unwrap_or(PRIOR_RATE), in_flight });
     GapChoice { gap: cost.map_or(floor, |c| c.gap(floor)), floor, cost }
+}
+
+/// The widest gap to read through that adds at most `share` of the wanted bytes: the gaps
+/// between neighbouring blobs of `located` in each pack, narrowest first (all of one width
+/// or none), while the bytes they add stay within `share` of the blobs' stored bytes. Where
+/// most of a pack is copied from local data, reading through the gaps would fetch the bytes
+/// the copy saves; this keeps them few and still saves the round trips of the narrowest gaps.
+pub fn gap_within(located: &[BlobLocation], share: f64) -> u64 {
+    let mut spans: Vec<(u32, u64, u64)> =
+        located.iter().map(|l| (l.pack_no, u64::from(l.entry.offset), u64::from(l.entry.length))).collect();
+    spans.sort_unstable();
+    let wanted: u64 = spans.iter().map(|s| s.2).sum();
+    let mut gaps: Vec<u64> =
+        spans.windows(2).filter(|w| w[0].0 == w[1].0).map(|w| w[1].1.saturating_sub(w[0].1 + w[0].2)).collect();
+    gaps.sort_unstable();
+    let allowed = (wanted as f64 * share.max(0.0)) as u64;
+    let (mut spent, mut widest) = (0u64, 0u64);
+    for same in gaps.chunk_by(|a, b| a == b) {
+        let cost = same[0].saturating_mul(same.len() as u64);
+        if spent.saturating_add(cost) > allowed {
+            break;
+        }
+        spent += cost;
+        widest = same[0];
+    }
+    widest
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ use crossbeam_channel::bounded;
 
 pub use buffers::{Buf, BufferPool};
 pub use decode::{Decoded, Plain};
-pub use gap::{link_gap, GapChoice, LinkCost, PRIOR_RATE};
+pub use gap::{gap_within, link_gap, GapChoice, LinkCost, PRIOR_RATE};
 pub use pace::{ordered_reads, Pace, Paced};
 pub use queue::{Queued, Slots};
 pub use tune::{Controller as FetchTuner, Step as TuneStep, AUTO_MAX};

@@ -237,6 +237,36 @@ impl Controller {
         c
     }
 
+    /// Before a batch's reads: raises the limit (never lowers it) to what Little's law puts it
+    /// at for [`PRIOR_RATE`] in reads of the batch's mean size (`bytes` in `reads`) across the
+    /// `round_trip`, at most one per read. The changed chunks of a tree whose other chunks are
+    /// copied from local data are thousands of reads of a few KiB: each read carries little,
+    /// so many must be in flight, and while the copy fills the cores the controller would hold
+    /// rather than climb (the gain from more in flight shows as the cores' work, not as
+    /// throughput).
+    pub fn fit_reads(&mut self, round_trip: Option<Duration>, reads: usize, bytes: u64) {
+        let Some(rtt) = round_trip else { return };
+        if reads == 0 {
+            return;
+        }
+        let mean = (bytes / reads as u64).max(1);
+        let wanted = (PRIOR_RATE * rtt.as_secs_f64() / mean as f64).ceil() as usize;
+        let wanted = wanted.min(reads).clamp(1, AUTO_MAX);
+        if wanted > self.limit {
+            self.limit = wanted;
+            self.best_limit = self.best_limit.max(wanted);
+            let reason = "a batch of small reads needs it at the round trip";
+            self.start = Some(Step {
+                at: Duration::ZERO,
+                limit: wanted,
+                throughput: PRIOR_RATE,
+                latency: rtt,
+                cpu_busy: None,
+                reason,
+            });
+        }
+    }
+
     /// Why it starts away from the storage's default, once (for the log of `--profile`).
     pub fn take_start(&mut self) -> Option<Step> {
         self.start.take()
