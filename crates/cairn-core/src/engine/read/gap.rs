@@ -154,6 +154,61 @@ mod tests {
         assert!(read_bytes <= sizes.iter().map(|&s| u64::from(s)).sum::<u64>());
     }
 
+    #[test]
+    fn with_local_data_a_tenth_of_the_chunks_fetches_little_more_than_them() {
+        // As above: 4,000 chunks of 1-8 KiB stored, every tenth wanted (the rest copied from
+        // local data). At 20 ms the link's gap would read through nearly everything; capped to
+        // a quarter more than the wanted bytes, the reads fetch at most 0.125 of all the bytes
+        // and still fewer reads than one per wanted chunk (the narrowest gaps are read through).
+        let sizes: Vec<u32> = (0..4000u32).map(|i| 1024 + (i * 7919) % (7 * 1024)).collect();
+        let all = packs(&sizes, 500);
+        let every: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
+        let tenth: Vec<_> = all.iter().step_by(10).copied().collect();
+        // Every tenth at fixed steps leaves no narrow gap: take a few neighbours too.
+        let tenth: Vec<_> = tenth.into_iter().chain(all.iter().skip(1).step_by(70).copied()).collect();
+        let wanted: u64 = tenth.iter().map(|l| u64::from(l.entry.length)).sum();
+        let link = cost(20, PRIOR_RATE, 16).gap(4096);
+        let within = gap_within(&tenth, 0.25);
+        assert!(within < link, "{within} against {link}");
+        let reads = coalesce(tenth.clone(), 64 << 20, link.min(within));
+        let fetched: u64 = reads.iter().map(|r| r.length).sum();
+        assert!(fetched as f64 <= 1.25 * wanted as f64, "{fetched} fetched for {wanted}");
+        assert!((fetched as f64) <= 0.15 * every as f64, "{fetched} of {every}");
+        assert!(reads.len() < tenth.len(), "{} reads for {} chunks", reads.len(), tenth.len());
+        // The link's own gap would have fetched most of the packs.
+        let wide: u64 = coalesce(tenth, 64 << 20, link).iter().map(|r| r.length).sum();
+        assert!(wide as f64 > 0.5 * every as f64, "{wide} of {every}");
+    }
+
+    #[test]
+    fn gaps_are_taken_narrowest_first_and_all_of_one_width_or_none() {
+        // Blobs of 100 bytes with gaps of 10, 10, 50 and 200 bytes.
+        let at = |offset: u32| BlobLocation {
+            pack: PackId([0; 32]),
+            pack_no: 0,
+            salt: [0; SALT_LEN],
+            entry: BlobEntry {
+                id: BlobId([offset as u8; 32]),
+                kind: BlobKind::Data,
+                codec: Codec::None,
+                offset,
+                length: 100,
+                raw_length: 100,
+            },
+        };
+        let locs: Vec<_> = [0, 110, 220, 370, 670].map(at).to_vec();
+        // 500 bytes wanted: 4% allows the two gaps of 10, 14% the 50 as well, 100% all.
+        assert_eq!(gap_within(&locs, 0.04), 10);
+        assert_eq!(gap_within(&locs, 0.03), 0, "both gaps of 10 or neither");
+        assert_eq!(gap_within(&locs, 0.14), 50);
+        assert_eq!(gap_within(&locs, 1.0), 200);
+        assert_eq!(gap_within(&[], 0.25), 0);
+        // Blobs of another pack are no gap.
+        let mut other = at(5000);
+        other.pack_no = 1;
+        assert_eq!(gap_within(&[at(0), other], 100.0), 0);
+    }
+
     proptest::proptest! {
         /// With the widest gap, reading any subset of the blobs takes at most the reads that
         /// reading all of them takes, whatever gap those use: each read is cut only by

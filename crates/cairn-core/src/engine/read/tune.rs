@@ -439,6 +439,31 @@ mod tests {
     /// A link measured before reading starts the limit where its round trip needs it (at least
     /// 4, even where the storage's default is higher); none measured starts at the default.
     #[test]
+    fn a_batch_of_small_reads_starts_with_many_in_flight() {
+        let ms = Duration::from_millis;
+        let mut c = Controller::for_link(4, Some(ms(20)), 1 << 30);
+        let start = c.limit();
+        // 8,000 reads of 4 KiB at 20 ms: as many as the fetch stage has.
+        c.fit_reads(Some(ms(20)), 8000, 8000 * 4096);
+        assert_eq!(c.limit(), AUTO_MAX);
+        assert!(c.limit() > start);
+        assert!(c.take_start().is_some_and(|s| s.limit == AUTO_MAX));
+        // Never more than one per read, and never lower than it was.
+        let mut c = Controller::for_link(4, Some(ms(20)), 1 << 30);
+        c.fit_reads(Some(ms(20)), 10, 10 * 4096);
+        assert_eq!(c.limit(), 10);
+        c.fit_reads(Some(ms(20)), 3, 3 * 4096);
+        assert_eq!(c.limit(), 10);
+        // Large reads, or no round trip known: left as it is.
+        let mut c = Controller::for_link(4, Some(ms(20)), 1 << 30);
+        c.fit_reads(Some(ms(20)), 40, 40 * (8 << 20));
+        assert_eq!(c.limit(), start);
+        c.fit_reads(None, 8000, 8000 * 4096);
+        c.fit_reads(Some(ms(20)), 0, 0);
+        assert_eq!(c.limit(), start);
+    }
+
+    #[test]
     fn a_slow_link_starts_with_the_reads_its_round_trip_needs() {
         let ms = Duration::from_millis;
         assert_eq!(Controller::for_link(4, None, 1 << 30).limit(), 4);

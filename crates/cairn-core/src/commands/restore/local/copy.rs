@@ -58,6 +58,9 @@ pub(super) fn copy(ctx: &Ctx<'_>, found: &Found, sh: &Shared<'_>) -> (Vec<(BlobI
     by_file.iter_mut().for_each(|spots| spots.sort_unstable_by_key(|s| s.0));
     let failed = Mutex::new(Vec::new());
     sh.dirs_ready.wait();
+    if let Some(cmd) = ctx.hook {
+        let _ = std::process::Command::new("sh").arg("-c").arg(cmd).status();
+    }
     let began = Instant::now();
     let init = || Worker { dirs: ParentDirs::new(sh.target), buf: Vec::new() };
     in_parallel_with(&by_file, ctx.threads, init, |w, f, spots| {

@@ -169,6 +169,50 @@ mod tests {
     }
 
     #[test]
+    fn a_local_repository_is_probed_in_a_large_batch_until_measured() {
+        let mib = 1u64 << 20;
+        let near = Costs { latency: Some(Duration::from_micros(50)), in_flight: 4, ..Costs::default() };
+        assert!(near.probes());
+        // 100 ranges of 1 MiB: the first 8 fetched to measure the repository, the rest copied.
+        let chosen = near.choose_all(&[mib; 100]);
+        assert_eq!(chosen.iter().filter(|&&c| !c).count(), 8);
+        assert!(chosen[..8].iter().all(|&c| !c) && chosen[8..].iter().all(|&c| c));
+        // Empty ranges take nothing from the probe; one large range takes it whole.
+        let chosen = near.choose_all(&[0, 64 * mib, mib]);
+        assert_eq!(chosen, [true, false, true]);
+        // A batch smaller than eight probes is not probed.
+        assert!(near.choose_all(&[mib; 60]).iter().all(|&c| c));
+        // Measured, a slow repository is not fetched from again; a fast one is.
+        let measured = Costs { local_rate: Some(400.0 * MIB), repository_rate: Some(100.0 * MIB), ..near };
+        assert!(!measured.probes());
+        assert!(measured.choose_all(&[mib; 100]).iter().all(|&c| c));
+        let fast = Costs { local_rate: Some(100.0 * MIB), repository_rate: Some(400.0 * MIB), ..near };
+        assert!(fast.choose_all(&[mib; 100]).iter().all(|&c| !c), "a fast local repository wins");
+        // A remote repository (20 ms) or a forced choice is never probed.
+        let far = Costs { latency: Some(Duration::from_millis(20)), ..near };
+        assert!(!far.probes());
+        assert!(far.choose_all(&[mib; 100]).iter().all(|&c| c));
+        assert!(!Costs { forced: Some(Choice::Local), ..near }.probes());
+        // Nor one whose round trip is not known.
+        assert!(!Costs { latency: None, ..near }.probes());
+    }
+
+    #[test]
+    fn a_tenth_changed_at_20_and_50_ms_copies_every_range() {
+        // What a batch with a tenth of the Linux tree changed measures: the copy writes about
+        // 300 MiB/s; the changed chunks' small reads write 15 MiB/s across 64 in flight. The
+        // tree's files (4-60 KiB) are all copied at 20 and 50 ms: the only bytes fetched are
+        // the changed chunks.
+        for ms in [20, 50] {
+            let c = costs(300.0, 15.0, ms, 64);
+            for kib in [4u64, 16, 60, 1024, 100 * 1024] {
+                assert_eq!(c.choose(kib << 10), Choice::Local, "{kib} KiB at {ms} ms");
+            }
+            assert!(!c.probes());
+        }
+    }
+
+    #[test]
     fn a_rate_needs_enough_bytes() {
         assert_eq!(rate(MEASURED_BYTES - 1, Duration::from_secs(1)), None);
         assert_eq!(rate(MEASURED_BYTES, Duration::from_secs(2)), Some(MEASURED_BYTES as f64 / 2.0));

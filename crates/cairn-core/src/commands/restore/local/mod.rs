@@ -142,6 +142,9 @@ struct Ctx<'a> {
     /// Whether the scan hashes the chunks it finds at the snapshot's offsets (a dry run, which
     /// copies nothing); otherwise the copy pass is their only reading (see `scan_source`).
     hash_in_scan: bool,
+    /// For tests: a shell command the copy runs as it starts
+    /// ([`RestoreOptions::local_scanned_hook`]).
+    hook: Option<&'a str>,
 }
 
 impl Ctx<'_> {
@@ -220,6 +223,7 @@ pub fn scan<'a>(
         threads: (opts.write_threads + opts.decode_threads).max(1),
         cancel: opts.cancel.as_deref().unwrap_or(&NEVER),
         hash_in_scan: opts.dry_run,
+        hook: opts.local_scanned_hook.as_deref(),
     };
     if ctx.source.is_none() && ctx.target_dir.is_none() {
         return Ok(Scanned::nothing());
@@ -242,9 +246,6 @@ pub fn scan<'a>(
     let local: IdSet<BlobId> = found.spots.keys().copied().collect();
     if opts.dry_run {
         return Ok(Scanned { dry_run: copy::dry_run(&found, needed), local, copying: None });
-    }
-    if let Some(cmd) = &opts.local_scanned_hook {
-        let _ = std::process::Command::new("sh").arg("-c").arg(cmd).status();
     }
     if ctx.cancelled() {
         return Err(Error::Interrupted);
