@@ -273,7 +273,7 @@ fn the_copy_runs_beside_the_fetches() {
     let (env, files) = Fixture::for_local_data();
     let (replaced, kept): (Vec<PathBuf>, Vec<PathBuf>) = files.iter().cloned().partition(|f| {
         let n: usize = f.file_name().unwrap().to_str().unwrap().trim_start_matches('f').parse().unwrap_or(1);
-        n % 2 == 0
+        n.is_multiple_of(2)
     });
     let witness = &replaced[0];
     // Its time as backed up: the restore sets it once the file is whole (read with stat, which

@@ -1,5 +1,6 @@
-//! Local-data stage, between compare and fetch: chunks the target still needs that are already
-//! on this machine are copied from there instead of fetched (Duplicati's "patch with local
+//! Local-data stage, scanned between compare and fetch and copied beside the fetches: chunks
+//! the target still needs that are already on this machine are copied from there instead of
+//! fetched (Duplicati's "patch with local
 //! blocks"). It looks (a) in the files the snapshot was taken from, at the snapshot's original
 //! paths, when they still exist and are not the target itself, and (b) in files of the target
 //! the snapshot does not name (renamed or moved files) or that the restore will rewrite
@@ -11,10 +12,11 @@
 //! wanted chunks are: a source file of the snapshot's size is taken to hold them at the
 //! snapshot's offsets (a file edited in place keeps its chunk boundaries), one whose size
 //! changed is cut with the repository's chunker (its content shifted); the target's files are
-//! cut with the chunker. `copy.rs` then reads each chunk found, hashes it with the repository's
-//! chunk-ID key and compares it with the chunk's ID before it writes it: a local file's bytes
-//! are never trusted unverified, and a file changed since the backup or the scan costs a
-//! fetch, never a wrong byte.
+//! cut with the chunker. `copy.rs` then, on a thread of the pipeline beside the fetches of
+//! everything else, reads each chunk found, hashes it with the repository's chunk-ID key and
+//! compares it with the chunk's ID before it writes it: a local file's bytes are never trusted
+//! unverified, and a file changed since the backup or the scan costs a fetch (fed to the same
+//! pipeline after its planned reads), never a wrong byte.
 //!
 //! Memory is bounded by the wanted chunks of the entries given (a map of their IDs and where
 //! each was found) and one chunk buffer per thread. Symlinks below the source path and inside
