@@ -38,6 +38,12 @@ pub(super) fn dry_run(found: &Found, needed: &[Vec<NeededChunk>]) -> [u64; 2] {
     out
 }
 
+/// A chunk to copy: its offset in its local file, its ID and its length.
+type Piece = (u64, BlobId, u32);
+
+/// Most chunks of one local file a copy thread takes at a time.
+const PIECE: usize = 64;
+
 /// A copy worker's state: its open target directories and a chunk buffer.
 struct Worker<'t> {
     dirs: ParentDirs<'t>,
@@ -50,12 +56,17 @@ struct Worker<'t> {
 /// they must be fetched. A write that fails fails its file, or stops the restore, as in the
 /// write stage. Also returns how long the copy took once the directories were made.
 pub(super) fn copy(ctx: &Ctx<'_>, found: &Found, sh: &Shared<'_>) -> (Vec<(BlobId, u32)>, Duration) {
-    // Each local file's chunks in the order they lie in it.
-    let mut by_file: Vec<Vec<(u64, BlobId, u32)>> = vec![Vec::new(); found.files.len()];
+    // Each local file's chunks in the order they lie in it, in pieces of at most PIECE chunks:
+    // a large file (a disk image) is copied by every thread, not by one.
+    let mut by_file: Vec<Vec<Piece>> = vec![Vec::new(); found.files.len()];
     for (id, spot) in &found.spots {
         by_file[spot.file as usize].push((spot.offset, *id, spot.len));
     }
-    by_file.iter_mut().for_each(|spots| spots.sort_unstable_by_key(|s| s.0));
+    let mut pieces: Vec<(usize, &[Piece])> = Vec::new();
+    for (f, spots) in by_file.iter_mut().enumerate() {
+        spots.sort_unstable_by_key(|s| s.0);
+        pieces.extend(spots.chunks(PIECE).map(|p| (f, p)));
+    }
     let failed = Mutex::new(Vec::new());
     sh.dirs_ready.wait();
     if let Some(cmd) = ctx.hook {
@@ -63,8 +74,8 @@ pub(super) fn copy(ctx: &Ctx<'_>, found: &Found, sh: &Shared<'_>) -> (Vec<(BlobI
     }
     let began = Instant::now();
     let init = || Worker { dirs: ParentDirs::new(sh.target), buf: Vec::new() };
-    in_parallel_with(&by_file, ctx.threads, init, |w, f, spots| {
-        if spots.is_empty() || sh.cancelled() || ctx.cancelled() {
+    in_parallel_with(&pieces, ctx.threads, init, |w, _, &(f, spots)| {
+        if sh.cancelled() || ctx.cancelled() {
             return;
         }
         let local = &found.files[f];

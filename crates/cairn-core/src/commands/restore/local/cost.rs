@@ -22,7 +22,7 @@
 //! A rate not yet measured favours local data: it is the one that saves the link. So that a
 //! local repository (a round trip under [`NEAR`]) faster than the local files can show it, a
 //! batch that has not measured the repository yet (and is at least [`PROBED_BATCH`] times
-//! that large) sends its first ranges, up to [`MEASURED_BYTES`], to it: fetched beside the copy, they cost the batch little time, and a
+//! that large) sends its first ranges that fit in [`MEASURED_BYTES`] together to it: fetched beside the copy, they cost the batch little time, and a
 //! local repository no link's bytes. A remote one is not probed: its bytes are what local
 //! data saves, and its ranges are fetched only when its measured rate says so (a batch whose
 //! changed chunks it fetched measures it).
@@ -88,15 +88,16 @@ impl Costs {
 
     /// For the ranges of one batch (their bytes, in order), whether each is copied (`true`)
     /// or fetched: by [`Costs::choose`], except that a probing batch ([`Costs::probes`]) of at
-    /// least [`PROBED_BATCH`] times [`MEASURED_BYTES`] fetches its first ranges until they
-    /// hold [`MEASURED_BYTES`].
+    /// least [`PROBED_BATCH`] times [`MEASURED_BYTES`] fetches its first ranges that fit in
+    /// [`MEASURED_BYTES`] together (a larger range is not probed: a disk image is not fetched
+    /// whole to measure the repository).
     pub fn choose_all(&self, ranges: &[u64]) -> Vec<bool> {
         let total: u64 = ranges.iter().sum();
         let mut probe = if self.probes() && total >= PROBED_BATCH * MEASURED_BYTES { MEASURED_BYTES } else { 0 };
         ranges
             .iter()
             .map(|&bytes| {
-                if probe > 0 && bytes > 0 {
+                if bytes > 0 && bytes <= probe {
                     probe = probe.saturating_sub(bytes);
                     return false;
                 }
@@ -177,9 +178,10 @@ mod tests {
         let chosen = near.choose_all(&[mib; 100]);
         assert_eq!(chosen.iter().filter(|&&c| !c).count(), 8);
         assert!(chosen[..8].iter().all(|&c| !c) && chosen[8..].iter().all(|&c| c));
-        // Empty ranges take nothing from the probe; one large range takes it whole.
-        let chosen = near.choose_all(&[0, 64 * mib, mib]);
-        assert_eq!(chosen, [true, false, true]);
+        // Empty ranges take nothing from the probe, nor do ranges larger than what is left of
+        // it (a disk image is not fetched whole to measure the repository).
+        let chosen = near.choose_all(&[0, 64 * mib, mib, 8 * mib]);
+        assert_eq!(chosen, [true, true, false, true]);
         // A batch smaller than eight probes is not probed.
         assert!(near.choose_all(&[mib; 60]).iter().all(|&c| c));
         // Measured, a slow repository is not fetched from again; a fast one is.
