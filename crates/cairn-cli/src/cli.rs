@@ -23,7 +23,8 @@ Environment:
   CAIRN_INJECT_WRITE_LATENCY   fault injection for tests: `restore` waits this long (e.g. 20ms)
                         before each write into the target, as a network file system would
   CAIRN_TEST_LOCAL_SCANNED_HOOK   for tests: a shell command `restore` runs between finding
-                        local copies of chunks and copying them (see docs/DESIGN.md)
+                        local copies of chunks and copying them, beside the fetches (see
+                        docs/DESIGN.md)
   CAIRN_LOCAL_COST      for tests: `local` or `repository` makes `restore` copy every chunk found
                         locally, or fetch every one, whatever its cost model measures
   CAIRN_INDEX           for tests: `disk` or `memory` keeps the index in a sorted file in the cache

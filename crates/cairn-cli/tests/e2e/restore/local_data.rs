@@ -262,6 +262,61 @@ fn a_source_file_changed_during_the_restore_is_not_trusted() {
     assert!(reused < total && reused >= total - 256 * KIB as u64, "{out}");
 }
 
+/// The copy runs beside the fetches, not before them: with every other source file replaced
+/// (same size, new content: its chunks are all fetched) and the rest unchanged (all copied),
+/// the test hook the copy runs as it starts waits for a replaced file to be restored whole
+/// from the repository (its modification time is set by its last write), which a copy run
+/// before the fetches would wait for in vain (the hook gives up after 20 s and says so). The summary then says what each side moved: exactly the
+/// unchanged files' bytes copied, the replaced files' chunks fetched; and the tree is exact.
+#[test]
+fn the_copy_runs_beside_the_fetches() {
+    let (env, files) = Fixture::for_local_data();
+    let (replaced, kept): (Vec<PathBuf>, Vec<PathBuf>) = files.iter().cloned().partition(|f| {
+        let n: usize = f.file_name().unwrap().to_str().unwrap().trim_start_matches('f').parse().unwrap_or(1);
+        n.is_multiple_of(2)
+    });
+    let witness = &replaced[0];
+    // Its time as backed up: the restore sets it once the file is whole (read with stat, which
+    // leaves the access time the restore sets alone).
+    let stat = |p: &Path| {
+        let out = std::process::Command::new("stat").args(["-c", "%y"]).arg(p).output().unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let backed_up = stat(witness);
+    let replaced_chunks: BTreeSet<BlobId> = {
+        let before = env.chunks_of(&env.snapshot);
+        let mut rng = Rng(5);
+        for f in &replaced {
+            fs::write(f, rng.bytes(fs::metadata(f).unwrap().len() as usize)).unwrap();
+        }
+        let now = env.cairn.backup(&[&env.src], &[])["snapshot_id"].as_str().unwrap().to_string();
+        before.difference(&env.chunks_of(&now)).copied().collect()
+    };
+
+    let target = env.path("t");
+    let marker = env.path("marker");
+    let hook = format!(
+        "for i in $(seq 200); do if [ \"$(stat -c %y '{}' 2>/dev/null)\" = '{backed_up}' ]; then \
+         echo seen > '{m}'; exit 0; fi; sleep 0.1; done; echo timeout > '{m}'",
+        restored_path(&target, witness).display(),
+        m = marker.display()
+    );
+    let run = env.cairn.run_env(
+        &[("CAIRN_TEST_LOCAL_SCANNED_HOOK", &hook)],
+        ["--json", "restore", &env.snapshot, "--target", target.to_str().unwrap()],
+    );
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert_eq!(fs::read_to_string(&marker).unwrap().trim(), "seen", "a fetched file was done before the copy began");
+    env.assert_exact(&target);
+    let out = last_json(&String::from_utf8(run.stdout).unwrap());
+    assert_eq!(num(&out, "bytes_reused_source"), file_bytes(&kept), "{out}");
+    assert_eq!(num(&out, "bytes_reused_target"), 0, "{out}");
+    let fetched = num(&out, "bytes_fetched");
+    let stored = env.stored_size(&replaced_chunks);
+    assert!(fetched >= stored && fetched as f64 <= 1.25 * stored as f64, "{fetched} fetched, {stored} stored: {out}");
+    assert_eq!(num(&out, "bytes_written"), num(&out, "bytes_total"), "{out}");
+}
+
 /// Symlinks below the source path are never followed: a directory and a file of the source
 /// replaced by symlinks to identical copies elsewhere are not read, their chunks are fetched.
 #[test]

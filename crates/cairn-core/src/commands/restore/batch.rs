@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::options::{DryRun, Progress, RestoreOptions, RestoreOutcome, Sparse};
-use super::plan::{self, Filter};
-use super::shared::{Failures, Gate, Shared};
+use super::plan::{self, Filter, Gap};
+use super::shared::{Failures, Gate, OpenOnDrop, Shared};
 use super::types::Plan;
 use super::watchdog::Base;
 use super::{compare, create, delete, finish, local, pipeline, verify, writers};
@@ -108,8 +108,8 @@ impl Run<'_> {
             self.tuner = Some(FetchTuner::for_link(opts.fetch_concurrency, round_trip, self.data_budget));
         }
         let in_flight = self.tuner.as_ref().map_or(opts.fetch_concurrency, FetchTuner::limit);
-        // Chunks already on this machine (local/): found, verified and copied now, not fetched,
-        // where that is cheaper than fetching them.
+        // Chunks already on this machine (local/): found now, where copying them is cheaper than
+        // fetching them, and copied beside the fetches of the rest.
         let source = local::Source::locate(&opts.local_data, self.snapshot_path, self.into_dir);
         let costs = local::cost::Costs {
             local_rate: self.local_rate,
@@ -119,16 +119,18 @@ impl Run<'_> {
             forced: opts.local_cost,
         };
         let places = local::Places { target, empty: self.empty, source, costs };
-        let local_began = Instant::now();
-        let reused = local::reuse(self.repo, plan, &states, &needed, places, opts)?;
-        if let Some(rate) = local::cost::rate(reused.from_source + reused.from_target, local_began.elapsed()) {
-            self.local_rate = Some(rate);
+        let scanned = local::scan(self.repo, plan, &states, &needed, places, opts)?;
+        phase.lap(&mut part.phases, "local scan");
+        // Where round trips are dear, reads go through the gaps between wanted chunks; not
+        // through those local data supplies, beyond a share of what is fetched.
+        let link = link_gap(self.repo, self.fetch_rate, in_flight);
+        part.read_gaps.push(link);
+        let gap = if scanned.local.is_empty() { Gap::Bytes(link.gap) } else { Gap::Within(link.gap) };
+        let fetches = plan::fetches(self.repo, plan, &needed, &scanned.local, self.data_budget, gap);
+        if let Some(tuner) = &mut self.tuner {
+            // Many small reads (the changed chunks between copied ones) need many in flight.
+            tuner.fit_reads(self.repo.link().latency(), fetches.reads.len(), fetches.fetch_bytes);
         }
-        phase.lap(&mut part.phases, "local");
-        // Where round trips are dear, reads go through the gaps between wanted chunks.
-        let gap = link_gap(self.repo, self.fetch_rate, in_flight);
-        part.read_gaps.push(gap);
-        let fetches = plan::fetches(self.repo, plan, &reused.needed, self.data_budget, gap.gap);
         phase.lap(&mut part.phases, "schedule");
 
         let counted = RestoreOutcome::counted(plan, &states, &needed);
@@ -136,8 +138,8 @@ impl Run<'_> {
         progress.total_bytes.fetch_add(counted.bytes_total, Ordering::Relaxed);
         progress.total_files.fetch_add(counted.files, Ordering::Relaxed);
         part.absorb(counted);
-        (part.bytes_reused_source, part.bytes_reused_target) = (reused.from_source, reused.from_target);
         if opts.dry_run {
+            [part.bytes_reused_source, part.bytes_reused_target] = scanned.dry_run;
             let dry = self.out.dry_run.get_or_insert_with(DryRun::default);
             dry.add(DryRun::listed(plan, &states));
             if opts.delete {
@@ -149,11 +151,8 @@ impl Run<'_> {
             return Ok(());
         }
 
-        let base_done = self.base.bytes
-            + part.bytes_in_place
-            + part.bytes_zero
-            + part.bytes_reused_source
-            + part.bytes_reused_target;
+        // The copy's bytes count as they are written (`Shared::written`).
+        let base_done = self.base.bytes + part.bytes_in_place + part.bytes_zero;
         let files_before = progress.done_files.load(Ordering::Relaxed);
         // The last batch's reads end the restore's reading (the walk ended before it).
         let walk_done = self.walk_done;
@@ -174,12 +173,7 @@ impl Run<'_> {
             failures: Failures::new(&fetches),
             write_clock: Default::default(),
             remaining: super::shared::chunks_to_write(plan, &fetches),
-            // Files the local-data stage wrote into are prepared already.
-            touched: reused
-                .prepared
-                .iter()
-                .map(|&p| if p { OnceLock::from(Ok(())) } else { OnceLock::new() })
-                .collect(),
+            touched: plan.entries.iter().map(|_| OnceLock::new()).collect(),
             // Files the compare stage found complete with their metadata need nothing more.
             meta_done: meta_ok.into_iter().map(AtomicBool::new).collect(),
             written: AtomicU64::new(0),
@@ -195,7 +189,14 @@ impl Run<'_> {
             dirs_ready: Gate::default(),
             created: AtomicU64::new(0),
             write_latency: opts.write_latency,
+            copy_done: Gate::default(),
+            late: OnceLock::new(),
+            copied: Default::default(),
+            planned_span: AtomicU64::new(0),
         };
+        if !scanned.copies() {
+            sh.copy_done.open();
+        }
         progress.done_bytes.store(base_done, Ordering::Relaxed);
         progress.done_files.store(files_before + files_already_done, Ordering::Relaxed);
         let create_took = Mutex::new(Duration::ZERO);
@@ -209,7 +210,19 @@ impl Run<'_> {
             let start = opts.write_threads.max(1);
             self.writers = Some(writers::Controller::new(start, writers::most_writers(start)));
         }
-        part.write_tuning = pipeline::run(&sh, opts, progress, base, &mut part.stalls, self.writers.as_mut(), create);
+        // The copy, beside the fetches; the chunks whose copy failed are fetched after the
+        // planned reads (`Shared::reads`), in the same pipeline.
+        let copy_took = Mutex::new(None);
+        let (repo, budget) = (self.repo, self.data_budget);
+        let copy = scanned.copies().then_some(|| {
+            let _done = OpenOnDrop(&sh.copy_done);
+            let (failed, took) = scanned.copy(&sh);
+            *copy_took.lock().expect("copy clock") = Some(took);
+            let fail = |entry: usize, why: &str| sh.failures.entry(entry, why);
+            let _ = sh.late.set(plan::late_reads(repo, &fetches, &failed, budget, gap, fail));
+        });
+        let writers = self.writers.as_mut();
+        part.write_tuning = pipeline::run(&sh, opts, progress, base, &mut part.stalls, writers, create, copy);
         let piped = piped.elapsed();
         phase.lap(&mut part.phases, "pipeline");
         // The create stage ran alongside the pipeline: its own time is listed after it.
@@ -221,7 +234,8 @@ impl Run<'_> {
             return Err(Error::Interrupted);
         }
         let written = sh.written.load(Ordering::Relaxed);
-        part.bytes_written = written + reused.from_source + reused.from_target;
+        part.bytes_written = written;
+        [part.bytes_reused_source, part.bytes_reused_target] = sh.copied.each_ref().map(|c| c.load(Ordering::Relaxed));
         part.bytes_fetched = sh.reader.fetched_bytes();
         let [fetch, decode] = sh.reader.times();
         part.profile = [fetch, decode, sh.write_clock.times()];
@@ -231,7 +245,13 @@ impl Run<'_> {
             // Enough bytes to say what the link (or the stages after it) carries.
             self.fetch_rate = Some(part.bytes_fetched as f64 / piped.as_secs_f64().max(1e-3));
         }
-        if let Some(rate) = local::cost::rate(written, piped) {
+        // Each side's rate over its own time (local::cost).
+        let copied = part.bytes_reused_source + part.bytes_reused_target;
+        if let Some(rate) = copy_took.into_inner().expect("copy clock").and_then(|t| local::cost::rate(copied, t)) {
+            self.local_rate = Some(rate);
+        }
+        let span = Duration::from_nanos(sh.planned_span.load(Ordering::Relaxed));
+        if let Some(rate) = local::cost::rate(sh.written_fetched(), span).filter(|_| !span.is_zero()) {
             self.repository_rate = Some(rate);
         }
 

@@ -176,8 +176,9 @@ pub struct RestoreOptions {
     pub cancel: Option<Arc<AtomicBool>>,
     /// Where to look for chunks already on this machine.
     pub local_data: LocalData,
-    /// For tests: a shell command run after the local-data stage found its chunks and before it
-    /// copies them (to change a local file in between).
+    /// For tests: a shell command the local-data copy runs as it starts, after the scan found
+    /// its chunks and beside the fetches (to change a local file in between, or to wait for a
+    /// fetched file).
     #[doc(hidden)]
     pub local_scanned_hook: Option<String>,
     /// For tests and benchmarks (`CAIRN_LOCAL_COST`): copy every chunk found locally, or fetch

@@ -29,6 +29,8 @@ struct ToWriters<'s> {
     /// starts): above it, the controller found the writes waiting, not computing, and any
     /// writer takes any blob (see `blobs`).
     at_start: usize,
+    /// When the pipeline started (`Shared::planned_span` is counted from it).
+    began: Instant,
 }
 
 /// Most bytes, and most blobs, handed to a writer at once (see [`ToWriters::blobs`]).
@@ -97,7 +99,12 @@ impl<'s> ToWriters<'s> {
 type Handfuls<'s> = VecDeque<Vec<Decoded<'s>>>;
 
 impl<'s> Sink<'s> for ToWriters<'s> {
-    fn blobs(&self, _read: ReadRef<'s>, batch: Vec<Decoded<'s>>) -> bool {
+    fn blobs(&self, read: ReadRef<'s>, batch: Vec<Decoded<'s>>) -> bool {
+        if self.sh.fetches.reads.as_ptr_range().contains(&std::ptr::from_ref(read.read)) {
+            // A planned read (not one of the copy's failed chunks): the fetch's span so far.
+            let at = self.began.elapsed().as_nanos() as u64;
+            self.sh.planned_span.fetch_max(at, Ordering::Relaxed);
+        }
         // Writes to one file from two threads serialize on the file's inode lock, and spinning
         // on it cost more than it gained (a 4 GiB image: write busy 1.9 s with one writer,
         // 5.2 s with two). So the chunks of a file with more still to write go to one writer,
@@ -137,9 +144,10 @@ impl<'s> Sink<'s> for ToWriters<'s> {
 }
 
 /// Runs fetch, decode and write, with `create` (which opens `sh.dirs_ready`) on a thread of
-/// its own alongside. With a writers' `tuner` (no `--write-threads`), it starts the most
-/// writers the tuner may put to work, puts its limit of them to work and lets it move that;
-/// returns what it changed.
+/// its own alongside, and `copy` (the local-data copy, which opens `sh.copy_done`) on another.
+/// With a writers' `tuner` (no `--write-threads`), it starts the most writers the tuner may
+/// put to work, puts its limit of them to work and lets it move that; returns what it changed.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     sh: &Shared<'_>,
     opts: &RestoreOptions,
@@ -148,8 +156,9 @@ pub fn run(
     stalls: &mut Vec<String>,
     tuner: Option<&mut Controller>,
     create: impl FnOnce() + Send,
+    copy: Option<impl FnOnce() + Send>,
 ) -> Vec<super::options::Step> {
-    if sh.fetches.reads.is_empty() {
+    if sh.fetches.reads.is_empty() && copy.is_none() {
         create();
         return Vec::new();
     }
@@ -164,11 +173,13 @@ pub fn run(
         // One queue per writer: a file's chunks go to one writer (see ToWriters).
         let (to_writers, writer_queues): (Vec<_>, Vec<_>) = (0..writers).map(|_| bounded(4)).unzip();
         let mut workers = vec![spawn_named(s, "create", create)];
-        let sink = ToWriters { sh, queues: to_writers, active, at_start: opts.write_threads.max(1) };
+        workers.extend(copy.map(|copy| spawn_named(s, "copy", copy)));
+        let began = Instant::now();
+        let sink = ToWriters { sh, queues: to_writers, active, at_start: opts.write_threads.max(1), began };
         // A live restore does not fetch what a client brought into the target meanwhile: each
         // read is checked as it is fed to the fetchers, not when it was planned.
         let mut dirs = super::dirs::ParentDirs::new(sh.target);
-        let reads = sh.fetches.reads.iter().filter(move |r| !write::skip_present(sh, &mut dirs, r));
+        let reads = sh.reads().filter(move |r| !write::skip_present(sh, &mut dirs, r));
         workers.extend(sh.reader.start(s, reads, opts.fetch_concurrency, opts.decode_threads, sink));
         for (i, rx) in writer_queues.into_iter().enumerate() {
             // A writer not at work yet does not count its wait as the stage's idle time.

@@ -13,11 +13,12 @@ use std::path::{Path, PathBuf};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
 use super::types::{ClosedDir, Dest, Entry, Fetches, Link, NeededChunk, Plan};
-use crate::engine::read::coalesce;
+use crate::engine::read::{coalesce, gap_within, PackRead};
 use crate::engine::repository::Repository;
 use crate::engine::trees::{Ahead, Loading, TreeLoader, MAX_DEPTH};
 use crate::error::{Error, Result};
-use cairn_format::id::BlobId;
+use cairn_format::id::{BlobId, IdSet};
+use cairn_format::index::{BlobLocation, Index};
 use cairn_format::snapshot::Snapshot;
 use cairn_format::tree::{Node, NodeKind};
 
@@ -440,12 +441,21 @@ impl<E: FnMut(Plan) -> bool> Builder<'_, '_, E> {
 
 /// Builds the fetches for the chunks that `needed(entry)` lists, grouped by pack, sorted by
 /// offset and coalesced into reads that each fit in `budget`, reading through gaps of at most
-/// `gap` bytes (see [`coalesce`], and [`crate::engine::read::LinkCost`] for the gap).
+/// `gap` bytes (see [`coalesce`], and [`crate::engine::read::LinkCost`] for the gap). The blobs
+/// in `local` (the local-data stage copies them) get their destinations but no read: only a
+/// copy that fails verification has them fetched, by [`late_reads`].
 ///
 /// The wanted chunks are sorted by blob ID first: each distinct blob is then looked up once,
 /// in the index's own order, and its destinations are already side by side. (Looking every
 /// chunk up in hash maps cost 80–140 ms of cache misses for the Linux tree's 80,000 chunks.)
-pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>], budget: u64, gap: u64) -> Fetches {
+pub fn fetches(
+    repo: &Repository,
+    plan: &Plan,
+    needed: &[Vec<NeededChunk>],
+    local: &IdSet<BlobId>,
+    budget: u64,
+    gap: Gap,
+) -> Fetches {
     debug_assert_eq!(needed.len(), plan.entries.len());
     let mut wanted: Vec<(BlobId, Dest, u32)> = Vec::with_capacity(needed.iter().map(Vec::len).sum());
     for (i, chunks) in needed.iter().enumerate() {
@@ -459,23 +469,101 @@ pub fn fetches(repo: &Repository, plan: &Plan, needed: &[Vec<NeededChunk>], budg
     let index = repo.index();
     for same in wanted.chunk_by(|a, b| a.0 == b.0) {
         let id = same[0].0;
-        let Some(loc) = index.get(&id) else {
-            // Still a destination, so its files never count as complete.
-            f.missing.extend(same.iter().map(|(_, d, _)| (d.entry as usize, id)));
+        if local.contains(&id) {
+            // Copied from local data; the index is asked only if the copy fails.
             f.dests.insert(id, same.iter().map(|(_, d, _)| *d).collect());
-            continue;
-        };
-        // A tree whose chunk length disagrees with the blob would make a file of the wrong
-        // size: that file fails instead.
-        let (fits, wrong): (Vec<_>, Vec<_>) = same.iter().partition(|(_, _, len)| *len == loc.entry.raw_length);
-        f.mismatched.extend(wrong.iter().map(|(_, d, _)| (d.entry as usize, id)));
-        if !fits.is_empty() {
-            f.dests.insert(id, fits.iter().map(|(_, d, _)| *d).collect());
+        } else if let Some(loc) = located_blob(&index, id, same, &mut f) {
             located.push(loc);
         }
     }
     drop(index);
-    f.reads = coalesce(located, budget, gap);
+    f.reads = gap.coalesce(located, budget);
     f.fetch_bytes = f.reads.iter().map(|r| r.length).sum();
     f
+}
+
+/// How far apart two wanted blobs of a pack may lie and still be read together.
+#[derive(Clone, Copy, Debug)]
+pub enum Gap {
+    /// At most this many bytes.
+    Bytes(u64),
+    /// At most this many bytes, and only while the bytes read through stay within
+    /// [`crate::engine::read::gap_within`]'s share of the wanted bytes: what lies between the
+    /// wanted blobs is what local data supplies, and reading it would spend the link's bytes
+    /// local data is there to save.
+    Within(u64),
+}
+
+impl Gap {
+    /// The reads of `located`, each within `budget`.
+    pub fn coalesce(self, located: Vec<BlobLocation>, budget: u64) -> Vec<PackRead> {
+        let gap = match self {
+            Gap::Bytes(g) => g,
+            Gap::Within(g) => g.min(gap_within(&located, LOCAL_EXTRA)),
+        };
+        coalesce(located, budget, gap)
+    }
+}
+
+/// The share of the wanted bytes a batch that copies local data may read through the gaps
+/// between them (see [`Gap::Within`]).
+pub const LOCAL_EXTRA: f64 = 0.25;
+
+/// The location of blob `id`, wanted at the destinations `same` (each with the chunk length
+/// its tree records); `None` with the destinations noted as missing or mismatched in `f` when
+/// it cannot be fetched for them, or once fetched for the ones whose length fits.
+fn located_blob(index: &Index, id: BlobId, same: &[(BlobId, Dest, u32)], f: &mut Fetches) -> Option<BlobLocation> {
+    let Some(loc) = index.get(&id) else {
+        // Still a destination, so its files never count as complete.
+        f.missing.extend(same.iter().map(|(_, d, _)| (d.entry as usize, id)));
+        f.dests.insert(id, same.iter().map(|(_, d, _)| *d).collect());
+        return None;
+    };
+    // A tree whose chunk length disagrees with the blob would make a file of the wrong
+    // size: that file fails instead.
+    let (fits, wrong): (Vec<_>, Vec<_>) = same.iter().partition(|(_, _, len)| *len == loc.entry.raw_length);
+    f.mismatched.extend(wrong.iter().map(|(_, d, _)| (d.entry as usize, id)));
+    if fits.is_empty() {
+        return None;
+    }
+    f.dests.insert(id, fits.iter().map(|(_, d, _)| *d).collect());
+    Some(loc)
+}
+
+/// The reads that fetch the blobs `ids` (of `len` bytes each, as the trees record them) whose
+/// local copy failed: they were left out of `f`'s reads ([`fetches`]' `local`) and keep the
+/// destinations listed there. Those the index lacks, or whose length differs, fail their
+/// files (`fail(entry, why)`).
+pub fn late_reads(
+    repo: &Repository,
+    f: &Fetches,
+    ids: &[(BlobId, u32)],
+    budget: u64,
+    gap: Gap,
+    fail: impl Fn(usize, &str),
+) -> Vec<PackRead> {
+    let index = repo.index();
+    let mut located = Vec::new();
+    for &(id, len) in ids {
+        let dests = f.dests.get(&id).map_or(&[][..], Vec::as_slice);
+        match index.get(&id) {
+            Some(loc) if loc.entry.raw_length == len => located.push(loc),
+            Some(_) => {
+                dests.iter().for_each(|d| fail(d.entry as usize, &mismatched(&id)));
+            }
+            None => dests.iter().for_each(|d| fail(d.entry as usize, &missing(&id))),
+        }
+    }
+    drop(index);
+    gap.coalesce(located, budget)
+}
+
+/// Why a file fails when a blob it needs is not in the index.
+pub fn missing(id: &BlobId) -> String {
+    format!("blob {} is not in the repository index", id.short())
+}
+
+/// Why a file fails when a chunk's recorded length is not its blob's.
+pub fn mismatched(id: &BlobId) -> String {
+    format!("a chunk's recorded length differs from blob {}", id.short())
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use super::options::Sparse;
 use super::types::{Dest, Fetches, FileState, Plan};
 use crate::engine::profile::StageClock;
-use crate::engine::read::Reader;
+use crate::engine::read::{PackRead, Reader};
 use crate::error::Error;
 use cairn_format::id::{BlobId, IdMap};
 
@@ -26,10 +26,10 @@ impl<'a> Failures<'a> {
     pub fn new(fetches: &'a Fetches) -> Self {
         let failures = Failures { dests: &fetches.dests, entries: Mutex::new(BTreeMap::new()) };
         for &(entry, id) in &fetches.missing {
-            failures.entry(entry, &format!("blob {} is not in the repository index", id.short()));
+            failures.entry(entry, &super::plan::missing(&id));
         }
         for &(entry, id) in &fetches.mismatched {
-            failures.entry(entry, &format!("a chunk's recorded length differs from blob {}", id.short()));
+            failures.entry(entry, &super::plan::mismatched(&id));
         }
         failures
     }
@@ -85,6 +85,16 @@ pub struct Shared<'a> {
     /// Fault injection: each write into the target waits this long first
     /// ([`super::RestoreOptions::write_latency`]).
     pub(super) write_latency: std::time::Duration,
+    /// The local-data copy running beside the fetches (`local/copy.rs`): open once it is done
+    /// (at once when there is none), with the reads of the chunks whose copy failed in
+    /// `late`, which the feed hands out after the planned reads.
+    pub(super) copy_done: Gate,
+    pub(super) late: OnceLock<Vec<PackRead>>,
+    /// Bytes the copy wrote (counted in `written` too), from the source and from the target.
+    pub(super) copied: [AtomicU64; 2],
+    /// Nanoseconds from the pipeline's start to the last blob of a planned read handed to the
+    /// writers: how long the fetch took on its own (`local::cost`'s repository rate).
+    pub(super) planned_span: AtomicU64,
 }
 
 /// A one-way gate: closed until opened, then open for good.
@@ -125,6 +135,22 @@ impl Drop for OpenOnDrop<'_> {
 }
 
 impl Shared<'_> {
+    /// The planned reads, then — once the copy beside them is done — those of the chunks whose
+    /// copy failed: what the fetch stage is fed.
+    pub fn reads(&self) -> impl Iterator<Item = &PackRead> + Send {
+        let late = std::iter::once_with(move || {
+            self.copy_done.wait();
+            self.late.get().map_or(&[][..], Vec::as_slice)
+        });
+        self.fetches.reads.iter().chain(late.flatten())
+    }
+
+    /// Bytes the fetched blobs wrote (`written` less what the copy wrote).
+    pub fn written_fetched(&self) -> u64 {
+        let copied: u64 = self.copied.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+        self.written.load(Ordering::Relaxed).saturating_sub(copied)
+    }
+
     /// Whether the pipeline is shutting down.
     pub fn cancelled(&self) -> bool {
         self.cancel.load(Ordering::Relaxed)

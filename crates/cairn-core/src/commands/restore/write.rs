@@ -56,7 +56,7 @@ pub fn write_worker<'s>(sh: &'s Shared<'_>, input: Receiver<Vec<Decoded<'s>>>, m
 }
 
 /// Runs `one` for each of `dests`: a failure is the entry's, or stops the restore when fatal.
-fn each_dest(sh: &Shared<'_>, dests: &[Dest], mut one: impl FnMut(&Dest) -> io::Result<()>) {
+pub(super) fn each_dest(sh: &Shared<'_>, dests: &[Dest], mut one: impl FnMut(&Dest) -> io::Result<()>) {
     for d in dests {
         if let Err(e) = one(d) {
             if is_fatal(&e) {
@@ -89,7 +89,7 @@ pub fn skip_present(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, read: &crate::en
     true
 }
 
-fn write_one(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, d: &Dest, data: &[u8]) -> io::Result<()> {
+pub(super) fn write_one(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, d: &Dest, data: &[u8]) -> io::Result<()> {
     let (file, fresh) = open_for(sh, dirs, d.entry as usize)?;
     if !sh.write_latency.is_zero() {
         std::thread::sleep(sh.write_latency); // fault injection: a target that makes writes wait
@@ -136,7 +136,7 @@ fn first_touch(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, i: usize) -> io::Resu
 }
 
 /// Readies the file of `entry` (in `state` against the target) for its first write and opens
-/// it; the local-data stage (`local/`) prepares the files it writes into the same way.
+/// it.
 pub(super) fn prepare_file(
     target: &Path,
     dirs: &mut ParentDirs<'_>,

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use super::{coalesce_gap, MAX_READ};
 use crate::engine::repository::Repository;
+use cairn_format::index::BlobLocation;
 
 /// The rate assumed before the fetch stage has measured one (the first batch of a restore):
 /// about what one core decodes.
@@ -67,6 +68,32 @@ pub fn link_gap(repo: &Repository, rate: Option<f64>, in_flight: usize) -> GapCh
     let floor = coalesce_gap(repo);
     let cost = repo.link().latency().map(|latency| LinkCost { latency, rate: rate.unwrap_or(PRIOR_RATE), in_flight });
     GapChoice { gap: cost.map_or(floor, |c| c.gap(floor)), floor, cost }
+}
+
+/// The widest gap to read through that adds at most `share` of the wanted bytes: the gaps
+/// between neighbouring blobs of `located` in each pack, narrowest first (all of one width
+/// or none), while the bytes they add stay within `share` of the blobs' stored bytes. Where
+/// most of a pack is copied from local data, reading through the gaps would fetch the bytes
+/// the copy saves; this keeps them few and still saves the round trips of the narrowest gaps.
+pub fn gap_within(located: &[BlobLocation], share: f64) -> u64 {
+    let mut spans: Vec<(u32, u64, u64)> =
+        located.iter().map(|l| (l.pack_no, u64::from(l.entry.offset), u64::from(l.entry.length))).collect();
+    spans.sort_unstable();
+    let wanted: u64 = spans.iter().map(|s| s.2).sum();
+    let mut gaps: Vec<u64> =
+        spans.windows(2).filter(|w| w[0].0 == w[1].0).map(|w| w[1].1.saturating_sub(w[0].1 + w[0].2)).collect();
+    gaps.sort_unstable();
+    let allowed = (wanted as f64 * share.max(0.0)) as u64;
+    let (mut spent, mut widest) = (0u64, 0u64);
+    for same in gaps.chunk_by(|a, b| a == b) {
+        let cost = same[0].saturating_mul(same.len() as u64);
+        if spent.saturating_add(cost) > allowed {
+            break;
+        }
+        spent += cost;
+        widest = same[0];
+    }
+    widest
 }
 
 #[cfg(test)]
@@ -125,6 +152,61 @@ mod tests {
         // And the bytes read stay within what fetching everything reads.
         let read_bytes: u64 = reads.iter().map(|r| r.length).sum();
         assert!(read_bytes <= sizes.iter().map(|&s| u64::from(s)).sum::<u64>());
+    }
+
+    #[test]
+    fn with_local_data_a_tenth_of_the_chunks_fetches_little_more_than_them() {
+        // As above: 4,000 chunks of 1-8 KiB stored, every tenth wanted (the rest copied from
+        // local data). At 20 ms the link's gap would read through nearly everything; capped to
+        // a quarter more than the wanted bytes, the reads fetch at most 0.125 of all the bytes
+        // and still fewer reads than one per wanted chunk (the narrowest gaps are read through).
+        let sizes: Vec<u32> = (0..4000u32).map(|i| 1024 + (i * 7919) % (7 * 1024)).collect();
+        let all = packs(&sizes, 500);
+        let every: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
+        let tenth: Vec<_> = all.iter().step_by(10).copied().collect();
+        // Every tenth at fixed steps leaves no narrow gap: take a few neighbours too.
+        let tenth: Vec<_> = tenth.into_iter().chain(all.iter().skip(1).step_by(70).copied()).collect();
+        let wanted: u64 = tenth.iter().map(|l| u64::from(l.entry.length)).sum();
+        let link = cost(20, PRIOR_RATE, 16).gap(4096);
+        let within = gap_within(&tenth, 0.25);
+        assert!(within < link, "{within} against {link}");
+        let reads = coalesce(tenth.clone(), 64 << 20, link.min(within));
+        let fetched: u64 = reads.iter().map(|r| r.length).sum();
+        assert!(fetched as f64 <= 1.25 * wanted as f64, "{fetched} fetched for {wanted}");
+        assert!((fetched as f64) <= 0.15 * every as f64, "{fetched} of {every}");
+        assert!(reads.len() < tenth.len(), "{} reads for {} chunks", reads.len(), tenth.len());
+        // The link's own gap would have fetched most of the packs.
+        let wide: u64 = coalesce(tenth, 64 << 20, link).iter().map(|r| r.length).sum();
+        assert!(wide as f64 > 0.5 * every as f64, "{wide} of {every}");
+    }
+
+    #[test]
+    fn gaps_are_taken_narrowest_first_and_all_of_one_width_or_none() {
+        // Blobs of 100 bytes with gaps of 10, 10, 50 and 200 bytes.
+        let at = |offset: u32| BlobLocation {
+            pack: PackId([0; 32]),
+            pack_no: 0,
+            salt: [0; SALT_LEN],
+            entry: BlobEntry {
+                id: BlobId([offset as u8; 32]),
+                kind: BlobKind::Data,
+                codec: Codec::None,
+                offset,
+                length: 100,
+                raw_length: 100,
+            },
+        };
+        let locs: Vec<_> = [0, 110, 220, 370, 670].map(at).to_vec();
+        // 500 bytes wanted: 4% allows the two gaps of 10, 14% the 50 as well, 100% all.
+        assert_eq!(gap_within(&locs, 0.04), 10);
+        assert_eq!(gap_within(&locs, 0.03), 0, "both gaps of 10 or neither");
+        assert_eq!(gap_within(&locs, 0.14), 50);
+        assert_eq!(gap_within(&locs, 1.0), 200);
+        assert_eq!(gap_within(&[], 0.25), 0);
+        // Blobs of another pack are no gap.
+        let mut other = at(5000);
+        other.pack_no = 1;
+        assert_eq!(gap_within(&[at(0), other], 100.0), 0);
     }
 
     proptest::proptest! {

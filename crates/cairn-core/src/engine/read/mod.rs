@@ -32,7 +32,7 @@ use crossbeam_channel::bounded;
 
 pub use buffers::{Buf, BufferPool};
 pub use decode::{Decoded, Plain};
-pub use gap::{link_gap, GapChoice, LinkCost, PRIOR_RATE};
+pub use gap::{gap_within, link_gap, GapChoice, LinkCost, PRIOR_RATE};
 pub use pace::{ordered_reads, Pace, Paced};
 pub use queue::{Queued, Slots};
 pub use tune::{Controller as FetchTuner, Step as TuneStep, AUTO_MAX};
@@ -339,7 +339,7 @@ impl<'a> Reader<'a> {
             let mut carried = tuning.controller.lock().expect("tuner lock");
             let controller = carried.get_or_insert_with(|| tune::Controller::new(fetchers, self.budget.limit()));
             tuning.gate.set_limit(controller.limit());
-            fetchers = AUTO_MAX.max(fetchers);
+            fetchers = controller.most().max(fetchers);
         }
         self.meter.live_fetchers.fetch_add(fetchers, Ordering::Relaxed);
         self.meter.live_workers.fetch_add(fetchers + decoders, Ordering::AcqRel);

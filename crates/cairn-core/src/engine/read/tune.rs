@@ -55,6 +55,12 @@ use super::gap::PRIOR_RATE;
 /// Most fetch workers an auto-tuned reader starts (and most reads it keeps in flight).
 pub const AUTO_MAX: usize = 64;
 
+/// Most reads in flight for a batch of small reads ([`Controller::fit_reads`]).
+pub const SMALL_READS_MAX: usize = 256;
+
+/// Reads of a batch that average less than this are small ([`Controller::fit_reads`]).
+pub const SMALL_READ: u64 = 64 * 1024;
+
 /// Least relative throughput gain that counts as growth (5%: less is noise).
 const GAIN: f64 = 1.05;
 
@@ -191,6 +197,9 @@ pub struct Controller {
     round_trip: Option<Duration>,
     /// Where it started and why, when that was the link's round trip, until logged.
     start: Option<Step>,
+    /// Most reads in flight: [`AUTO_MAX`], or up to [`SMALL_READS_MAX`] for a batch of small
+    /// reads ([`Controller::fit_reads`]).
+    most: usize,
 }
 
 impl Controller {
@@ -206,6 +215,7 @@ impl Controller {
             starting: true,
             round_trip: None,
             start: None,
+            most: AUTO_MAX,
         }
     }
 
@@ -237,6 +247,43 @@ impl Controller {
         c
     }
 
+    /// Before a batch's reads: raises the limit (never lowers it) to what Little's law puts it
+    /// at for [`PRIOR_RATE`] in reads of the batch's mean size (`bytes` in `reads`) across the
+    /// `round_trip`, at most one per read. The changed chunks of a tree whose other chunks are
+    /// copied from local data are thousands of reads of a few KiB: each read carries little,
+    /// so many must be in flight, and while the copy fills the cores the controller would hold
+    /// rather than climb (the gain from more in flight shows as the cores' work, not as
+    /// throughput).
+    ///
+    /// Reads smaller than [`SMALL_READ`] may have up to [`SMALL_READS_MAX`] in flight for the
+    /// batch (each holds a few KiB of the budget; at 50 ms, 8,000 reads took 6 s at 64 in
+    /// flight); a batch of larger reads is held to [`AUTO_MAX`] again.
+    pub fn fit_reads(&mut self, round_trip: Option<Duration>, reads: usize, bytes: u64) {
+        let mean = (bytes / (reads.max(1) as u64)).max(1);
+        self.most = if mean < SMALL_READ { SMALL_READS_MAX } else { AUTO_MAX };
+        self.limit = self.limit.min(self.most);
+        self.best_limit = self.best_limit.min(self.most);
+        let Some(rtt) = round_trip else { return };
+        if reads == 0 {
+            return;
+        }
+        let wanted = (PRIOR_RATE * rtt.as_secs_f64() / mean as f64).ceil() as usize;
+        let wanted = wanted.min(reads).clamp(1, self.most);
+        if wanted > self.limit {
+            self.limit = wanted;
+            self.best_limit = self.best_limit.max(wanted);
+            let reason = "a batch of small reads needs it at the round trip";
+            self.start = Some(Step {
+                at: Duration::ZERO,
+                limit: wanted,
+                throughput: PRIOR_RATE,
+                latency: rtt,
+                cpu_busy: None,
+                reason,
+            });
+        }
+    }
+
     /// Why it starts away from the storage's default, once (for the log of `--profile`).
     pub fn take_start(&mut self) -> Option<Step> {
         self.start.take()
@@ -247,10 +294,15 @@ impl Controller {
         self.limit
     }
 
+    /// Most reads it may put in flight (the fetch workers a reader starts for it).
+    pub fn most(&self) -> usize {
+        self.most
+    }
+
     /// Most reads in flight the budget holds at `reserved_per_read` bytes each.
     fn ceiling(&self, reserved_per_read: u64) -> usize {
         let fit = self.budget / reserved_per_read.max(1);
-        usize::try_from(fit).unwrap_or(usize::MAX).clamp(1, AUTO_MAX)
+        usize::try_from(fit).unwrap_or(usize::MAX).clamp(1, self.most)
     }
 
     /// Takes one sample; returns the new limit and why, if it changed.
@@ -408,6 +460,34 @@ mod tests {
 
     /// A link measured before reading starts the limit where its round trip needs it (at least
     /// 4, even where the storage's default is higher); none measured starts at the default.
+    #[test]
+    fn a_batch_of_small_reads_starts_with_many_in_flight() {
+        let ms = Duration::from_millis;
+        let mut c = Controller::for_link(4, Some(ms(20)), 1 << 30);
+        let start = c.limit();
+        // 8,000 reads of 4 KiB at 20 ms: as many as a batch of small reads may have.
+        c.fit_reads(Some(ms(20)), 8000, 8000 * 4096);
+        assert_eq!((c.limit(), c.most()), (SMALL_READS_MAX, SMALL_READS_MAX));
+        assert!(c.limit() > start);
+        assert!(c.take_start().is_some_and(|s| s.limit == SMALL_READS_MAX));
+        // The next batch's large reads are held to AUTO_MAX again.
+        c.fit_reads(Some(ms(20)), 40, 40 * (8 << 20));
+        assert_eq!((c.limit(), c.most()), (AUTO_MAX, AUTO_MAX));
+        // Never more than one per read, and never lower than it was.
+        let mut c = Controller::for_link(4, Some(ms(20)), 1 << 30);
+        c.fit_reads(Some(ms(20)), 10, 10 * 4096);
+        assert_eq!(c.limit(), 10);
+        c.fit_reads(Some(ms(20)), 3, 3 * 4096);
+        assert_eq!(c.limit(), 10);
+        // Large reads, or no round trip known: left as it is.
+        let mut c = Controller::for_link(4, Some(ms(20)), 1 << 30);
+        c.fit_reads(Some(ms(20)), 40, 40 * (8 << 20));
+        assert_eq!(c.limit(), start);
+        c.fit_reads(None, 8000, 8000 * 4096);
+        c.fit_reads(Some(ms(20)), 0, 0);
+        assert_eq!(c.limit(), start);
+    }
+
     #[test]
     fn a_slow_link_starts_with_the_reads_its_round_trip_needs() {
         let ms = Duration::from_millis;

@@ -2,22 +2,30 @@
 //!
 //! Local data saves bytes on the link, but costs reading, hashing and writing them here; a
 //! repository that is itself a local directory (or a fast link) may deliver the same range
-//! sooner. Each range — the chunks one file needs that may be on this machine — is weighed
-//! with what the batches before measured:
+//! sooner. The copy runs beside the fetches (`copy.rs`), so each range — the chunks one file
+//! needs that may be on this machine — is weighed with what the batches before measured of
+//! each side on its own:
 //!
 //! ```text
 //!     local:       bytes / local rate
 //!     repository:  bytes / repository rate + latency / in flight
 //! ```
 //!
-//! The local rate is what the local-data stage copied per second of its wall time (opening,
-//! reading, hashing, writing, and the files it looked in for nothing); the repository rate is
-//! what the fetch pipeline wrote per second of its wall time (fetching, decoding, verifying,
-//! writing). Both are end to end, on the same threads, so they compare. One more range fetched
-//! costs at least one more read, whose round trip the reads in flight share. A rate not yet
-//! measured favours local data: it is the one that saves the link, and a repository that is
-//! faster shows it in the first batch that fetches enough to measure
-//! ([`MEASURED_BYTES`]).
+//! The local rate is what the copy wrote per second of the copy's own wall time (reading,
+//! hashing, writing; the scan, which only opens files of the snapshot's size and time, is not
+//! in it); the repository rate is what the fetched blobs wrote per second from the start of
+//! the pipeline to the last planned read handed to the writers (fetching, decoding,
+//! verifying; not the wait for the copy's failed chunks, nor the copy's own tail). One more
+//! range fetched costs at least one more read, whose round trip the reads in flight share.
+//! A side is measured once it moved [`MEASURED_BYTES`] in a batch.
+//!
+//! A rate not yet measured favours local data: it is the one that saves the link. So that a
+//! local repository (a round trip under [`NEAR`]) faster than the local files can show it, a
+//! batch that has not measured the repository yet (and is at least [`PROBED_BATCH`] times
+//! that large) sends its first ranges that fit in [`MEASURED_BYTES`] together to it: fetched beside the copy, they cost the batch little time, and a
+//! local repository no link's bytes. A remote one is not probed: its bytes are what local
+//! data saves, and its ranges are fetched only when its measured rate says so (a batch whose
+//! changed chunks it fetched measures it).
 //!
 //! [`RestoreOptions::local_cost`](crate::commands::restore::RestoreOptions::local_cost) (the
 //! CLI's `CAIRN_LOCAL_COST=local` or `=repository`, for tests) forces the choice: every range
@@ -27,16 +35,24 @@ use std::time::Duration;
 
 pub use crate::commands::restore::options::LocalCost as Choice;
 
-/// Bytes a stage must have moved before its rate is taken as measured: less is mostly its
-/// start-up (a few files opened, the first read's round trip).
+/// Bytes a side must have moved in a batch before its rate is taken as measured: less is
+/// mostly its start-up (a few files opened, the first read's round trip).
 pub const MEASURED_BYTES: u64 = 8 * 1024 * 1024;
+
+/// A probe takes at most this share of its batch (1 / PROBED_BATCH): a smaller batch is not
+/// probed.
+pub const PROBED_BATCH: u64 = 8;
+
+/// A round trip shorter than this is a local repository's (or a LAN's): probed while its
+/// rate is not measured (see the module doc).
+pub const NEAR: Duration = Duration::from_millis(1);
 
 /// What the batches so far measured of both ways, and the forced choice if any.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Costs {
-    /// Bytes per second the local-data stage copied (`None`: not measured yet).
+    /// Bytes per second the copy wrote (`None`: not measured yet).
     pub local_rate: Option<f64>,
-    /// Bytes per second the fetch pipeline wrote (`None`: not measured yet).
+    /// Bytes per second the fetched blobs wrote (`None`: not measured yet).
     pub repository_rate: Option<f64>,
     /// The repository's round-trip floor (`None`: not measured yet).
     pub latency: Option<Duration>,
@@ -62,6 +78,32 @@ impl Costs {
         } else {
             Choice::Repository
         }
+    }
+
+    /// Whether this batch probes the repository: its rate is not measured, nothing is forced,
+    /// and its round trip is a local one.
+    pub fn probes(&self) -> bool {
+        self.forced.is_none() && self.repository_rate.is_none() && self.latency.is_some_and(|l| l < NEAR)
+    }
+
+    /// For the ranges of one batch (their bytes, in order), whether each is copied (`true`)
+    /// or fetched: by [`Costs::choose`], except that a probing batch ([`Costs::probes`]) of at
+    /// least [`PROBED_BATCH`] times [`MEASURED_BYTES`] fetches its first ranges that fit in
+    /// [`MEASURED_BYTES`] together (a larger range is not probed: a disk image is not fetched
+    /// whole to measure the repository).
+    pub fn choose_all(&self, ranges: &[u64]) -> Vec<bool> {
+        let total: u64 = ranges.iter().sum();
+        let mut probe = if self.probes() && total >= PROBED_BATCH * MEASURED_BYTES { MEASURED_BYTES } else { 0 };
+        ranges
+            .iter()
+            .map(|&bytes| {
+                if bytes > 0 && bytes <= probe {
+                    probe = probe.saturating_sub(bytes);
+                    return false;
+                }
+                self.choose(bytes) == Choice::Local
+            })
+            .collect()
     }
 }
 
@@ -125,6 +167,51 @@ mod tests {
         assert_eq!(Choice::parse("repository"), Some(Choice::Repository));
         assert_eq!(Choice::parse(""), None);
         assert_eq!(Choice::parse("repo"), None);
+    }
+
+    #[test]
+    fn a_local_repository_is_probed_in_a_large_batch_until_measured() {
+        let mib = 1u64 << 20;
+        let near = Costs { latency: Some(Duration::from_micros(50)), in_flight: 4, ..Costs::default() };
+        assert!(near.probes());
+        // 100 ranges of 1 MiB: the first 8 fetched to measure the repository, the rest copied.
+        let chosen = near.choose_all(&[mib; 100]);
+        assert_eq!(chosen.iter().filter(|&&c| !c).count(), 8);
+        assert!(chosen[..8].iter().all(|&c| !c) && chosen[8..].iter().all(|&c| c));
+        // Empty ranges take nothing from the probe, nor do ranges larger than what is left of
+        // it (a disk image is not fetched whole to measure the repository).
+        let chosen = near.choose_all(&[0, 64 * mib, mib, 8 * mib]);
+        assert_eq!(chosen, [true, true, false, true]);
+        // A batch smaller than eight probes is not probed.
+        assert!(near.choose_all(&[mib; 60]).iter().all(|&c| c));
+        // Measured, a slow repository is not fetched from again; a fast one is.
+        let measured = Costs { local_rate: Some(400.0 * MIB), repository_rate: Some(100.0 * MIB), ..near };
+        assert!(!measured.probes());
+        assert!(measured.choose_all(&[mib; 100]).iter().all(|&c| c));
+        let fast = Costs { local_rate: Some(100.0 * MIB), repository_rate: Some(400.0 * MIB), ..near };
+        assert!(fast.choose_all(&[mib; 100]).iter().all(|&c| !c), "a fast local repository wins");
+        // A remote repository (20 ms) or a forced choice is never probed.
+        let far = Costs { latency: Some(Duration::from_millis(20)), ..near };
+        assert!(!far.probes());
+        assert!(far.choose_all(&[mib; 100]).iter().all(|&c| c));
+        assert!(!Costs { forced: Some(Choice::Local), ..near }.probes());
+        // Nor one whose round trip is not known.
+        assert!(!Costs { latency: None, ..near }.probes());
+    }
+
+    #[test]
+    fn a_tenth_changed_at_20_and_50_ms_copies_every_range() {
+        // What a batch with a tenth of the Linux tree changed measures: the copy writes about
+        // 300 MiB/s; the changed chunks' small reads write 15 MiB/s across 64 in flight. The
+        // tree's files (4-60 KiB) are all copied at 20 and 50 ms: the only bytes fetched are
+        // the changed chunks.
+        for ms in [20, 50] {
+            let c = costs(300.0, 15.0, ms, 64);
+            for kib in [4u64, 16, 60, 1024, 100 * 1024] {
+                assert_eq!(c.choose(kib << 10), Choice::Local, "{kib} KiB at {ms} ms");
+            }
+            assert!(!c.probes());
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Local-data stage, between compare and fetch: chunks the target still needs that are already
-//! on this machine are copied from there instead of fetched (Duplicati's "patch with local
+//! Local-data stage, scanned between compare and fetch and copied beside the fetches: chunks
+//! the target still needs that are already on this machine are copied from there instead of
+//! fetched (Duplicati's "patch with local
 //! blocks"). It looks (a) in the files the snapshot was taken from, at the snapshot's original
 //! paths, when they still exist and are not the target itself, and (b) in files of the target
 //! the snapshot does not name (renamed or moved files) or that the restore will rewrite
@@ -11,10 +12,11 @@
 //! wanted chunks are: a source file of the snapshot's size is taken to hold them at the
 //! snapshot's offsets (a file edited in place keeps its chunk boundaries), one whose size
 //! changed is cut with the repository's chunker (its content shifted); the target's files are
-//! cut with the chunker. `copy.rs` then reads each chunk found, hashes it with the repository's
-//! chunk-ID key and compares it with the chunk's ID before it writes it: a local file's bytes
-//! are never trusted unverified, and a file changed since the backup or the scan costs a
-//! fetch, never a wrong byte.
+//! cut with the chunker. `copy.rs` then, on a thread of the pipeline beside the fetches of
+//! everything else, reads each chunk found, hashes it with the repository's chunk-ID key and
+//! compares it with the chunk's ID before it writes it: a local file's bytes are never trusted
+//! unverified, and a file changed since the backup or the scan costs a fetch (fed to the same
+//! pipeline after its planned reads), never a wrong byte.
 //!
 //! Memory is bounded by the wanted chunks of the entries given (a map of their IDs and where
 //! each was found) and one chunk buffer per thread. Symlinks below the source path and inside
@@ -30,28 +32,49 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
-use super::options::{LocalData, RestoreOptions, Sparse};
+use super::options::{LocalData, RestoreOptions};
 use super::types::{FileState, NeededChunk, Plan};
 use crate::engine::repository::Repository;
 use crate::error::{Error, Result};
 use cairn_format::config::ChunkerParams;
 use cairn_format::crypto::MasterKey;
+use cairn_format::id::{BlobId, IdSet};
 
-/// What the local-data stage did for the entries of a plan.
-#[derive(Debug, Default)]
-pub struct Reused {
-    /// Per entry, the chunks still to fetch: those not found, or not verified, locally.
-    pub needed: Vec<Vec<NeededChunk>>,
-    /// Per entry, whether this stage prepared the file and wrote into it: the write stage then
-    /// only opens it, and a failure later removes it like any file written in part.
-    pub prepared: Vec<bool>,
-    /// Bytes copied (with a dry run: found) in the files the snapshot was taken from.
-    pub from_source: u64,
-    /// Bytes copied (or found) in other files of the target.
-    pub from_target: u64,
+/// What the local-data stage found for the entries of a plan, before the pipeline: the
+/// chunks it copies beside the fetches ([`Scanned::copy`]) and where they are.
+pub struct Scanned<'a> {
+    /// The blobs to copy: the fetch plan gives them destinations but no read.
+    pub local: IdSet<BlobId>,
+    /// With a dry run, the bytes that would be copied from the source and from the target.
+    pub dry_run: [u64; 2],
+    /// Where to copy from (none: nothing to copy).
+    copying: Option<(Ctx<'a>, scan::Found)>,
+}
+
+impl Scanned<'_> {
+    /// Nothing to copy: everything is fetched.
+    fn nothing() -> Self {
+        Scanned { local: IdSet::default(), dry_run: [0; 2], copying: None }
+    }
+
+    /// Whether there is anything to copy.
+    pub fn copies(&self) -> bool {
+        self.copying.is_some()
+    }
+
+    /// Copies the chunks found into the files of `sh`'s plan, beside the fetches (`copy.rs`);
+    /// returns the chunks (with their lengths) that must be fetched after all, and how long
+    /// the copy took once the directories were made.
+    pub fn copy(&self, sh: &super::shared::Shared<'_>) -> (Vec<(BlobId, u32)>, Duration) {
+        match &self.copying {
+            Some((ctx, found)) => copy::copy(ctx, found, sh),
+            None => (Vec::new(), Duration::ZERO),
+        }
+    }
 }
 
 /// Where the files the restored entries were taken from are.
@@ -103,9 +126,9 @@ impl Source {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Origin {
     /// A file the snapshot was taken from.
-    Source,
+    Source = 0,
     /// A file of the target the snapshot does not name.
-    Target,
+    Target = 1,
 }
 
 /// What the scan and copy passes share: the key to verify with, the open directories to read
@@ -121,8 +144,9 @@ struct Ctx<'a> {
     /// Whether the scan hashes the chunks it finds at the snapshot's offsets (a dry run, which
     /// copies nothing); otherwise the copy pass is their only reading (see `scan_source`).
     hash_in_scan: bool,
-    /// A live restore's target: writes go through it.
-    guard: Option<&'a dyn super::options::WriteGuard>,
+    /// For tests: a shell command the copy runs as it starts
+    /// ([`RestoreOptions::local_scanned_hook`]).
+    hook: Option<&'a str>,
 }
 
 impl Ctx<'_> {
@@ -152,50 +176,41 @@ pub struct Places<'a> {
 }
 
 /// Finds the chunks in `needed` (per entry of `plan`, whose files are in `states` against the
-/// target) that are already on this machine and — unless it is a dry run — copies them into
-/// their files after verifying each.
-pub fn reuse(
-    repo: &Repository,
+/// target) that are already on this machine and cheaper copied than fetched, for the copy
+/// beside the fetches ([`Scanned::copy`]). A chunk any file fetches is fetched for every file
+/// that needs it (the one read serves them all); a chunk found in a file of the target this
+/// restore rewrites is staged first (`copy::stage`), before any write can reach it.
+pub fn scan<'a>(
+    repo: &'a Repository,
     plan: &Plan,
     states: &[FileState],
     needed: &[Vec<NeededChunk>],
-    places: Places<'_>,
-    opts: &RestoreOptions,
-) -> Result<Reused> {
+    places: Places<'a>,
+    opts: &'a RestoreOptions,
+) -> Result<Scanned<'a>> {
     let Places { target, empty, source, costs } = places;
-    let nothing = || Reused { needed: needed.to_vec(), prepared: vec![false; needed.len()], ..Reused::default() };
     if opts.local_data == LocalData::Off {
-        return Ok(nothing());
+        return Ok(Scanned::nothing());
     }
     // Each file's range goes where it is cheaper (cost.rs); those the repository wins are
     // neither read here nor looked for.
     let bytes = |chunks: &[NeededChunk]| chunks.iter().map(|c| u64::from(c.len)).sum::<u64>();
-    let chosen: Vec<bool> = needed.iter().map(|c| costs.choose(bytes(c)) == cost::Choice::Local).collect();
+    let chosen = costs.choose_all(&needed.iter().map(|c| bytes(c)).collect::<Vec<_>>());
     let wanted: Vec<Vec<NeededChunk>> =
         needed.iter().zip(&chosen).map(|(c, &local)| if local { c.clone() } else { Vec::new() }).collect();
     if wanted.iter().all(Vec::is_empty) {
-        return Ok(nothing());
+        return Ok(Scanned::nothing());
     }
-    // The ranges left to the repository are fetched whole.
-    let with_fetched = |mut out: Reused| {
-        for ((still, all), &local) in out.needed.iter_mut().zip(needed).zip(&chosen) {
-            if !local {
-                still.clone_from(all);
-            }
-        }
-        out
-    };
-    let needed = &wanted[..];
     // Files of the target the snapshot does not name are cut whole: worth it only if their
     // chunks, all of them, are cheaper copied.
-    let look_in_target = costs.choose(needed.iter().map(|c| bytes(c)).sum()) == cost::Choice::Local;
+    let look_in_target = costs.choose(wanted.iter().map(|c| bytes(c)).sum()) == cost::Choice::Local;
     let target_dir = open_dir(target).ok();
     // Restoring to where the snapshot was taken from: the compare stage already used what is
     // there.
     let source = source
         .and_then(|s| open_dir(&s.dir).ok().map(|fd| (s, fd)))
         .filter(|(_, fd)| target_dir.as_ref().is_none_or(|t| !same_file(fd.as_fd(), t.as_fd())));
-    let no_cancel = AtomicBool::new(false);
+    static NEVER: AtomicBool = AtomicBool::new(false);
     let ctx = Ctx {
         key: repo.key(),
         chunker: repo.config().chunker,
@@ -208,28 +223,36 @@ pub fn reuse(
         // as both. On two busy cores the Linux tree's copy took 7.7 s on two threads and 5.3 s
         // on four (fetching it: 6.2 s), minimums of three.
         threads: (opts.write_threads + opts.decode_threads).max(1),
-        cancel: opts.cancel.as_deref().unwrap_or(&no_cancel),
+        cancel: opts.cancel.as_deref().unwrap_or(&NEVER),
         hash_in_scan: opts.dry_run,
-        guard: opts.guard.as_ref().map(|g| &*g.0),
+        hook: opts.local_scanned_hook.as_deref(),
     };
     if ctx.source.is_none() && ctx.target_dir.is_none() {
-        return Ok(nothing());
+        return Ok(Scanned::nothing());
     }
-    let found = scan::scan(&ctx, plan, states, needed)?;
+    let mut found = scan::scan(&ctx, plan, states, &wanted)?;
+    if !opts.dry_run {
+        if let Some(staged) = copy::stage(&ctx, &found) {
+            found = staged;
+        }
+    }
+    // A chunk fetched for one file is fetched for all: copied for none.
+    for (chunks, _) in needed.iter().zip(&chosen).filter(|(_, &local)| !local) {
+        for c in chunks {
+            found.spots.remove(&c.id);
+        }
+    }
     if found.spots.is_empty() {
-        return Ok(nothing());
+        return Ok(Scanned::nothing());
     }
+    let local: IdSet<BlobId> = found.spots.keys().copied().collect();
     if opts.dry_run {
-        return Ok(with_fetched(copy::dry_run(&found, needed)));
+        return Ok(Scanned { dry_run: copy::dry_run(&found, needed), local, copying: None });
     }
-    if let Some(cmd) = &opts.local_scanned_hook {
-        let _ = std::process::Command::new("sh").arg("-c").arg(cmd).status();
-    }
-    let out = copy::copy(&ctx, plan, states, needed, &found, Sparse::choose(opts, target), !empty)?;
     if ctx.cancelled() {
         return Err(Error::Interrupted);
     }
-    Ok(with_fetched(out))
+    Ok(Scanned { local, dry_run: [0; 2], copying: Some((ctx, found)) })
 }
 
 /// Opens a directory to read files below.

@@ -1,8 +1,10 @@
 //! Scan pass: where the chunks the target still needs are on this machine. A source file of
-//! an entry with wanted chunks that still has the snapshot's size is taken to hold them at the
-//! snapshot's offsets, unread: the copy pass reads and verifies each before writing it, so
-//! each byte is read and hashed once (a dry run, which copies nothing, hashes them here). One
-//! whose size changed is hashed at those offsets and then cut with the repository's chunker;
+//! an entry with wanted chunks that still has the snapshot's size and modification time is
+//! taken to hold them at the snapshot's offsets, unread: the copy pass reads and verifies each
+//! before writing it, so each byte is read and hashed once (a dry run, which copies nothing,
+//! hashes them here). One of the snapshot's size but another time was written since: its
+//! chunks are hashed at those offsets here, so those that changed are fetched from the start,
+//! beside the copy, not after it. One whose size changed is hashed at those offsets and then cut with the repository's chunker;
 //! each file of the target that the snapshot does not name, or that the restore will rewrite,
 //! is cut with the chunker. Every piece cut is hashed with the chunk-ID key and looked up in
 //! the map of wanted chunk IDs. It stops early once every wanted chunk has a place.
@@ -11,6 +13,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -140,7 +143,8 @@ fn scan_source(
 ) -> io::Result<Vec<(BlobId, u64)>> {
     let dir = ctx.dir(Origin::Source).expect("a source directory");
     let file = open_beneath(dir, rel)?;
-    let size = file.metadata()?.len();
+    let meta = file.metadata()?;
+    let size = meta.len();
     let entry = &plan.entries[i];
     // The source file is the target's file (the target is inside the source, or a hard link):
     // the compare stage has already used what it holds.
@@ -156,11 +160,14 @@ fn scan_source(
     }
     let mut hits = Vec::new();
     let mut missed = false;
-    // A file of the snapshot's size most likely holds its chunks where the snapshot has them
-    // (an edit in place keeps the boundaries): those are taken as places unread, and the copy
-    // pass, which reads and verifies every chunk before writing it, is their only reading and
-    // hashing — one pass over the file, not two. A dry run writes nothing, so it hashes here.
-    let in_place = !ctx.hash_in_scan && size == entry.node.size;
+    // A file of the snapshot's size and time most likely holds its chunks where the snapshot
+    // has them: those are taken as places unread, and the copy pass, which reads and verifies
+    // every chunk before writing it, is their only reading and hashing — one pass over the
+    // file, not two. One written since (an edit in place keeps the boundaries, but some chunks
+    // changed) is hashed here, so its changed chunks are known before the fetches start. A
+    // dry run writes nothing, so it hashes here.
+    let untouched = meta.mtime() == entry.node.mtime.secs && meta.mtime_nsec() == i64::from(entry.node.mtime.nanos);
+    let in_place = !ctx.hash_in_scan && size == entry.node.size && untouched;
     for c in needed {
         if c.offset + u64::from(c.len) <= size && (in_place || chunk_id(&file, c.offset, c.len, ctx.key, buf)? == c.id)
         {
