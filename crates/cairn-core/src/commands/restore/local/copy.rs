@@ -110,7 +110,7 @@ fn open_local(ctx: &Ctx<'_>, local: &LocalFile) -> io::Result<Arc<File>> {
         return Ok(f.clone());
     }
     let dir = ctx.dir(local.origin).ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
-    Ok(Arc::new(open_beneath(dir, &local.rel)?))
+    Ok(Arc::new(open_beneath(dir, &local.rel)?.0))
 }
 
 /// Reads the `len` bytes at `offset` of `file` into `buf`; whether their ID is `id`.

@@ -1,8 +1,8 @@
 //! Local-data stage, scanned between compare and fetch and copied beside the fetches: chunks
 //! the target still needs that are already on this machine are copied from there instead of
-//! fetched (Duplicati's "patch with local
-//! blocks"). It looks (a) in the files the snapshot was taken from, at the snapshot's original
-//! paths, when they still exist and are not the target itself, and (b) in files of the target
+//! fetched (Duplicati's "patch with local blocks"). It looks (a) in the files the snapshot was
+//! taken from, at the snapshot's original paths, when they still exist and are not the target
+//! itself, and (b) in files of the target
 //! the snapshot does not name (renamed or moved files) or that the restore will rewrite
 //! (swapped files, or one renamed over another).
 //!
@@ -271,8 +271,10 @@ fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
 
 /// Opens the regular file at `rel` below `dir` for reading, through no symlink (none of its
 /// components may be one) and never out of `dir`; without updating its access time where that
-/// is permitted. A FIFO is not waited on, and anything but a regular file is refused.
-fn open_beneath(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<File> {
+/// is permitted. A FIFO is not waited on, and anything but a regular file is refused. Returns
+/// the status taken from the open descriptor with it (a million small files: one call a file
+/// fewer for each use of it).
+fn open_beneath(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<(File, rustix::fs::Stat)> {
     let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS;
     let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
     let fd = match rustix::fs::openat2(dir, rel, flags | OFlags::NOATIME, Mode::empty(), how) {
@@ -283,7 +285,7 @@ fn open_beneath(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<File> {
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
     }
-    Ok(File::from(fd))
+    Ok((File::from(fd), st))
 }
 
 #[cfg(test)]

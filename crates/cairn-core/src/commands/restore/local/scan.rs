@@ -4,16 +4,16 @@
 //! before writing it, so each byte is read and hashed once (a dry run, which copies nothing,
 //! hashes them here). One of the snapshot's size but another time was written since: its
 //! chunks are hashed at those offsets here, so those that changed are fetched from the start,
-//! beside the copy, not after it. One whose size changed is hashed at those offsets and then cut with the repository's chunker;
-//! each file of the target that the snapshot does not name, or that the restore will rewrite,
-//! is cut with the chunker. Every piece cut is hashed with the chunk-ID key and looked up in
-//! the map of wanted chunk IDs. It stops early once every wanted chunk has a place.
+//! beside the copy, not after it. One whose size changed is hashed at those offsets and then
+//! cut with the repository's chunker; each file of the target that the snapshot does not name,
+//! or that the restore will rewrite, is cut with the chunker. Every piece cut is hashed with
+//! the chunk-ID key and looked up in the map of wanted chunk IDs. It stops early once every
+//! wanted chunk has a place.
 
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStringExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,6 +23,7 @@ use rustix::fs::AtFlags;
 use super::{open_beneath, Ctx, Origin};
 use crate::commands::restore::compare::chunk_id;
 use crate::commands::restore::delete::extra_entries;
+use crate::commands::restore::dirs::Status;
 use crate::commands::restore::types::{FileState, NeededChunk, Plan};
 use crate::engine::chunker::ChunkerKind;
 use crate::engine::parallel::in_parallel_with;
@@ -142,17 +143,15 @@ fn scan_source(
     buf: &mut Vec<u8>,
 ) -> io::Result<Vec<(BlobId, u64)>> {
     let dir = ctx.dir(Origin::Source).expect("a source directory");
-    let file = open_beneath(dir, rel)?;
-    let meta = file.metadata()?;
-    let size = meta.len();
+    let (file, st) = open_beneath(dir, rel)?;
+    let size = st.st_size as u64;
     let entry = &plan.entries[i];
     // The source file is the target's file (the target is inside the source, or a hard link):
     // the compare stage has already used what it holds.
     if states[i] != (FileState::Create { clear: false }) {
         if let Some(target) = &ctx.target_dir {
-            if let Ok(st) = rustix::fs::statat(target.as_fd(), &entry.rel, AtFlags::SYMLINK_NOFOLLOW) {
-                let src = rustix::fs::fstat(&file)?;
-                if st.st_dev == src.st_dev && st.st_ino == src.st_ino {
+            if let Ok(there) = rustix::fs::statat(target.as_fd(), &entry.rel, AtFlags::SYMLINK_NOFOLLOW) {
+                if there.st_dev == st.st_dev && there.st_ino == st.st_ino {
                     return Ok(Vec::new());
                 }
             }
@@ -166,7 +165,7 @@ fn scan_source(
     // file, not two. One written since (an edit in place keeps the boundaries, but some chunks
     // changed) is hashed here, so its changed chunks are known before the fetches start. A
     // dry run writes nothing, so it hashes here.
-    let untouched = meta.mtime() == entry.node.mtime.secs && meta.mtime_nsec() == i64::from(entry.node.mtime.nanos);
+    let untouched = Status::from(&st).mtime == entry.node.mtime;
     let in_place = !ctx.hash_in_scan && size == entry.node.size && untouched;
     for c in needed {
         if c.offset + u64::from(c.len) <= size && (in_place || chunk_id(&file, c.offset, c.len, ctx.key, buf)? == c.id)
@@ -185,8 +184,8 @@ fn scan_source(
 /// The wanted chunks in the target's file at `rel`.
 fn scan_target(ctx: &Ctx<'_>, rel: &Path, wanted: &IdMap<BlobId, u32>) -> io::Result<Vec<(BlobId, u64)>> {
     let dir = ctx.dir(Origin::Target).expect("a target directory");
-    let file = open_beneath(dir, rel)?;
-    let size = file.metadata()?.len();
+    let (file, st) = open_beneath(dir, rel)?;
+    let size = st.st_size as u64;
     let mut hits = Vec::new();
     cut(ctx, &file, size, wanted, &mut hits)?;
     Ok(hits)
