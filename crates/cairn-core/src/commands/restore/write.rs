@@ -18,7 +18,7 @@ use super::fsops::{fix_in_place, is_fatal, remove_any, size_new_file};
 use super::meta::apply_to_file;
 use super::options::{Sparse, WriteGuard};
 use super::shared::Shared;
-use super::types::{Dest, Entry, FileState};
+use super::types::{Dest, FileState};
 use crate::engine::chunker::is_zero;
 use crate::engine::profile::work;
 use crate::engine::read::Decoded;
@@ -132,29 +132,17 @@ fn open_for(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, i: usize) -> io::Result<
 /// Readies file `i` for its first write and opens it: clears what is in the way and sizes a new
 /// file, or resizes an existing one and punches holes where the snapshot has zeros.
 fn first_touch(sh: &Shared<'_>, dirs: &mut ParentDirs<'_>, i: usize) -> io::Result<File> {
-    prepare_file(sh.target, dirs, &sh.plan.entries[i], &sh.states[i], sh.sparse, sh.guard)
-}
-
-/// Readies the file of `entry` (in `state` against the target) for its first write and opens
-/// it.
-pub(super) fn prepare_file(
-    target: &Path,
-    dirs: &mut ParentDirs<'_>,
-    entry: &Entry,
-    state: &FileState,
-    sparse: Sparse,
-    guard: Option<&dyn WriteGuard>,
-) -> io::Result<File> {
+    let (entry, state, guard) = (&sh.plan.entries[i], &sh.states[i], sh.guard);
     if guard.is_some() && matches!(state, FileState::Create { .. }) {
         // The live target is served from its open descriptor: it is never replaced.
         return Err(io::Error::other("the live restore's target is not a plain file of its size"));
     }
     if *state == (FileState::Create { clear: true }) {
-        remove_any(&target.join(&entry.rel))?;
+        remove_any(&sh.target.join(&entry.rel))?;
     }
     let file = dirs.create(&entry.rel, entry.node.mode)?;
     match state {
-        FileState::Create { .. } => size_new_file(&file, &entry.node, sparse)?,
+        FileState::Create { .. } => size_new_file(&file, &entry.node, sh.sparse)?,
         FileState::InPlace { zero_fix, resize, .. } => fix_in_place(&file, &entry.node, zero_fix, *resize, guard)?,
         _ => {}
     }
@@ -163,7 +151,7 @@ pub(super) fn prepare_file(
 
 /// Writes a chunk's `data` at `offset`; into a `fresh` file with `--sparse always`, 4 KiB
 /// blocks of zeros are left as holes. A live restore's `guard` writes instead.
-pub(super) fn write_data(
+fn write_data(
     file: &File,
     data: &[u8],
     offset: u64,

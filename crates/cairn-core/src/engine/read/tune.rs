@@ -231,23 +231,15 @@ impl Controller {
     /// the Linux tree at 0.88 of fixed 4.
     pub fn for_link(default: usize, round_trip: Option<Duration>, budget: u64) -> Self {
         let Some(rtt) = round_trip else { return Controller::new(default, budget) };
-        let wanted = (PRIOR_RATE * rtt.as_secs_f64() / START_READ as f64).ceil() as usize;
-        let mut c = Controller::new(wanted.max(START_LEAST), budget);
+        let mut c = Controller::new(in_flight_for(rtt, START_READ).max(START_LEAST), budget);
         if c.limit != default.clamp(1, AUTO_MAX) {
-            let reason = "the round trip of the open needs it at the assumed rate";
-            c.start = Some(Step {
-                at: Duration::ZERO,
-                limit: c.limit,
-                throughput: PRIOR_RATE,
-                latency: rtt,
-                cpu_busy: None,
-                reason,
-            });
+            c.start = Some(Step::at_start(c.limit, rtt, "the round trip of the open needs it at the assumed rate"));
         }
         c
     }
 
-    /// Before a batch's reads: raises the limit (never lowers it) to what Little's law puts it
+    /// Before a batch's reads: raises the limit (lowered only to [`AUTO_MAX`] after a batch of
+    /// small reads) to what Little's law puts it
     /// at for [`PRIOR_RATE`] in reads of the batch's mean size (`bytes` in `reads`) across the
     /// `round_trip`, at most one per read. The changed chunks of a tree whose other chunks are
     /// copied from local data are thousands of reads of a few KiB: each read carries little,
@@ -267,20 +259,11 @@ impl Controller {
         if reads == 0 {
             return;
         }
-        let wanted = (PRIOR_RATE * rtt.as_secs_f64() / mean as f64).ceil() as usize;
-        let wanted = wanted.min(reads).clamp(1, self.most);
+        let wanted = in_flight_for(rtt, mean).min(reads).clamp(1, self.most);
         if wanted > self.limit {
             self.limit = wanted;
             self.best_limit = self.best_limit.max(wanted);
-            let reason = "a batch of small reads needs it at the round trip";
-            self.start = Some(Step {
-                at: Duration::ZERO,
-                limit: wanted,
-                throughput: PRIOR_RATE,
-                latency: rtt,
-                cpu_busy: None,
-                reason,
-            });
+            self.start = Some(Step::at_start(wanted, rtt, "a batch of small reads needs it at the round trip"));
         }
     }
 
@@ -403,6 +386,19 @@ impl Controller {
     pub fn logged(at: Duration, limit: usize, s: &Sample, reason: &'static str) -> Step {
         Step { at, limit, throughput: s.throughput(), latency: s.latency(), cpu_busy: s.cpu_busy, reason }
     }
+}
+
+impl Step {
+    /// Where a controller starts, before any sample: `limit` for [`PRIOR_RATE`] across `rtt`.
+    fn at_start(limit: usize, rtt: Duration, reason: &'static str) -> Step {
+        Step { at: Duration::ZERO, limit, throughput: PRIOR_RATE, latency: rtt, cpu_busy: None, reason }
+    }
+}
+
+/// Reads in flight that carry [`PRIOR_RATE`] across a round trip of `rtt` in reads of `read`
+/// bytes (Little's law: rate × round trip ÷ read size).
+fn in_flight_for(rtt: Duration, read: u64) -> usize {
+    (PRIOR_RATE * rtt.as_secs_f64() / read.max(1) as f64).ceil() as usize
 }
 
 #[cfg(test)]
