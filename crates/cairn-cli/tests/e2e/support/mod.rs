@@ -1102,6 +1102,21 @@ impl Tmpfs {
         assert!(st.success(), "mount -t tmpfs -o {options} failed (the tests run as root)");
         Tmpfs(at.to_path_buf())
     }
+
+    /// `mount -o remount,size=SIZE`: the disk grows (or shrinks) with its files kept.
+    pub fn resize(&self, size: &str) {
+        let st =
+            Command::new("mount").args(["-o", &format!("remount,size={size}")]).arg(&self.0).status().expect("mount");
+        assert!(st.success(), "remounting {} with size={size} failed", self.0.display());
+    }
+
+    /// Bytes in use on the file system, from `statvfs`.
+    pub fn used(&self) -> u64 {
+        let out = Command::new("stat").args(["-f", "-c", "%b %f %S"]).arg(&self.0).output().expect("stat -f");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v: Vec<u64> = text.split_whitespace().map(|n| n.parse().expect("stat -f number")).collect();
+        (v[0] - v[1]) * v[2]
+    }
 }
 
 impl Drop for Tmpfs {
