@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use fantoccini::elements::Element;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
@@ -74,8 +75,38 @@ fn screenshots() -> PathBuf {
     dir
 }
 
+/// The element `loc` finds, waited for: after a click that loads a page, a loaded machine may
+/// not have the new page yet.
+async fn el(c: &Client, loc: Locator<'_>) -> Element {
+    let shown = format!("{loc:?}");
+    c.wait().at_most(Duration::from_secs(30)).for_element(loc).await.unwrap_or_else(|e| panic!("{shown}: {e}"))
+}
+
 async fn text_of(c: &Client, id: &str) -> String {
-    c.find(Locator::Id(id)).await.unwrap().text().await.unwrap()
+    el(c, Locator::Id(id)).await.text().await.unwrap()
+}
+
+/// Clicks `loc` and waits until the page's address has changed.
+async fn follow(c: &Client, loc: Locator<'_>) {
+    let before = c.current_url().await.unwrap();
+    el(c, loc).await.click().await.unwrap();
+    let end = Instant::now() + Duration::from_secs(30);
+    while c.current_url().await.unwrap() == before {
+        assert!(Instant::now() < end, "the click on {loc:?} never left {before}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The rows of the entries table, once there are `n` (a page follows a click).
+async fn rows(c: &Client, n: usize) -> usize {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = c.find_all(Locator::Css("#entries tr")).await.unwrap().len();
+        if got == n || Instant::now() > end {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Waits until element `id`'s text satisfies `cond`; returns it.
@@ -148,16 +179,17 @@ fn web_interface_in_chromium() {
         // Not logged in: the login page; a wrong password is refused.
         c.goto(&format!("{}/", fx.url)).await.unwrap();
         assert!(c.current_url().await.unwrap().path().ends_with("/login"));
-        c.find(Locator::Id("password")).await.unwrap().send_keys("not the password").await.unwrap();
-        c.find(Locator::Id("login")).await.unwrap().click().await.unwrap();
-        assert_eq!(text_of(&c, "login-error").await, "Wrong password.");
+        el(&c, Locator::Id("password")).await.send_keys("not the password").await.unwrap();
+        el(&c, Locator::Id("login")).await.click().await.unwrap();
+        // The refusal is a new page: waited for, as a loaded machine may not have it yet.
+        assert_eq!(wait_text(&c, "login-error", 20, |t| t == "Wrong password.").await, "Wrong password.");
         assert!(c.find(Locator::Css("section.profile")).await.is_err());
         fs::write(shots.join("login-refused.png"), c.screenshot().await.unwrap()).unwrap();
-        c.find(Locator::Id("password")).await.unwrap().send_keys(&fx.token()).await.unwrap();
-        c.find(Locator::Id("login")).await.unwrap().click().await.unwrap();
+        el(&c, Locator::Id("password")).await.send_keys(&fx.token()).await.unwrap();
+        el(&c, Locator::Id("login")).await.click().await.unwrap();
         // The dashboard: never run; run now; the progress reaches 100 %.
         assert_eq!(text_of(&c, "state-home").await, "idle");
-        c.find(Locator::Id("run-home")).await.unwrap().click().await.unwrap();
+        el(&c, Locator::Id("run-home")).await.click().await.unwrap();
         // Live, without a reload: the state, files, rate and ETA as the terminal shows them.
         wait_text(&c, "state-home", 60, |t| t.contains("running backup")).await;
         let detail = wait_text(&c, "detail-home", 30, |t| t.contains("/451 files")).await;
@@ -173,29 +205,28 @@ fn web_interface_in_chromium() {
         assert!(c.find(Locator::Css("svg.chart rect.ok")).await.is_ok(), "the chart shows the run");
         fs::write(shots.join("dashboard.png"), c.screenshot().await.unwrap()).unwrap();
         // The new snapshot, its tree, paged.
-        c.find(Locator::Id("snapshots-home")).await.unwrap().click().await.unwrap();
+        el(&c, Locator::Id("snapshots-home")).await.click().await.unwrap();
+        el(&c, Locator::Css("a.snapshot")).await;
         let snaps = c.find_all(Locator::Css("a.snapshot")).await.unwrap();
         assert_eq!(snaps.len(), 1);
         snaps[0].click().await.unwrap();
         let src = fx.dir.join("src");
         for part in src.components().skip(1) {
             let name = format!("{}/", part.as_os_str().to_string_lossy());
-            c.find(Locator::LinkText(&name)).await.unwrap().click().await.unwrap();
+            el(&c, Locator::LinkText(&name)).await.click().await.unwrap();
         }
-        let rows = c.find_all(Locator::Css("#entries tr")).await.unwrap();
-        assert_eq!(rows.len(), 201, "a header and a page of 200 entries");
-        c.find(Locator::Id("next-page")).await.unwrap().click().await.unwrap();
-        c.find(Locator::Id("next-page")).await.unwrap().click().await.unwrap();
-        let rows = c.find_all(Locator::Css("#entries tr")).await.unwrap();
-        assert_eq!(rows.len(), 1 + 51, "the third page: 451 - 400 entries");
+        assert_eq!(rows(&c, 201).await, 201, "a header and a page of 200 entries");
+        follow(&c, Locator::Id("next-page")).await;
+        follow(&c, Locator::Id("next-page")).await;
+        assert_eq!(rows(&c, 1 + 51).await, 1 + 51, "the third page: 451 - 400 entries");
         assert!(c.find(Locator::Id("next-page")).await.is_err());
         // Into sub/ and download a file: the same bytes as the source.
-        c.find(Locator::LinkText("sub/")).await.unwrap().click().await.unwrap();
+        el(&c, Locator::LinkText("sub/")).await.click().await.unwrap();
         fs::write(shots.join("browse.png"), c.screenshot().await.unwrap()).unwrap();
-        let href = c.find(Locator::LinkText("deep.txt")).await.unwrap().attr("href").await.unwrap().unwrap();
+        let href = el(&c, Locator::LinkText("deep.txt")).await.attr("href").await.unwrap().unwrap();
         assert_eq!(fetch_bytes(&c, &href).await, fs::read(src.join("sub/deep.txt")).unwrap());
         // The directory as tar: the file inside it.
-        let tar_href = c.find(Locator::Id("download-dir")).await.unwrap().attr("href").await.unwrap().unwrap();
+        let tar_href = el(&c, Locator::Id("download-dir")).await.attr("href").await.unwrap().unwrap();
         let tar = fetch_bytes(&c, &tar_href).await;
         let mut entries = tar::Archive::new(&tar[..]);
         let names: Vec<String> =
@@ -207,15 +238,15 @@ fn web_interface_in_chromium() {
         let big_href = format!("{base}/download?path={}", enc(&big.to_string_lossy()));
         assert_eq!(fetch_bytes(&c, &big_href).await, fs::read(&big).unwrap());
         // Find by name.
-        c.find(Locator::Id("find-pattern")).await.unwrap().send_keys("deep*").await.unwrap();
-        c.find(Locator::Css("form.inline button")).await.unwrap().click().await.unwrap();
-        let found = text_of(&c, "found").await;
+        el(&c, Locator::Id("find-pattern")).await.send_keys("deep*").await.unwrap();
+        el(&c, Locator::Css("form.inline button")).await.click().await.unwrap();
+        let found = wait_text(&c, "found", 30, |t| t.contains("sub/deep.txt")).await;
         assert!(found.contains("sub/deep.txt"), "{found}");
         // Restore src/ to a directory, then diff -r.
         c.goto(&format!("{}{base}/tree?path={}", fx.url, enc(&src.to_string_lossy()))).await.unwrap();
         let target = fx.dir.join("restored");
-        c.find(Locator::Id("restore-target")).await.unwrap().send_keys(&target.to_string_lossy()).await.unwrap();
-        c.find(Locator::Id("restore")).await.unwrap().click().await.unwrap();
+        el(&c, Locator::Id("restore-target")).await.send_keys(&target.to_string_lossy()).await.unwrap();
+        el(&c, Locator::Id("restore")).await.click().await.unwrap();
         wait_text(&c, "restore-state", 120, |t| t == "done" || t == "failed").await;
         assert_eq!(text_of(&c, "restore-state").await, "done", "{}", text_of(&c, "restore-summary").await);
         assert_eq!(text_of(&c, "restore-pct").await, "100%");
