@@ -9,32 +9,57 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 
 use super::fsops::new_file_mode;
 use cairn_format::tree::Timestamp;
 
 /// The directory of the last entry looked up, kept open.
 pub struct ParentDirs<'t> {
-    target: &'t Path,
+    base: Base<'t>,
     open: Option<(PathBuf, OwnedFd)>,
 }
 
+/// What a [`ParentDirs`]' paths are relative to.
+enum Base<'t> {
+    /// The restore's target, whose directories the restore made (or checked to be
+    /// directories) before any lookup.
+    Target(&'t Path),
+    /// An open directory the restore does not own (the source of local data): each parent is
+    /// opened below it through no symlink and never out of it.
+    Beneath(BorrowedFd<'t>),
+}
+
 impl<'t> ParentDirs<'t> {
-    /// Lookups below `target`.
+    /// Lookups below the restore's `target`.
     pub fn new(target: &'t Path) -> Self {
-        ParentDirs { target, open: None }
+        ParentDirs { base: Base::Target(target), open: None }
     }
 
-    /// The open directory holding `rel` (relative to the target), and `rel`'s name in it.
+    /// Lookups below the open directory `dir`, through no symlink: neither a parent nor the
+    /// entry itself may be one (`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` for the parent, then
+    /// one name with `O_NOFOLLOW` or `AT_SYMLINK_NOFOLLOW`).
+    pub fn beneath(dir: BorrowedFd<'t>) -> Self {
+        ParentDirs { base: Base::Beneath(dir), open: None }
+    }
+
+    /// The open directory holding `rel` (relative to the base), and `rel`'s name in it.
     fn parent<'r>(&mut self, rel: &'r Path) -> io::Result<(BorrowedFd<'_>, &'r OsStr)> {
         let name = rel.file_name().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
         let dir = rel.parent().unwrap_or(Path::new(""));
         if self.open.as_ref().is_none_or(|(open, _)| open != dir) {
-            // The directories were made (or checked to be directories) before any lookup.
             let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-            let at = crate::engine::platform::At::new(&self.target.join(dir))?;
-            let fd = rustix::fs::openat(at.dir(), at.name(), flags, Mode::empty())?;
+            let fd = match self.base {
+                Base::Target(target) => {
+                    let at = crate::engine::platform::At::new(&target.join(dir))?;
+                    rustix::fs::openat(at.dir(), at.name(), flags, Mode::empty())?
+                }
+                Base::Beneath(base) => {
+                    let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS;
+                    let below = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+                    rustix::fs::openat2(base, below, flags, Mode::empty(), how)?
+                }
+            };
             self.open = Some((dir.to_path_buf(), fd));
         }
         let (_, fd) = self.open.as_ref().expect("opened above");
@@ -86,6 +111,8 @@ pub struct Status {
     pub mtime: Timestamp,
     /// Access time.
     pub atime: Timestamp,
+    /// Device and inode: which file it is.
+    pub file: (u64, u64),
 }
 
 impl Status {
@@ -106,6 +133,7 @@ impl From<&rustix::fs::Stat> for Status {
             size: st.st_size as u64,
             mtime: time(st.st_mtime, st.st_mtime_nsec),
             atime: time(st.st_atime, st.st_atime_nsec),
+            file: (st.st_dev, st.st_ino),
         }
     }
 }
@@ -122,6 +150,7 @@ impl From<&std::fs::Metadata> for Status {
             size: md.size(),
             mtime: time(md.mtime(), md.mtime_nsec()),
             atime: time(md.atime(), md.atime_nsec()),
+            file: (md.dev(), md.ino()),
         }
     }
 }

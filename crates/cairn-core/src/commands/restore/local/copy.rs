@@ -18,7 +18,7 @@ use rustix::fs::{Mode, OFlags};
 use std::sync::Mutex;
 
 use super::scan::{Found, LocalFile, Spot};
-use super::{open_beneath, Ctx, Origin};
+use super::{Ctx, Lookups, Origin};
 use crate::commands::restore::dirs::ParentDirs;
 use crate::commands::restore::shared::Shared;
 use crate::commands::restore::types::NeededChunk;
@@ -44,9 +44,12 @@ type Piece = (u64, BlobId, u32);
 /// Most chunks of one local file a copy thread takes at a time.
 const PIECE: usize = 64;
 
-/// A copy worker's state: its open target directories and a chunk buffer.
+/// A copy worker's state: its open target directories, its lookups of local files, the
+/// local file it has open and a chunk buffer.
 struct Worker<'t> {
     dirs: ParentDirs<'t>,
+    at: Lookups<'t>,
+    open: Option<(usize, Option<Arc<File>>)>,
     buf: Vec<u8>,
 }
 
@@ -73,22 +76,25 @@ pub(super) fn copy(ctx: &Ctx<'_>, found: &Found, sh: &Shared<'_>) -> (Vec<(BlobI
         let _ = std::process::Command::new("sh").arg("-c").arg(cmd).status();
     }
     let began = Instant::now();
-    let init = || Worker { dirs: ParentDirs::new(sh.target), buf: Vec::new() };
+    let init = || Worker { dirs: ParentDirs::new(sh.target), at: Lookups::new(ctx), open: None, buf: Vec::new() };
     in_parallel_with(&pieces, ctx.threads, init, |w, _, &(f, spots)| {
         if sh.cancelled() || ctx.cancelled() {
             return;
         }
         let local = &found.files[f];
         let copied = &sh.copied[local.origin as usize];
-        let file = open_local(ctx, local).ok();
-        let Worker { dirs, buf } = w;
+        let Worker { dirs, at, open, buf } = w;
+        // A large file's pieces often come to the same worker one after another.
+        if open.as_ref().is_none_or(|(o, _)| *o != f) {
+            *open = Some((f, open_local(at, local).ok()));
+        }
+        let file = open.as_ref().and_then(|(_, file)| file.as_ref());
         for &(offset, id, len) in spots {
             if sh.cancelled() {
                 return;
             }
             // Unreadable, or no longer what the scan saw: fetched instead.
-            let verified =
-                file.as_ref().is_some_and(|f| matches!(read_verified(ctx, f, offset, id, len, buf), Ok(true)));
+            let verified = file.is_some_and(|f| matches!(read_verified(ctx, f, offset, id, len, buf), Ok(true)));
             if !verified {
                 failed.lock().expect("failed lock").push((id, len));
                 continue;
@@ -105,12 +111,11 @@ pub(super) fn copy(ctx: &Ctx<'_>, found: &Found, sh: &Shared<'_>) -> (Vec<(BlobI
 }
 
 /// Opens a local file the scan found chunks in.
-fn open_local(ctx: &Ctx<'_>, local: &LocalFile) -> io::Result<Arc<File>> {
+fn open_local(at: &mut Lookups<'_>, local: &LocalFile) -> io::Result<Arc<File>> {
     if let Some(f) = &local.open {
         return Ok(f.clone());
     }
-    let dir = ctx.dir(local.origin).ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
-    Ok(Arc::new(open_beneath(dir, &local.rel)?.0))
+    Ok(Arc::new(at.open(local.origin, &local.rel)?.0))
 }
 
 /// Reads the `len` bytes at `offset` of `file` into `buf`; whether their ID is `id`.
@@ -145,6 +150,7 @@ pub(super) fn stage(ctx: &Ctx<'_>, found: &Found) -> Option<Found> {
         open: Some(tmp.clone()),
     });
     let mut buf = Vec::new();
+    let mut lookups = Lookups::new(ctx);
     let mut open: Option<(u32, Arc<File>)> = None;
     let mut at = 0u64;
     for (id, spot) in moving {
@@ -152,7 +158,7 @@ pub(super) fn stage(ctx: &Ctx<'_>, found: &Found) -> Option<Found> {
             break;
         }
         if open.as_ref().is_none_or(|(n, _)| *n != spot.file) {
-            open = open_local(ctx, &found.files[spot.file as usize]).ok().map(|f| (spot.file, f));
+            open = open_local(&mut lookups, &found.files[spot.file as usize]).ok().map(|f| (spot.file, f));
         }
         let Some((_, file)) = &open else { continue };
         match read_verified(ctx, file, spot.offset, id, spot.len, &mut buf) {

@@ -20,7 +20,9 @@
 //!
 //! Memory is bounded by the wanted chunks of the entries given (a map of their IDs and where
 //! each was found) and one chunk buffer per thread. Symlinks below the source path and inside
-//! the target are never followed (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`).
+//! the target are never followed: a file's parent directory is opened with `openat2`
+//! (`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`) and kept open for the files after it, the file by
+//! its one name with `O_NOFOLLOW` ([`Lookups`]).
 
 mod copy;
 pub mod cost;
@@ -34,8 +36,9 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::fs::{Mode, OFlags};
 
+use super::dirs::{ParentDirs, Status};
 use super::options::{LocalData, RestoreOptions};
 use super::types::{FileState, NeededChunk, Plan};
 use crate::engine::repository::Repository;
@@ -269,23 +272,53 @@ fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
     }
 }
 
-/// Opens the regular file at `rel` below `dir` for reading, through no symlink (none of its
-/// components may be one) and never out of `dir`; without updating its access time where that
-/// is permitted. A FIFO is not waited on, and anything but a regular file is refused. Returns
-/// the status taken from the open descriptor with it (a million small files: one call a file
-/// fewer for each use of it).
-fn open_beneath(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<(File, rustix::fs::Stat)> {
-    let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS;
-    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
-    let fd = match rustix::fs::openat2(dir, rel, flags | OFlags::NOATIME, Mode::empty(), how) {
-        Err(rustix::io::Errno::PERM) => rustix::fs::openat2(dir, rel, flags, Mode::empty(), how)?,
-        other => other?,
-    };
-    let st = rustix::fs::fstat(&fd)?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+/// A scan or copy worker's lookups of local files: below the source directory and below the
+/// target, each through the parent directory of the last file looked up, kept open (a worker
+/// takes files in plan order, so most share a directory with the one before: a million small
+/// files cost one single-name call each, not a walk of the whole path). Never through a
+/// symlink, never out of the directory ([`ParentDirs::beneath`]), never updating a file's
+/// access time where that is permitted; a FIFO is not waited on, and anything but a regular
+/// file is refused.
+struct Lookups<'a> {
+    source: Option<ParentDirs<'a>>,
+    target: Option<ParentDirs<'a>>,
+}
+
+impl<'a> Lookups<'a> {
+    fn new(ctx: &'a Ctx<'_>) -> Self {
+        Lookups {
+            source: ctx.dir(Origin::Source).map(ParentDirs::beneath),
+            target: ctx.dir(Origin::Target).map(ParentDirs::beneath),
+        }
+    }
+
+    fn dirs(&mut self, origin: Origin) -> io::Result<&mut ParentDirs<'a>> {
+        let dirs = match origin {
+            Origin::Source => self.source.as_mut(),
+            Origin::Target => self.target.as_mut(),
+        };
+        dirs.ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+    }
+
+    /// The status of the regular file at `rel` below `origin`'s directory.
+    fn status(&mut self, origin: Origin, rel: &Path) -> io::Result<Status> {
+        regular(self.dirs(origin)?.status(rel)?)
+    }
+
+    /// Opens the regular file at `rel` below `origin`'s directory for reading, with the
+    /// status taken from the open descriptor.
+    fn open(&mut self, origin: Origin, rel: &Path) -> io::Result<(File, Status)> {
+        let (file, st) = self.dirs(origin)?.open_existing(rel)?;
+        Ok((file, regular(st)?))
+    }
+}
+
+/// `st` if it is a regular file's.
+fn regular(st: Status) -> io::Result<Status> {
+    if !st.is_file() {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
     }
-    Ok((File::from(fd), st))
+    Ok(st)
 }
 
 #[cfg(test)]
@@ -319,15 +352,27 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("real")).unwrap();
         std::fs::write(dir.path().join("real/f"), b"data").unwrap();
+        std::fs::write(dir.path().join("top"), b"data").unwrap();
         std::os::unix::fs::symlink(dir.path().join("real"), dir.path().join("link")).unwrap();
         std::os::unix::fs::symlink(dir.path().join("real/f"), dir.path().join("real/flink")).unwrap();
         let fd = open_dir(dir.path()).unwrap();
-        assert!(open_beneath(fd.as_fd(), Path::new("real/f")).is_ok());
-        assert!(open_beneath(fd.as_fd(), Path::new("link/f")).is_err(), "a symlinked directory is not followed");
-        assert!(open_beneath(fd.as_fd(), Path::new("real/flink")).is_err(), "a symlinked file is not followed");
-        assert!(open_beneath(fd.as_fd(), Path::new("../x")).is_err(), "nothing outside the directory");
-        assert!(open_beneath(fd.as_fd(), Path::new("real")).is_err(), "only regular files");
         rustix::fs::mknodat(fd.as_fd(), "fifo", rustix::fs::FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
-        assert!(open_beneath(fd.as_fd(), Path::new("fifo")).is_err(), "a FIFO is refused without waiting");
+        let mut at = Lookups { source: Some(ParentDirs::beneath(fd.as_fd())), target: None };
+        for rel in ["real/f", "top", "real/f"] {
+            assert!(at.open(Origin::Source, Path::new(rel)).is_ok(), "{rel}");
+            assert_eq!(at.status(Origin::Source, Path::new(rel)).unwrap().size, 4, "{rel}");
+        }
+        for (rel, why) in [
+            ("link/f", "a symlinked directory is not followed"),
+            ("real/flink", "a symlinked file is not followed"),
+            ("../x", "nothing outside the directory"),
+            ("real/../../x", "nothing outside the directory"),
+            ("real", "only regular files"),
+            ("fifo", "a FIFO is refused without waiting"),
+        ] {
+            assert!(at.open(Origin::Source, Path::new(rel)).is_err(), "{rel}: {why}");
+            assert!(at.status(Origin::Source, Path::new(rel)).is_err(), "{rel}: {why}");
+        }
+        assert!(at.open(Origin::Target, Path::new("top")).is_err(), "no target directory: nothing there");
     }
 }

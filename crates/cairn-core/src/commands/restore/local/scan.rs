@@ -20,10 +20,9 @@ use std::sync::{Arc, Mutex};
 
 use rustix::fs::AtFlags;
 
-use super::{open_beneath, Ctx, Origin};
+use super::{Ctx, Lookups, Origin};
 use crate::commands::restore::compare::chunk_id;
 use crate::commands::restore::delete::extra_entries;
-use crate::commands::restore::dirs::Status;
 use crate::commands::restore::types::{FileState, NeededChunk, Plan};
 use crate::engine::chunker::ChunkerKind;
 use crate::engine::parallel::in_parallel_with;
@@ -88,7 +87,8 @@ pub(super) fn scan(ctx: &Ctx<'_>, plan: &Plan, states: &[FileState], needed: &[V
     }
     let found = Mutex::new(Found::default());
     let unfound = AtomicUsize::new(wanted.len());
-    in_parallel_with(&candidates, ctx.threads, Vec::new, |buf, _, cand| {
+    let init = || (Vec::new(), Lookups::new(ctx));
+    in_parallel_with(&candidates, ctx.threads, init, |(buf, at), _, cand| {
         if unfound.load(Ordering::Relaxed) == 0 || ctx.cancelled() {
             return;
         }
@@ -97,11 +97,11 @@ pub(super) fn scan(ctx: &Ctx<'_>, plan: &Plan, states: &[FileState], needed: &[V
             Candidate::Source(i) => {
                 let (source, _) = ctx.source.as_ref().expect("source candidates need a source");
                 let rel = source.rel(&plan.entries[*i].rel).into_owned();
-                let hits = scan_source(ctx, &rel, plan, states, *i, &needed[*i], &wanted, buf);
+                let hits = scan_source(ctx, at, &rel, (plan, states, *i), &needed[*i], &wanted, buf);
                 (Origin::Source, rel, false, hits)
             }
             Candidate::Target(rel, rewritten) => {
-                (Origin::Target, rel.clone(), *rewritten, scan_target(ctx, rel, &wanted))
+                (Origin::Target, rel.clone(), *rewritten, scan_target(ctx, at, rel, &wanted))
             }
         };
         let Ok(hits) = hits else { return };
@@ -131,27 +131,23 @@ pub(super) fn scan(ctx: &Ctx<'_>, plan: &Plan, states: &[FileState], needed: &[V
 /// The wanted chunks in the source file of entry `i` (at `rel` below the source directory):
 /// its own needed chunks hashed where the snapshot has them, then, if some are not there and
 /// its size changed, every chunk the chunker cuts.
-#[allow(clippy::too_many_arguments)]
 fn scan_source(
     ctx: &Ctx<'_>,
+    at: &mut Lookups<'_>,
     rel: &Path,
-    plan: &Plan,
-    states: &[FileState],
-    i: usize,
+    (plan, states, i): (&Plan, &[FileState], usize),
     needed: &[NeededChunk],
     wanted: &IdMap<BlobId, u32>,
     buf: &mut Vec<u8>,
 ) -> io::Result<Vec<(BlobId, u64)>> {
-    let dir = ctx.dir(Origin::Source).expect("a source directory");
-    let (file, st) = open_beneath(dir, rel)?;
-    let size = st.st_size as u64;
+    let st = at.status(Origin::Source, rel)?;
     let entry = &plan.entries[i];
     // The source file is the target's file (the target is inside the source, or a hard link):
     // the compare stage has already used what it holds.
     if states[i] != (FileState::Create { clear: false }) {
         if let Some(target) = &ctx.target_dir {
             if let Ok(there) = rustix::fs::statat(target.as_fd(), &entry.rel, AtFlags::SYMLINK_NOFOLLOW) {
-                if there.st_dev == st.st_dev && there.st_ino == st.st_ino {
+                if (there.st_dev, there.st_ino) == st.file {
                     return Ok(Vec::new());
                 }
             }
@@ -164,30 +160,39 @@ fn scan_source(
     // every chunk before writing it, is their only reading and hashing — one pass over the
     // file, not two. One written since (an edit in place keeps the boundaries, but some chunks
     // changed) is hashed here, so its changed chunks are known before the fetches start. A
-    // dry run writes nothing, so it hashes here.
-    let untouched = Status::from(&st).mtime == entry.node.mtime;
-    let in_place = !ctx.hash_in_scan && size == entry.node.size && untouched;
+    // dry run writes nothing, so it hashes here. Only such a file is opened: the status is
+    // all the scan needs of the others.
+    if !ctx.hash_in_scan && st.size == entry.node.size && st.mtime == entry.node.mtime {
+        return Ok(needed
+            .iter()
+            .filter(|c| c.offset + u64::from(c.len) <= st.size)
+            .map(|c| (c.id, c.offset))
+            .collect());
+    }
+    let (file, st) = at.open(Origin::Source, rel)?;
     for c in needed {
-        if c.offset + u64::from(c.len) <= size && (in_place || chunk_id(&file, c.offset, c.len, ctx.key, buf)? == c.id)
-        {
+        if c.offset + u64::from(c.len) <= st.size && chunk_id(&file, c.offset, c.len, ctx.key, buf)? == c.id {
             hits.push((c.id, c.offset));
         } else {
             missed = true;
         }
     }
-    if missed && size != entry.node.size {
-        cut(ctx, &file, size, wanted, &mut hits)?;
+    if missed && st.size != entry.node.size {
+        cut(ctx, &file, st.size, wanted, &mut hits)?;
     }
     Ok(hits)
 }
 
 /// The wanted chunks in the target's file at `rel`.
-fn scan_target(ctx: &Ctx<'_>, rel: &Path, wanted: &IdMap<BlobId, u32>) -> io::Result<Vec<(BlobId, u64)>> {
-    let dir = ctx.dir(Origin::Target).expect("a target directory");
-    let (file, st) = open_beneath(dir, rel)?;
-    let size = st.st_size as u64;
+fn scan_target(
+    ctx: &Ctx<'_>,
+    at: &mut Lookups<'_>,
+    rel: &Path,
+    wanted: &IdMap<BlobId, u32>,
+) -> io::Result<Vec<(BlobId, u64)>> {
+    let (file, st) = at.open(Origin::Target, rel)?;
     let mut hits = Vec::new();
-    cut(ctx, &file, size, wanted, &mut hits)?;
+    cut(ctx, &file, st.size, wanted, &mut hits)?;
     Ok(hits)
 }
 
