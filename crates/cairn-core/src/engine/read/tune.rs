@@ -239,9 +239,8 @@ impl Controller {
     }
 
     /// Before a batch's reads: raises the limit (lowered only to [`AUTO_MAX`] after a batch of
-    /// small reads) to what Little's law puts it
-    /// at for [`PRIOR_RATE`] in reads of the batch's mean size (`bytes` in `reads`) across the
-    /// `round_trip`, at most one per read. The changed chunks of a tree whose other chunks are
+    /// small reads) to what Little's law puts it at for [`PRIOR_RATE`] in reads of the batch's
+    /// mean size (`bytes` in `reads`) across the `round_trip`, at most one per read. The changed chunks of a tree whose other chunks are
     /// copied from local data are thousands of reads of a few KiB: each read carries little,
     /// so many must be in flight, and while the copy fills the cores the controller would hold
     /// rather than climb (the gain from more in flight shows as the cores' work, not as
@@ -454,8 +453,8 @@ mod tests {
             .collect()
     }
 
-    /// A link measured before reading starts the limit where its round trip needs it (at least
-    /// 4, even where the storage's default is higher); none measured starts at the default.
+    /// A batch of small reads raises the limit to what its round trip needs, up to
+    /// [`SMALL_READS_MAX`]; a batch of large reads holds it to [`AUTO_MAX`] again.
     #[test]
     fn a_batch_of_small_reads_starts_with_many_in_flight() {
         let ms = Duration::from_millis;
@@ -484,6 +483,8 @@ mod tests {
         assert_eq!(c.limit(), start);
     }
 
+    /// A link measured before reading starts the limit where its round trip needs it (at least
+    /// 4, even where the storage's default is higher); none measured starts at the default.
     #[test]
     fn a_slow_link_starts_with_the_reads_its_round_trip_needs() {
         let ms = Duration::from_millis;

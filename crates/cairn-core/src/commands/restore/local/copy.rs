@@ -44,12 +44,11 @@ type Piece = (u64, BlobId, u32);
 /// Most chunks of one local file a copy thread takes at a time.
 const PIECE: usize = 64;
 
-/// A copy worker's state: its open target directories, its lookups of local files, the
-/// local file it has open and a chunk buffer.
+/// A copy worker's state: its open target directories, its lookups of local files and a
+/// chunk buffer.
 struct Worker<'t> {
     dirs: ParentDirs<'t>,
     at: Lookups<'t>,
-    open: Option<(usize, Option<Arc<File>>)>,
     buf: Vec<u8>,
 }
 
@@ -76,19 +75,15 @@ pub(super) fn copy(ctx: &Ctx<'_>, found: &Found, sh: &Shared<'_>) -> (Vec<(BlobI
         let _ = std::process::Command::new("sh").arg("-c").arg(cmd).status();
     }
     let began = Instant::now();
-    let init = || Worker { dirs: ParentDirs::new(sh.target), at: Lookups::new(ctx), open: None, buf: Vec::new() };
+    let init = || Worker { dirs: ParentDirs::new(sh.target), at: Lookups::new(ctx), buf: Vec::new() };
     in_parallel_with(&pieces, ctx.threads, init, |w, _, &(f, spots)| {
         if sh.cancelled() || ctx.cancelled() {
             return;
         }
         let local = &found.files[f];
         let copied = &sh.copied[local.origin as usize];
-        let Worker { dirs, at, open, buf } = w;
-        // A large file's pieces often come to the same worker one after another.
-        if open.as_ref().is_none_or(|(o, _)| *o != f) {
-            *open = Some((f, open_local(at, local).ok()));
-        }
-        let file = open.as_ref().and_then(|(_, file)| file.as_ref());
+        let Worker { dirs, at, buf } = w;
+        let file = at.local(&found.files, f);
         for &(offset, id, len) in spots {
             if sh.cancelled() {
                 return;
@@ -108,14 +103,6 @@ pub(super) fn copy(ctx: &Ctx<'_>, found: &Found, sh: &Shared<'_>) -> (Vec<(BlobI
         }
     });
     (failed.into_inner().expect("failed lock"), began.elapsed())
-}
-
-/// Opens a local file the scan found chunks in.
-fn open_local(at: &mut Lookups<'_>, local: &LocalFile) -> io::Result<Arc<File>> {
-    if let Some(f) = &local.open {
-        return Ok(f.clone());
-    }
-    Ok(Arc::new(at.open(local.origin, &local.rel)?.0))
 }
 
 /// Reads the `len` bytes at `offset` of `file` into `buf`; whether their ID is `id`.
@@ -151,16 +138,12 @@ pub(super) fn stage(ctx: &Ctx<'_>, found: &Found) -> Option<Found> {
     });
     let mut buf = Vec::new();
     let mut lookups = Lookups::new(ctx);
-    let mut open: Option<(u32, Arc<File>)> = None;
     let mut at = 0u64;
     for (id, spot) in moving {
         if ctx.cancelled() {
             break;
         }
-        if open.as_ref().is_none_or(|(n, _)| *n != spot.file) {
-            open = open_local(&mut lookups, &found.files[spot.file as usize]).ok().map(|f| (spot.file, f));
-        }
-        let Some((_, file)) = &open else { continue };
+        let Some(file) = lookups.local(&found.files, spot.file as usize) else { continue };
         match read_verified(ctx, file, spot.offset, id, spot.len, &mut buf) {
             Ok(true) => {}
             // Changed already: fetched.

@@ -12,20 +12,20 @@
 //! ```
 //!
 //! The local rate is what the copy wrote per second of the copy's own wall time (reading,
-//! hashing, writing; the scan, which only opens files of the snapshot's size and time, is not
-//! in it); the repository rate is what the fetched blobs wrote per second from the start of
-//! the pipeline to the last planned read handed to the writers (fetching, decoding,
+//! hashing, writing; the scan, which only takes the status of files of the snapshot's size and
+//! time, is not in it); the repository rate is what the fetched blobs wrote per second from the
+//! start of the pipeline to the last planned read handed to the writers (fetching, decoding,
 //! verifying; not the wait for the copy's failed chunks, nor the copy's own tail). One more
-//! range fetched costs at least one more read, whose round trip the reads in flight share.
-//! A side is measured once it moved [`MEASURED_BYTES`] in a batch.
+//! range fetched costs at least one more read, whose round trip the reads in flight share. A
+//! side is measured once it moved [`MEASURED_BYTES`] in a batch.
 //!
 //! A rate not yet measured favours local data: it is the one that saves the link. So that a
 //! local repository (a round trip under [`NEAR`]) faster than the local files can show it, a
-//! batch that has not measured the repository yet (and is at least [`PROBED_BATCH`] times
-//! that large) sends its first ranges that fit in [`MEASURED_BYTES`] together to it: fetched beside the copy, they cost the batch little time, and a
-//! local repository no link's bytes. A remote one is not probed: its bytes are what local
-//! data saves, and its ranges are fetched only when its measured rate says so (a batch whose
-//! changed chunks it fetched measures it).
+//! batch that has not measured the repository yet (and is at least [`PROBED_BATCH`] times that
+//! large) sends its first ranges that fit in [`MEASURED_BYTES`] together to it: fetched beside
+//! the copy, they cost the batch little time, and a local repository no link's bytes. A remote
+//! one is not probed: its bytes are what local data saves, and its ranges are fetched only when
+//! its measured rate says so (a batch whose changed chunks it fetched measures it).
 //!
 //! [`RestoreOptions::local_cost`](crate::commands::restore::RestoreOptions::local_cost) (the
 //! CLI's `CAIRN_LOCAL_COST=local` or `=repository`, for tests) forces the choice: every range

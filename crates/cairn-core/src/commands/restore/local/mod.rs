@@ -2,9 +2,8 @@
 //! the target still needs that are already on this machine are copied from there instead of
 //! fetched (Duplicati's "patch with local blocks"). It looks (a) in the files the snapshot was
 //! taken from, at the snapshot's original paths, when they still exist and are not the target
-//! itself, and (b) in files of the target
-//! the snapshot does not name (renamed or moved files) or that the restore will rewrite
-//! (swapped files, or one renamed over another).
+//! itself, and (b) in files of the target the snapshot does not name (renamed or moved files)
+//! or that the restore will rewrite (swapped files, or one renamed over another).
 //!
 //! `cost.rs` first decides, per file, whether its chunks are cheaper copied from here or
 //! fetched (a local repository on a fast disk can beat reading local files; a remote one
@@ -34,6 +33,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::fs::{Mode, OFlags};
@@ -282,6 +282,9 @@ fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
 struct Lookups<'a> {
     source: Option<ParentDirs<'a>>,
     target: Option<ParentDirs<'a>>,
+    /// The local file of [`scan::Found::files`] opened last, by its index (`None` in it: it
+    /// could not be opened).
+    last: Option<(usize, Option<Arc<File>>)>,
 }
 
 impl<'a> Lookups<'a> {
@@ -289,7 +292,23 @@ impl<'a> Lookups<'a> {
         Lookups {
             source: ctx.dir(Origin::Source).map(ParentDirs::beneath),
             target: ctx.dir(Origin::Target).map(ParentDirs::beneath),
+            last: None,
         }
+    }
+
+    /// The local file `f` of `files` the scan found chunks in, opened once for as many of its
+    /// chunks as come one after another (a large file's pieces often come to the same worker
+    /// in a row); `None` if it cannot be opened.
+    fn local(&mut self, files: &[scan::LocalFile], f: usize) -> Option<&File> {
+        if self.last.as_ref().is_none_or(|(open, _)| *open != f) {
+            let local = &files[f];
+            let file = match &local.open {
+                Some(file) => Some(file.clone()),
+                None => self.open(local.origin, &local.rel).ok().map(|(file, _)| Arc::new(file)),
+            };
+            self.last = Some((f, file));
+        }
+        self.last.as_ref().and_then(|(_, file)| file.as_deref())
     }
 
     fn dirs(&mut self, origin: Origin) -> io::Result<&mut ParentDirs<'a>> {
@@ -357,7 +376,7 @@ mod tests {
         std::os::unix::fs::symlink(dir.path().join("real/f"), dir.path().join("real/flink")).unwrap();
         let fd = open_dir(dir.path()).unwrap();
         rustix::fs::mknodat(fd.as_fd(), "fifo", rustix::fs::FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
-        let mut at = Lookups { source: Some(ParentDirs::beneath(fd.as_fd())), target: None };
+        let mut at = Lookups { source: Some(ParentDirs::beneath(fd.as_fd())), target: None, last: None };
         for rel in ["real/f", "top", "real/f"] {
             assert!(at.open(Origin::Source, Path::new(rel)).is_ok(), "{rel}");
             assert_eq!(at.status(Origin::Source, Path::new(rel)).unwrap().size, 4, "{rel}");
