@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::options::{DryRun, Progress, RestoreOptions, RestoreOutcome, Sparse};
 use super::plan::{self, Filter, Gap};
-use super::shared::{Failures, Gate, OpenOnDrop, Shared};
+use super::shared::{Failures, Gate, Shared};
 use super::types::Plan;
 use super::watchdog::Base;
 use super::{compare, create, delete, finish, local, pipeline, verify, writers};
@@ -18,6 +18,7 @@ use crate::engine::profile::{add_phase, PhaseClock};
 use crate::engine::read::{link_gap, FetchTuner, Reader, MAX_READ};
 use crate::engine::repository::Repository;
 use crate::error::{Error, Result};
+use cairn_format::id::BlobId;
 use cairn_format::tree::NodeKind;
 
 /// A restore in progress: what it was asked, and what its batches hand each other.
@@ -61,6 +62,9 @@ pub struct Run<'a> {
     /// last batch that measured each (`local::cost`: which ranges are worth copying).
     pub local_rate: Option<f64>,
     pub repository_rate: Option<f64>,
+    /// The share of the chunks the last batch that copied local data copied whose copy failed
+    /// (a read each, at most): how many small reads the next such batch plans for.
+    pub late_share: Option<f64>,
     /// What the batches did.
     pub out: RestoreOutcome,
     /// Set by the plan thread once its walk is over (no tree is read after it).
@@ -128,8 +132,14 @@ impl Run<'_> {
         let gap = if scanned.local.is_empty() { Gap::Bytes(link.gap) } else { Gap::Within(link.gap) };
         let fetches = plan::fetches(self.repo, plan, &needed, &scanned.local, self.data_budget, gap);
         if let Some(tuner) = &mut self.tuner {
-            // Many small reads (the changed chunks between copied ones) need many in flight.
-            tuner.fit_reads(self.repo.link().latency(), fetches.reads.len(), fetches.fetch_bytes);
+            // Many small reads (the changed chunks between copied ones) need many in flight: the
+            // planned ones, and the reads of the copied chunks the copy will find changed (the
+            // share the batch before found, a tenth at first), each a read of its own.
+            let (copied, copied_bytes) = scanned.chunks();
+            let late = (copied as f64 * self.late_share.unwrap_or(0.1)) as usize;
+            let late_bytes = copied_bytes / copied.max(1) as u64 * late as u64;
+            let (reads, bytes) = (fetches.reads.len() + late, fetches.fetch_bytes + late_bytes);
+            tuner.fit_reads(self.repo.link().latency(), reads, bytes);
         }
         phase.lap(&mut part.phases, "schedule");
 
@@ -189,13 +199,12 @@ impl Run<'_> {
             dirs_ready: Gate::default(),
             created: AtomicU64::new(0),
             write_latency: opts.write_latency,
-            copy_done: Gate::default(),
-            late: OnceLock::new(),
+            late: Default::default(),
             copied: Default::default(),
             planned_span: AtomicU64::new(0),
         };
         if !scanned.copies() {
-            sh.copy_done.open();
+            sh.late.close();
         }
         progress.done_bytes.store(base_done, Ordering::Relaxed);
         progress.done_files.store(files_before + files_already_done, Ordering::Relaxed);
@@ -210,16 +219,18 @@ impl Run<'_> {
             let start = opts.write_threads.max(1);
             self.writers = Some(writers::Controller::new(start, writers::most_writers(start)));
         }
-        // The copy, beside the fetches; the chunks whose copy failed are fetched after the
-        // planned reads (`Shared::reads`), in the same pipeline.
+        // The copy, beside the fetches; the chunks whose copy failed are fetched in the same
+        // pipeline, as the copy finds them (`Shared::reads`).
         let copy_took = Mutex::new(None);
         let (repo, budget) = (self.repo, self.data_budget);
         let copy = scanned.copies().then_some(|| {
-            let _done = OpenOnDrop(&sh.copy_done);
-            let (failed, took) = scanned.copy(&sh);
-            *copy_took.lock().expect("copy clock") = Some(took);
+            // Dropped when the copy ends, however it ends: the feed then knows no more come.
+            let Some(tx) = sh.late.sender() else { return };
             let fail = |entry: usize, why: &str| sh.failures.entry(entry, why);
-            let _ = sh.late.set(plan::late_reads(repo, &fetches, &failed, budget, gap, fail));
+            let fetch = |failed: &[(BlobId, u32)]| {
+                sh.late.add(&tx, plan::late_reads(repo, &fetches, failed, budget, gap, fail));
+            };
+            *copy_took.lock().expect("copy clock") = Some(scanned.copy(&sh, &fetch));
         });
         let writers = self.writers.as_mut();
         part.write_tuning = pipeline::run(&sh, opts, progress, base, &mut part.stalls, writers, create, copy);
@@ -247,6 +258,10 @@ impl Run<'_> {
         }
         // Each side's rate over its own time (local::cost).
         let copied = part.bytes_reused_source + part.bytes_reused_target;
+        let (copying, _) = scanned.chunks();
+        if copying > 0 {
+            self.late_share = Some(sh.late.count() as f64 / copying as f64);
+        }
         if let Some(rate) = copy_took.into_inner().expect("copy clock").and_then(|t| local::cost::rate(copied, t)) {
             self.local_rate = Some(rate);
         }

@@ -173,6 +173,7 @@ pub fn restore(
         fetch_rate: None,
         local_rate: None,
         repository_rate: None,
+        late_share: None,
         out: RestoreOutcome::default(),
         walk_done: &walk_done,
     };

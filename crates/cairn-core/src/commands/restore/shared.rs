@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
+use crossbeam_channel::{unbounded, Receiver, Sender};
+
 use super::options::Sparse;
 use super::types::{Dest, Fetches, FileState, Plan};
 use crate::engine::profile::StageClock;
@@ -85,11 +87,9 @@ pub struct Shared<'a> {
     /// Fault injection: each write into the target waits this long first
     /// ([`super::RestoreOptions::write_latency`]).
     pub(super) write_latency: std::time::Duration,
-    /// The local-data copy running beside the fetches (`local/copy.rs`): open once it is done
-    /// (at once when there is none), with the reads of the chunks whose copy failed in
-    /// `late`, which the feed hands out after the planned reads.
-    pub(super) copy_done: Gate,
-    pub(super) late: OnceLock<Vec<PackRead>>,
+    /// The reads of the chunks whose copy beside the fetches failed (`local/copy.rs`), planned
+    /// as the copy finds them and handed out by the feed between the planned ones.
+    pub(super) late: LateReads,
     /// Bytes the copy wrote (counted in `written` too), from the source and from the target.
     pub(super) copied: [AtomicU64; 2],
     /// Nanoseconds from the pipeline's start to the last blob of a planned read handed to the
@@ -134,15 +134,62 @@ impl Drop for OpenOnDrop<'_> {
     }
 }
 
+/// The reads of chunks whose local copy failed, planned while the copy runs: kept where the
+/// fetch stage can borrow them for the rest of the batch, and announced on a channel that
+/// closes once the copy is over.
+pub struct LateReads {
+    reads: boxcar::Vec<PackRead>,
+    /// The copy's end of the channel: taken by the copy ([`LateReads::sender`]), dropped when
+    /// it ends; dropped at once when there is no copy ([`LateReads::close`]).
+    tx: Mutex<Option<Sender<usize>>>,
+    rx: Receiver<usize>,
+}
+
+impl Default for LateReads {
+    fn default() -> Self {
+        let (tx, rx) = unbounded();
+        LateReads { reads: boxcar::Vec::new(), tx: Mutex::new(Some(tx)), rx }
+    }
+}
+
+impl LateReads {
+    /// The end reads are announced on; the channel closes once it (and every clone) is dropped.
+    pub fn sender(&self) -> Option<Sender<usize>> {
+        self.tx.lock().expect("late reads lock").take()
+    }
+
+    /// No copy runs: no read will come.
+    pub fn close(&self) {
+        self.sender();
+    }
+
+    /// Keeps `reads` and announces them on `tx` (from [`LateReads::sender`]).
+    pub fn add(&self, tx: &Sender<usize>, reads: Vec<PackRead>) {
+        for read in reads {
+            // The feed is gone (the pipeline is shutting down): nothing to do.
+            let _ = tx.send(self.reads.push(read));
+        }
+    }
+
+    /// How many reads were added.
+    pub fn count(&self) -> usize {
+        self.reads.count()
+    }
+}
+
 impl Shared<'_> {
-    /// The planned reads, then — once the copy beside them is done — those of the chunks whose
-    /// copy failed: what the fetch stage is fed.
+    /// What the fetch stage is fed: the planned reads, with those of the chunks whose copy
+    /// failed handed out first as the copy finds them, then the rest of those until the copy
+    /// is over.
     pub fn reads(&self) -> impl Iterator<Item = &PackRead> + Send {
-        let late = std::iter::once_with(move || {
-            self.copy_done.wait();
-            self.late.get().map_or(&[][..], Vec::as_slice)
-        });
-        self.fetches.reads.iter().chain(late.flatten())
+        let mut planned = self.fetches.reads.iter();
+        let late = &self.late;
+        std::iter::from_fn(move || {
+            if let Ok(i) = late.rx.try_recv() {
+                return late.reads.get(i);
+            }
+            planned.next().or_else(|| late.rx.recv().ok().and_then(|i| late.reads.get(i)))
+        })
     }
 
     /// Bytes the fetched blobs wrote (`written` less what the copy wrote).

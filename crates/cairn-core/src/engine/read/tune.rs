@@ -246,12 +246,17 @@ impl Controller {
     /// rather than climb (the gain from more in flight shows as the cores' work, not as
     /// throughput).
     ///
-    /// Reads smaller than [`SMALL_READ`] may have up to [`SMALL_READS_MAX`] in flight for the
-    /// batch (each holds a few KiB of the budget; at 50 ms, 8,000 reads took 6 s at 64 in
-    /// flight); a batch of larger reads is held to [`AUTO_MAX`] again.
+    /// Reads smaller than [`SMALL_READ`] may have as many in flight as that needs, up to
+    /// [`SMALL_READS_MAX`] (each holds a few KiB of the budget; at 50 ms, 8,000 reads took 6 s
+    /// at 64 in flight); a batch of larger reads, or of small ones across a round trip that
+    /// needs fewer (a local disk: a fetch worker is a thread, started per batch), is held to
+    /// [`AUTO_MAX`]. More than 256 cost more than they gained: a tenth of `many` changed, at
+    /// 50 ms, took 37 CPU-seconds and 26.4 s at 256 in flight, 50 and 28–31 s at 1,024, its
+    /// fetch workers crowding the channel to the decoders.
     pub fn fit_reads(&mut self, round_trip: Option<Duration>, reads: usize, bytes: u64) {
         let mean = (bytes / (reads.max(1) as u64)).max(1);
-        self.most = if mean < SMALL_READ { SMALL_READS_MAX } else { AUTO_MAX };
+        let needed = round_trip.map_or(0, |rtt| in_flight_for(rtt, mean).min(reads));
+        self.most = if mean < SMALL_READ { needed.clamp(AUTO_MAX, SMALL_READS_MAX) } else { AUTO_MAX };
         self.limit = self.limit.min(self.most);
         self.best_limit = self.best_limit.min(self.most);
         let Some(rtt) = round_trip else { return };
@@ -454,7 +459,8 @@ mod tests {
     }
 
     /// A batch of small reads raises the limit to what its round trip needs, up to
-    /// [`SMALL_READS_MAX`]; a batch of large reads holds it to [`AUTO_MAX`] again.
+    /// [`SMALL_READS_MAX`] (and its most to that, at least [`AUTO_MAX`]); a batch of large
+    /// reads holds it to [`AUTO_MAX`] again.
     #[test]
     fn a_batch_of_small_reads_starts_with_many_in_flight() {
         let ms = Duration::from_millis;
@@ -481,6 +487,16 @@ mod tests {
         c.fit_reads(None, 8000, 8000 * 4096);
         c.fit_reads(Some(ms(20)), 0, 0);
         assert_eq!(c.limit(), start);
+        // Small reads across a round trip that needs fewer: no more workers than AUTO_MAX;
+        // across one that needs more than AUTO_MAX but fewer than the most: as many as needed.
+        let mut c = Controller::for_link(4, Some(Duration::from_micros(100)), 1 << 30);
+        c.fit_reads(Some(Duration::from_micros(100)), 8000, 8000 * 4096);
+        assert_eq!(c.most(), AUTO_MAX);
+        assert!(c.limit() <= AUTO_MAX);
+        let mut c = Controller::for_link(4, Some(ms(2)), 1 << 30);
+        c.fit_reads(Some(ms(2)), 8000, 8000 * 4096);
+        assert_eq!((c.limit(), c.most()), (in_flight_for(ms(2), 4096), in_flight_for(ms(2), 4096)));
+        assert!((AUTO_MAX..SMALL_READS_MAX).contains(&c.most()));
     }
 
     /// A link measured before reading starts the limit where its round trip needs it (at least

@@ -1,15 +1,16 @@
 //! Scan pass: where the chunks the target still needs are on this machine. A source file of
-//! an entry with wanted chunks that still has the snapshot's size and modification time is
-//! taken to hold them at the snapshot's offsets, unread: the copy pass reads and verifies each
-//! before writing it, so each byte is read and hashed once (a dry run, which copies nothing,
-//! hashes them here). One of the snapshot's size but another time was written since: its
-//! chunks are hashed at those offsets here, so those that changed are fetched from the start,
-//! beside the copy, not after it. One whose size changed is hashed at those offsets and then
-//! cut with the repository's chunker; each file of the target that the snapshot does not name,
-//! or that the restore will rewrite, is cut with the chunker. Every piece cut is hashed with
-//! the chunk-ID key and looked up in the map of wanted chunk IDs. It stops early once every
-//! wanted chunk has a place.
+//! an entry with wanted chunks is taken to hold them at the snapshot's offsets: the copy pass
+//! opens it, reads and verifies each chunk before writing it, so each byte is read and hashed
+//! once. How much the scan looks at it first is [`Look`]'s: for a local repository not at all
+//! (no call per file; the copy has what changed fetched as it finds it, and cuts a file whose
+//! size changed for the chunks it missed, `copy.rs`); for a remote one its status, and a file
+//! written since is hashed here (and cut if its size changed), so its changed chunks are
+//! planned reads; in a dry run, which copies nothing, every file is hashed. Each file of the
+//! target that the snapshot does not name, or that the restore will rewrite, is cut with the
+//! chunker. Every piece cut is hashed with the chunk-ID key and looked up in the map of wanted
+//! chunk IDs. It stops early once every wanted chunk has a verified place.
 
+use std::collections::hash_map::Entry;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
@@ -20,7 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use rustix::fs::AtFlags;
 
-use super::{Ctx, Lookups, Origin};
+use super::{Ctx, Look, Lookups, Origin};
 use crate::commands::restore::compare::chunk_id;
 use crate::commands::restore::delete::extra_entries;
 use crate::commands::restore::types::{FileState, NeededChunk, Plan};
@@ -48,6 +49,9 @@ pub(super) struct LocalFile {
     pub rewritten: bool,
     /// Already open (a staging file, which has no name).
     pub open: Option<Arc<File>>,
+    /// A source file whose chunks were taken unread: its size in the snapshot (the copy cuts
+    /// the file for the chunks it misses if its size is another).
+    pub size: Option<u64>,
 }
 
 /// What the scan found: one place for each wanted chunk found.
@@ -55,6 +59,45 @@ pub(super) struct LocalFile {
 pub(super) struct Found {
     pub spots: IdMap<BlobId, Spot>,
     pub files: Vec<LocalFile>,
+}
+
+impl Found {
+    /// Adds `file` with the places of wanted chunks in it (`hits`, of chunks in `wanted`) that
+    /// have none yet; returns how many chunks it found that were not found before. A place
+    /// taken unread (a source file's, `file.size` set) is a guess; one hashed (a cut) is
+    /// known: it takes the chunk from a guess, and only known places count as found (a source
+    /// file that is gone does not stop the scan before the target's files that hold its
+    /// chunks).
+    fn add(
+        &mut self,
+        file: LocalFile,
+        hits: impl IntoIterator<Item = (BlobId, u64)>,
+        wanted: &IdMap<BlobId, u32>,
+    ) -> usize {
+        let unread = file.size.is_some();
+        let at = self.files.len() as u32;
+        let (mut used, mut known) = (false, 0);
+        for (id, offset) in hits {
+            let spot = Spot { file: at, offset, len: wanted[&id] };
+            match self.spots.entry(id) {
+                Entry::Vacant(v) => {
+                    v.insert(spot);
+                    used = true;
+                    known += usize::from(!unread);
+                }
+                Entry::Occupied(mut o) if !unread && self.files[o.get().file as usize].size.is_some() => {
+                    o.insert(spot);
+                    used = true;
+                    known += 1;
+                }
+                Entry::Occupied(_) => {}
+            }
+        }
+        if used {
+            self.files.push(file);
+        }
+        known
+    }
 }
 
 /// A file to look in.
@@ -71,9 +114,31 @@ pub(super) fn scan(ctx: &Ctx<'_>, plan: &Plan, states: &[FileState], needed: &[V
     for c in needed.iter().flatten() {
         wanted.insert(c.id, c.len);
     }
+    let mut found = Found::default();
     let mut candidates: Vec<Candidate> = Vec::new();
-    if ctx.source.is_some() {
-        candidates.extend((0..plan.entries.len()).filter(|&i| !needed[i].is_empty()).map(Candidate::Source));
+    if let Some((source, _)) = &ctx.source {
+        for i in (0..plan.entries.len()).filter(|&i| !needed[i].is_empty()) {
+            // Taken unread (see scan_source) without a call: no status to check, so no thread
+            // and no lock (a million files cost 1.5 s through the parallel pass).
+            let at_target = states[i] != (FileState::Create { clear: false }) && ctx.target_dir.is_some();
+            if ctx.look != Look::Not || at_target {
+                candidates.push(Candidate::Source(i));
+            } else {
+                let rel = source.rel(&plan.entries[i].rel).into_owned();
+                let hits = needed[i].iter().map(|c| (c.id, c.offset));
+                found.add(
+                    LocalFile {
+                        origin: Origin::Source,
+                        rel,
+                        rewritten: false,
+                        open: None,
+                        size: Some(plan.entries[i].node.size),
+                    },
+                    hits,
+                    &wanted,
+                );
+            }
+        }
     }
     if ctx.target_dir.is_some() {
         candidates.extend(extra_files(ctx.target, plan).into_iter().map(|rel| Candidate::Target(rel, false)));
@@ -85,52 +150,59 @@ pub(super) fn scan(ctx: &Ctx<'_>, plan: &Plan, states: &[FileState], needed: &[V
             (0..plan.entries.len()).filter(replaced).map(|i| Candidate::Target(plan.entries[i].rel.clone(), true)),
         );
     }
-    let found = Mutex::new(Found::default());
+    // Places taken unread are not found yet (see Found::add).
     let unfound = AtomicUsize::new(wanted.len());
+    let found = Mutex::new(found);
     let init = || (Vec::new(), Lookups::new(ctx));
     in_parallel_with(&candidates, ctx.threads, init, |(buf, at), _, cand| {
         if unfound.load(Ordering::Relaxed) == 0 || ctx.cancelled() {
             return;
         }
         // A file that cannot be read holds nothing to reuse: its chunks are fetched.
-        let (origin, rel, rewritten, hits) = match cand {
+        let (file, hits) = match cand {
             Candidate::Source(i) => {
                 let (source, _) = ctx.source.as_ref().expect("source candidates need a source");
                 let rel = source.rel(&plan.entries[*i].rel).into_owned();
                 let hits = scan_source(ctx, at, &rel, (plan, states, *i), &needed[*i], &wanted, buf);
-                (Origin::Source, rel, false, hits)
+                let (hits, unread) = match hits {
+                    Ok((hits, unread)) => (Ok(hits), unread),
+                    Err(e) => (Err(e), false),
+                };
+                let size = unread.then_some(plan.entries[*i].node.size);
+                (LocalFile { origin: Origin::Source, rel, rewritten: false, open: None, size }, hits)
             }
             Candidate::Target(rel, rewritten) => {
-                (Origin::Target, rel.clone(), *rewritten, scan_target(ctx, at, rel, &wanted))
+                let hits = scan_target(ctx, at, rel, &wanted);
+                (
+                    LocalFile {
+                        origin: Origin::Target,
+                        rel: rel.clone(),
+                        rewritten: *rewritten,
+                        open: None,
+                        size: None,
+                    },
+                    hits,
+                )
             }
         };
         let Ok(hits) = hits else { return };
         if hits.is_empty() {
             return;
         }
-        let mut found = found.lock().expect("found lock");
-        let file = found.files.len() as u32;
-        let mut new = 0;
-        for (id, offset) in hits {
-            if let std::collections::hash_map::Entry::Vacant(v) = found.spots.entry(id) {
-                v.insert(Spot { file, offset, len: wanted[&id] });
-                new += 1;
-            }
-        }
-        if new > 0 {
-            found.files.push(LocalFile { origin, rel, rewritten, open: None });
-            unfound.fetch_sub(new, Ordering::Relaxed);
-        }
+        let known = found.lock().expect("found lock").add(file, hits, &wanted);
+        unfound.fetch_sub(known, Ordering::Relaxed);
     });
+    let found = found.into_inner().expect("found lock");
     if ctx.cancelled() {
         return Err(Error::Interrupted);
     }
-    Ok(found.into_inner().expect("found lock"))
+    Ok(found)
 }
 
-/// The wanted chunks in the source file of entry `i` (at `rel` below the source directory):
-/// its own needed chunks hashed where the snapshot has them, then, if some are not there and
-/// its size changed, every chunk the chunker cuts.
+/// The wanted chunks in the source file of entry `i` (at `rel` below the source directory),
+/// as [`Look`] says: its own needed chunks where the snapshot has them, taken unread (`true`:
+/// the copy verifies each) or hashed there; then, if some are not there and its size changed,
+/// every chunk the chunker cuts.
 fn scan_source(
     ctx: &Ctx<'_>,
     at: &mut Lookups<'_>,
@@ -139,37 +211,44 @@ fn scan_source(
     needed: &[NeededChunk],
     wanted: &IdMap<BlobId, u32>,
     buf: &mut Vec<u8>,
-) -> io::Result<Vec<(BlobId, u64)>> {
-    let st = at.status(Origin::Source, rel)?;
+) -> io::Result<(Vec<(BlobId, u64)>, bool)> {
     let entry = &plan.entries[i];
+    let unread = || Ok((needed.iter().map(|c| (c.id, c.offset)).collect(), true));
+    let mut status = None;
     // The source file is the target's file (the target is inside the source, or a hard link):
-    // the compare stage has already used what it holds.
+    // the compare stage has already used what it holds. Only a path the target has a file at
+    // can be that.
     if states[i] != (FileState::Create { clear: false }) {
         if let Some(target) = &ctx.target_dir {
+            let st = at.status(Origin::Source, rel)?;
             if let Ok(there) = rustix::fs::statat(target.as_fd(), &entry.rel, AtFlags::SYMLINK_NOFOLLOW) {
                 if (there.st_dev, there.st_ino) == st.file {
-                    return Ok(Vec::new());
+                    return Ok((Vec::new(), false));
                 }
             }
+            status = Some(st);
         }
     }
-    let mut hits = Vec::new();
-    let mut missed = false;
-    // A file of the snapshot's size and time most likely holds its chunks where the snapshot
-    // has them: those are taken as places unread, and the copy pass, which reads and verifies
-    // every chunk before writing it, is their only reading and hashing — one pass over the
-    // file, not two. One written since (an edit in place keeps the boundaries, but some chunks
-    // changed) is hashed here, so its changed chunks are known before the fetches start. A
-    // dry run writes nothing, so it hashes here. Only such a file is opened: the status is
-    // all the scan needs of the others.
-    if !ctx.hash_in_scan && st.size == entry.node.size && st.mtime == entry.node.mtime {
-        return Ok(needed
-            .iter()
-            .filter(|c| c.offset + u64::from(c.len) <= st.size)
-            .map(|c| (c.id, c.offset))
-            .collect());
+    // The copy pass reads and verifies every chunk before writing it, so a file taken unread
+    // is read and hashed once; one that changed costs fetches the copy starts as it finds
+    // them, or, where those are round trips, the hashing here that plans them first. Only
+    // such a file is opened: the status is all the scan needs of the others.
+    match ctx.look {
+        Look::Not => return unread(),
+        Look::Changed => {
+            let st = match status {
+                Some(st) => st,
+                None => at.status(Origin::Source, rel)?,
+            };
+            if st.size == entry.node.size && st.mtime == entry.node.mtime {
+                return unread();
+            }
+        }
+        Look::All => {}
     }
     let (file, st) = at.open(Origin::Source, rel)?;
+    let mut hits = Vec::new();
+    let mut missed = false;
     for c in needed {
         if c.offset + u64::from(c.len) <= st.size && chunk_id(&file, c.offset, c.len, ctx.key, buf)? == c.id {
             hits.push((c.id, c.offset));
@@ -180,7 +259,7 @@ fn scan_source(
     if missed && st.size != entry.node.size {
         cut(ctx, &file, st.size, wanted, &mut hits)?;
     }
-    Ok(hits)
+    Ok((hits, false))
 }
 
 /// The wanted chunks in the target's file at `rel`.
@@ -198,7 +277,7 @@ fn scan_target(
 
 /// Cuts `file` (of `size` bytes) with the repository's chunker and adds each wanted chunk
 /// with its offset to `hits`.
-fn cut(
+pub(super) fn cut(
     ctx: &Ctx<'_>,
     file: &File,
     size: u64,
