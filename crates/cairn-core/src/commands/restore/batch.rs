@@ -21,6 +21,10 @@ use crate::error::{Error, Result};
 use cairn_format::id::BlobId;
 use cairn_format::tree::NodeKind;
 
+/// How far apart two chunks whose copy failed may lie in a pack of a local repository and
+/// still be read together (see the copy in [`Run::batch`]).
+const LATE_GAP_NEAR: u64 = 256 << 10;
+
 /// A restore in progress: what it was asked, and what its batches hand each other.
 pub struct Run<'a> {
     pub repo: &'a Repository,
@@ -121,6 +125,7 @@ impl Run<'_> {
             latency: self.repo.link().latency(),
             in_flight,
             forced: opts.local_cost,
+            failed: self.late_share,
         };
         let places = local::Places { target, empty: self.empty, source, costs };
         let scanned = local::scan(self.repo, plan, &states, &needed, places, opts)?;
@@ -223,6 +228,11 @@ impl Run<'_> {
         // pipeline, as the copy finds them (`Shared::reads`).
         let copy_took = Mutex::new(None);
         let (repo, budget) = (self.repo, self.data_budget);
+        // From a local repository, whose bytes cost no link, the changed chunks a copy thread
+        // found are read together through what lies between them (the copied chunks beside
+        // them), not one read each.
+        let near = self.repo.link().latency().is_some_and(|l| l < local::cost::NEAR);
+        let gap = if near { Gap::Bytes(LATE_GAP_NEAR) } else { gap };
         let copy = scanned.copies().then_some(|| {
             // Dropped when the copy ends, however it ends: the feed then knows no more come.
             let Some(tx) = sh.late.sender() else { return };

@@ -7,8 +7,8 @@
 //! each side on its own:
 //!
 //! ```text
-//!     local:       bytes / local rate
 //!     repository:  bytes / repository rate + latency / in flight
+//!     local:       bytes / local rate + failed share × repository
 //! ```
 //!
 //! The local rate is what the copy wrote per second of the copy's own wall time (reading,
@@ -17,7 +17,10 @@
 //! start of the pipeline to the last planned read handed to the writers (fetching, decoding,
 //! verifying; not the wait for the copy's failed chunks, nor the copy's own tail). One more
 //! range fetched costs at least one more read, whose round trip the reads in flight share. A
-//! side is measured once it moved [`MEASURED_BYTES`] in a batch.
+//! range copied costs its copy, and the fetch of the share of its chunks that turn out changed
+//! (the share the last batch that copied found): with a tenth of a million small files changed,
+//! a local repository about as fast as the local files is the cheaper way. A side is measured
+//! once it moved [`MEASURED_BYTES`] in a batch.
 //!
 //! A rate not yet measured favours local data: it is the one that saves the link. So that a
 //! local repository (a round trip under [`NEAR`]) faster than the local files can show it, a
@@ -60,6 +63,9 @@ pub struct Costs {
     pub in_flight: usize,
     /// The choice made whatever the rates (`RestoreOptions::local_cost`).
     pub forced: Option<Choice>,
+    /// The share of the chunks the last batch that copied set out to copy that failed (changed
+    /// since the backup) and were fetched after all (`None`: not measured yet).
+    pub failed: Option<f64>,
 }
 
 impl Costs {
@@ -73,7 +79,11 @@ impl Costs {
         };
         let bytes = bytes as f64;
         let round_trip = self.latency.unwrap_or_default().as_secs_f64() / self.in_flight.max(1) as f64;
-        if bytes / local.max(1.0) <= bytes / repo.max(1.0) + round_trip {
+        let fetch = bytes / repo.max(1.0) + round_trip;
+        // A range set out to be copied costs its copy, and the fetch of its share that fails.
+        let copy =
+            bytes / local.max(1.0) + self.failed.filter(|f| f.is_finite()).unwrap_or(0.0).clamp(0.0, 1.0) * fetch;
+        if copy <= fetch {
             Choice::Local
         } else {
             Choice::Repository
@@ -125,7 +135,23 @@ mod tests {
             latency: Some(Duration::from_millis(latency_ms)),
             in_flight,
             forced: None,
+            failed: None,
         }
+    }
+
+    #[test]
+    fn the_share_that_fails_counts_against_copying() {
+        // Local files a little faster than a local repository: copied while few chunks fail ...
+        let c = costs(110.0, 100.0, 0, 4);
+        assert_eq!(c.choose(1 << 20), Choice::Local);
+        assert_eq!(Costs { failed: Some(0.05), ..c }.choose(1 << 20), Choice::Local);
+        // ... fetched once the share that fails (and is fetched anyway) outweighs the gain.
+        assert_eq!(Costs { failed: Some(0.1), ..c }.choose(1 << 20), Choice::Repository);
+        // A remote repository at 50 ms, local files 20 times faster: copied even if half fail.
+        let far = Costs { failed: Some(0.5), ..costs(300.0, 15.0, 50, 64) };
+        assert_eq!(far.choose(16 << 10), Choice::Local);
+        // Not measured yet: no share; a share out of range is clamped.
+        assert_eq!(Costs { failed: Some(f64::NAN), ..c }.choose(1 << 20), Choice::Local);
     }
 
     #[test]
