@@ -153,11 +153,12 @@ pub(super) fn copy(ctx: &Ctx<'_>, found: &Found, sh: &Shared<'_>, fetch: &Fetch<
                 } else {
                     late.push(id, len);
                 }
-                continue;
+            } else {
+                write_all(sh, dirs, id, buf, copied);
             }
-            write_all(sh, dirs, id, buf, copied);
+            // Looked at after every chunk: a piece of a large file may take long to copy.
+            late.hand_on(false);
         }
-        late.hand_on(false);
     });
     let shifted = shifted.into_inner().expect("shifted lock");
     if !shifted.is_empty() && !sh.cancelled() && !ctx.cancelled() {
