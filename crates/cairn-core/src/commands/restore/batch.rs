@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -233,11 +233,13 @@ impl Run<'_> {
         // them), not one read each.
         let near = self.repo.link().latency().is_some_and(|l| l < local::cost::NEAR);
         let gap = if near { Gap::Bytes(LATE_GAP_NEAR) } else { gap };
+        let failed_chunks = AtomicUsize::new(0);
         let copy = scanned.copies().then_some(|| {
             // Dropped when the copy ends, however it ends: the feed then knows no more come.
             let Some(tx) = sh.late.sender() else { return };
             let fail = |entry: usize, why: &str| sh.failures.entry(entry, why);
             let fetch = |failed: &[(BlobId, u32)]| {
+                failed_chunks.fetch_add(failed.len(), Ordering::Relaxed);
                 sh.late.add(&tx, plan::late_reads(repo, &fetches, failed, budget, gap, fail));
             };
             *copy_took.lock().expect("copy clock") = Some(scanned.copy(&sh, &fetch));
@@ -270,7 +272,7 @@ impl Run<'_> {
         let copied = part.bytes_reused_source + part.bytes_reused_target;
         let (copying, _) = scanned.chunks();
         if copying > 0 {
-            self.late_share = Some(sh.late.count() as f64 / copying as f64);
+            self.late_share = Some(failed_chunks.into_inner() as f64 / copying as f64);
         }
         if let Some(rate) = copy_took.into_inner().expect("copy clock").and_then(|t| local::cost::rate(copied, t)) {
             self.local_rate = Some(rate);

@@ -170,11 +170,6 @@ impl LateReads {
             let _ = tx.send(self.reads.push(read));
         }
     }
-
-    /// How many reads were added.
-    pub fn count(&self) -> usize {
-        self.reads.count()
-    }
 }
 
 impl Shared<'_> {
