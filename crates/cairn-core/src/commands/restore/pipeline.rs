@@ -144,9 +144,10 @@ impl<'s> Sink<'s> for ToWriters<'s> {
 }
 
 /// Runs fetch, decode and write, with `create` (which opens `sh.dirs_ready`) on a thread of
-/// its own alongside, and `copy` (the local-data copy, which opens `sh.copy_done`) on another.
-/// With a writers' `tuner` (no `--write-threads`), it starts the most writers the tuner may
-/// put to work, puts its limit of them to work and lets it move that; returns what it changed.
+/// its own alongside, and `copy` (the local-data copy, which closes `sh.late` as it ends) on
+/// another. With a writers' `tuner` (no `--write-threads`), it starts the most writers the
+/// tuner may put to work, puts its limit of them to work and lets it move that; returns what
+/// it changed.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     sh: &Shared<'_>,
