@@ -127,6 +127,7 @@ impl Run<'_> {
             forced: opts.local_cost,
             failed: self.late_share,
         };
+        let near = costs.near();
         let places = local::Places { target, empty: self.empty, source, costs };
         let scanned = local::scan(self.repo, plan, &states, &needed, places, opts)?;
         phase.lap(&mut part.phases, "local scan");
@@ -136,13 +137,13 @@ impl Run<'_> {
         part.read_gaps.push(link);
         let gap = if scanned.local.is_empty() { Gap::Bytes(link.gap) } else { Gap::Within(link.gap) };
         let fetches = plan::fetches(self.repo, plan, &needed, &scanned.local, self.data_budget, gap);
+        let (copying, copying_bytes) = scanned.chunks();
         if let Some(tuner) = &mut self.tuner {
             // Many small reads (the changed chunks between copied ones) need many in flight: the
             // planned ones, and the reads of the copied chunks the copy will find changed (the
             // share the batch before found, a tenth at first), each a read of its own.
-            let (copied, copied_bytes) = scanned.chunks();
-            let late = (copied as f64 * self.late_share.unwrap_or(0.1)) as usize;
-            let late_bytes = copied_bytes / copied.max(1) as u64 * late as u64;
+            let late = (copying as f64 * self.late_share.unwrap_or(0.1)) as usize;
+            let late_bytes = copying_bytes / copying.max(1) as u64 * late as u64;
             let (reads, bytes) = (fetches.reads.len() + late, fetches.fetch_bytes + late_bytes);
             tuner.fit_reads(self.repo.link().latency(), reads, bytes);
         }
@@ -231,7 +232,6 @@ impl Run<'_> {
         // From a local repository, whose bytes cost no link, the changed chunks a copy thread
         // found are read together through what lies between them (the copied chunks beside
         // them), not one read each.
-        let near = self.repo.link().latency().is_some_and(|l| l < local::cost::NEAR);
         let gap = if near { Gap::Bytes(LATE_GAP_NEAR) } else { gap };
         let failed_chunks = AtomicUsize::new(0);
         let copy = scanned.copies().then_some(|| {
@@ -270,7 +270,6 @@ impl Run<'_> {
         }
         // Each side's rate over its own time (local::cost).
         let copied = part.bytes_reused_source + part.bytes_reused_target;
-        let (copying, _) = scanned.chunks();
         if copying > 0 {
             self.late_share = Some(failed_chunks.into_inner() as f64 / copying as f64);
         }

@@ -90,10 +90,15 @@ impl Costs {
         }
     }
 
+    /// Whether the repository is a local one (or a LAN's): its round trip is under [`NEAR`].
+    pub fn near(&self) -> bool {
+        self.latency.is_some_and(|l| l < NEAR)
+    }
+
     /// Whether this batch probes the repository: its rate is not measured, nothing is forced,
     /// and its round trip is a local one.
     pub fn probes(&self) -> bool {
-        self.forced.is_none() && self.repository_rate.is_none() && self.latency.is_some_and(|l| l < NEAR)
+        self.forced.is_none() && self.repository_rate.is_none() && self.near()
     }
 
     /// For the ranges of one batch (their bytes, in order), whether each is copied (`true`)

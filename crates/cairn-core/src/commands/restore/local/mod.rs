@@ -254,7 +254,7 @@ pub fn scan<'a>(
         cancel: opts.cancel.as_deref().unwrap_or(&NEVER),
         look: if opts.dry_run {
             Look::All
-        } else if costs.latency.is_some_and(|l| l < cost::NEAR) {
+        } else if costs.near() {
             Look::Not
         } else {
             Look::Changed

@@ -54,6 +54,24 @@ pub(super) struct LocalFile {
     pub size: Option<u64>,
 }
 
+impl LocalFile {
+    /// The source file at `rel`; `size`: its size in the snapshot, if its chunks were taken
+    /// unread.
+    fn source(rel: PathBuf, size: Option<u64>) -> Self {
+        LocalFile { origin: Origin::Source, rel, rewritten: false, open: None, size }
+    }
+
+    /// The target's file at `rel` (`rewritten`: one this restore rewrites).
+    fn target(rel: PathBuf, rewritten: bool) -> Self {
+        LocalFile { origin: Origin::Target, rel, rewritten, open: None, size: None }
+    }
+}
+
+/// The places of `needed` at the snapshot's offsets, taken unread.
+fn at_offsets(needed: &[NeededChunk]) -> Vec<(BlobId, u64)> {
+    needed.iter().map(|c| (c.id, c.offset)).collect()
+}
+
 /// What the scan found: one place for each wanted chunk found.
 #[derive(Debug, Default, Clone)]
 pub(super) struct Found {
@@ -125,18 +143,8 @@ pub(super) fn scan(ctx: &Ctx<'_>, plan: &Plan, states: &[FileState], needed: &[V
                 candidates.push(Candidate::Source(i));
             } else {
                 let rel = source.rel(&plan.entries[i].rel).into_owned();
-                let hits = needed[i].iter().map(|c| (c.id, c.offset));
-                found.add(
-                    LocalFile {
-                        origin: Origin::Source,
-                        rel,
-                        rewritten: false,
-                        open: None,
-                        size: Some(plan.entries[i].node.size),
-                    },
-                    hits,
-                    &wanted,
-                );
+                let size = Some(plan.entries[i].node.size);
+                found.add(LocalFile::source(rel, size), at_offsets(&needed[i]), &wanted);
             }
         }
     }
@@ -164,25 +172,11 @@ pub(super) fn scan(ctx: &Ctx<'_>, plan: &Plan, states: &[FileState], needed: &[V
                 let (source, _) = ctx.source.as_ref().expect("source candidates need a source");
                 let rel = source.rel(&plan.entries[*i].rel).into_owned();
                 let hits = scan_source(ctx, at, &rel, (plan, states, *i), &needed[*i], &wanted, buf);
-                let (hits, unread) = match hits {
-                    Ok((hits, unread)) => (Ok(hits), unread),
-                    Err(e) => (Err(e), false),
-                };
-                let size = unread.then_some(plan.entries[*i].node.size);
-                (LocalFile { origin: Origin::Source, rel, rewritten: false, open: None, size }, hits)
+                let size = matches!(hits, Ok((_, true))).then_some(plan.entries[*i].node.size);
+                (LocalFile::source(rel, size), hits.map(|(hits, _)| hits))
             }
             Candidate::Target(rel, rewritten) => {
-                let hits = scan_target(ctx, at, rel, &wanted);
-                (
-                    LocalFile {
-                        origin: Origin::Target,
-                        rel: rel.clone(),
-                        rewritten: *rewritten,
-                        open: None,
-                        size: None,
-                    },
-                    hits,
-                )
+                (LocalFile::target(rel.clone(), *rewritten), scan_target(ctx, at, rel, &wanted))
             }
         };
         let Ok(hits) = hits else { return };
@@ -213,7 +207,7 @@ fn scan_source(
     buf: &mut Vec<u8>,
 ) -> io::Result<(Vec<(BlobId, u64)>, bool)> {
     let entry = &plan.entries[i];
-    let unread = || Ok((needed.iter().map(|c| (c.id, c.offset)).collect(), true));
+    let unread = || Ok((at_offsets(needed), true));
     let mut status = None;
     // The source file is the target's file (the target is inside the source, or a hard link):
     // the compare stage has already used what it holds. Only a path the target has a file at
