@@ -66,7 +66,58 @@ fn change_a_tenth(files: &[PathBuf], seed: u64) -> Vec<PathBuf> {
     changed
 }
 
+/// `files` split into every other one by number (`fNN`; a file named otherwise is odd) and
+/// the rest.
+fn every_other(files: &[PathBuf]) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    files.iter().cloned().partition(|f| {
+        let n: usize = f.file_name().unwrap().to_str().unwrap().trim_start_matches('f').parse().unwrap_or(1);
+        n.is_multiple_of(2)
+    })
+}
+
+/// The modification time of `p` as `stat` prints it (read with `stat`, which leaves the access
+/// time a restore sets alone).
+fn mtime(p: &Path) -> String {
+    let out = std::process::Command::new("stat").args(["-c", "%y"]).arg(p).output().unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
 impl Fixture {
+    /// Replaces each of `files` with new content of its size and backs the source up again;
+    /// returns the snapshot's chunks the source no longer holds.
+    fn replace(&self, files: &[PathBuf]) -> BTreeSet<BlobId> {
+        let before = self.chunks_of(&self.snapshot);
+        let mut rng = Rng(5);
+        for f in files {
+            fs::write(f, rng.bytes(fs::metadata(f).unwrap().len() as usize)).unwrap();
+        }
+        let now = self.cairn.backup(&[&self.src], &[])["snapshot_id"].as_str().unwrap().to_string();
+        before.difference(&self.chunks_of(&now)).copied().collect()
+    }
+
+    /// The restore into `target` (its JSON in `stdout`) is exact and copied exactly the `kept`
+    /// files' bytes from the source, and fetched the `replaced` chunks (at most 1.25 times
+    /// their stored size).
+    fn assert_copied_kept_fetched_replaced(
+        &self,
+        target: &Path,
+        stdout: &[u8],
+        kept: &[PathBuf],
+        replaced: &BTreeSet<BlobId>,
+    ) {
+        self.assert_exact(target);
+        let out = last_json(std::str::from_utf8(stdout).unwrap());
+        assert_eq!(num(&out, "bytes_reused_source"), file_bytes(kept), "{out}");
+        assert_eq!(num(&out, "bytes_reused_target"), 0, "{out}");
+        let fetched = num(&out, "bytes_fetched");
+        let stored = self.stored_size(replaced);
+        assert!(
+            fetched >= stored && fetched as f64 <= 1.25 * stored as f64,
+            "{fetched} fetched, {stored} stored: {out}"
+        );
+        assert_eq!(num(&out, "bytes_written"), num(&out, "bytes_total"), "{out}");
+    }
+
     /// A source tree of [`make_tree`] backed up into a fresh local repository (small chunks);
     /// also returns the tree's files.
     fn for_local_data() -> (Fixture, Vec<PathBuf>) {
@@ -269,32 +320,17 @@ fn a_source_file_changed_during_the_restore_is_not_trusted() {
 /// are all fetched) and the rest unchanged (all copied),
 /// the test hook the copy runs as it starts waits for a replaced file to be restored whole
 /// from the repository (its modification time is set by its last write), which a copy run
-/// before the fetches would wait for in vain (the hook gives up after 20 s and says so). The summary then says what each side moved: exactly the
-/// unchanged files' bytes copied, the replaced files' chunks fetched; and the tree is exact.
+/// before the fetches would wait for in vain (the hook gives up after 20 s and says so). The
+/// summary then says what each side moved: exactly the unchanged files' bytes copied, the
+/// replaced files' chunks fetched; and the tree is exact.
 #[test]
 fn with_a_remote_repository_the_copy_runs_beside_the_planned_fetches() {
     let (env, files) = Fixture::for_local_data();
-    let (replaced, kept): (Vec<PathBuf>, Vec<PathBuf>) = files.iter().cloned().partition(|f| {
-        let n: usize = f.file_name().unwrap().to_str().unwrap().trim_start_matches('f').parse().unwrap_or(1);
-        n.is_multiple_of(2)
-    });
+    let (replaced, kept) = every_other(&files);
     let witness = &replaced[0];
-    // Its time as backed up: the restore sets it once the file is whole (read with stat, which
-    // leaves the access time the restore sets alone).
-    let stat = |p: &Path| {
-        let out = std::process::Command::new("stat").args(["-c", "%y"]).arg(p).output().unwrap();
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    };
-    let backed_up = stat(witness);
-    let replaced_chunks: BTreeSet<BlobId> = {
-        let before = env.chunks_of(&env.snapshot);
-        let mut rng = Rng(5);
-        for f in &replaced {
-            fs::write(f, rng.bytes(fs::metadata(f).unwrap().len() as usize)).unwrap();
-        }
-        let now = env.cairn.backup(&[&env.src], &[])["snapshot_id"].as_str().unwrap().to_string();
-        before.difference(&env.chunks_of(&now)).copied().collect()
-    };
+    // Its time as backed up: the restore sets it once the file is whole.
+    let backed_up = mtime(witness);
+    let replaced_chunks = env.replace(&replaced);
 
     let target = env.path("t");
     let marker = env.path("marker");
@@ -310,14 +346,7 @@ fn with_a_remote_repository_the_copy_runs_beside_the_planned_fetches() {
     );
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     assert_eq!(fs::read_to_string(&marker).unwrap().trim(), "seen", "a fetched file was done before the copy began");
-    env.assert_exact(&target);
-    let out = last_json(&String::from_utf8(run.stdout).unwrap());
-    assert_eq!(num(&out, "bytes_reused_source"), file_bytes(&kept), "{out}");
-    assert_eq!(num(&out, "bytes_reused_target"), 0, "{out}");
-    let fetched = num(&out, "bytes_fetched");
-    let stored = env.stored_size(&replaced_chunks);
-    assert!(fetched >= stored && fetched as f64 <= 1.25 * stored as f64, "{fetched} fetched, {stored} stored: {out}");
-    assert_eq!(num(&out, "bytes_written"), num(&out, "bytes_total"), "{out}");
+    env.assert_copied_kept_fetched_replaced(&target, &run.stdout, &kept, &replaced_chunks);
 }
 
 /// With a local repository the scan looks at no source file, and the copy's failed chunks
@@ -334,28 +363,12 @@ fn with_a_remote_repository_the_copy_runs_beside_the_planned_fetches() {
 #[test]
 fn the_changed_chunks_are_fetched_while_the_copy_goes_on() {
     let (env, files) = Fixture::for_local_data();
-    let (replaced, kept): (Vec<PathBuf>, Vec<PathBuf>) = files.iter().cloned().partition(|f| {
-        let n: usize = f.file_name().unwrap().to_str().unwrap().trim_start_matches('f').parse().unwrap_or(1);
-        n.is_multiple_of(2)
-    });
+    let (replaced, kept) = every_other(&files);
     let witness = &replaced[0];
     let big = kept.iter().find(|f| f.ends_with("c/big")).expect("the large file is kept");
-    // Their times as backed up: the restore sets each once its file is whole (read with stat,
-    // which leaves the access time the restore sets alone).
-    let stat = |p: &Path| {
-        let out = std::process::Command::new("stat").args(["-c", "%y"]).arg(p).output().unwrap();
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    };
-    let (witness_time, big_time) = (stat(witness), stat(big));
-    let replaced_chunks: BTreeSet<BlobId> = {
-        let before = env.chunks_of(&env.snapshot);
-        let mut rng = Rng(5);
-        for f in &replaced {
-            fs::write(f, rng.bytes(fs::metadata(f).unwrap().len() as usize)).unwrap();
-        }
-        let now = env.cairn.backup(&[&env.src], &[])["snapshot_id"].as_str().unwrap().to_string();
-        before.difference(&env.chunks_of(&now)).copied().collect()
-    };
+    // Their times as backed up: the restore sets each once its file is whole.
+    let (witness_time, big_time) = (mtime(witness), mtime(big));
+    let replaced_chunks = env.replace(&replaced);
 
     let target = env.path("t");
     let marker = env.path("marker");
@@ -382,14 +395,7 @@ fn the_changed_chunks_are_fetched_while_the_copy_goes_on() {
         })
         .unwrap_or_default();
     assert_eq!(seen.trim(), "during", "a replaced file was fetched only after the copy was over");
-    env.assert_exact(&target);
-    let out = last_json(&String::from_utf8(run.stdout).unwrap());
-    assert_eq!(num(&out, "bytes_reused_source"), file_bytes(&kept), "{out}");
-    assert_eq!(num(&out, "bytes_reused_target"), 0, "{out}");
-    let fetched = num(&out, "bytes_fetched");
-    let stored = env.stored_size(&replaced_chunks);
-    assert!(fetched >= stored && fetched as f64 <= 1.25 * stored as f64, "{fetched} fetched, {stored} stored: {out}");
-    assert_eq!(num(&out, "bytes_written"), num(&out, "bytes_total"), "{out}");
+    env.assert_copied_kept_fetched_replaced(&target, &run.stdout, &kept, &replaced_chunks);
 }
 
 /// Symlinks below the source path are never followed: a directory and a file of the source
