@@ -768,6 +768,8 @@ pub struct RestoreSummary<'a> {
     profile: Vec<StageEntry>,
     batches: u64,
     fetch_tuning: Vec<FetchTuneEntry>,
+    fetch_threads: usize,
+    fetch_in_flight_peak: usize,
     write_tuning: Vec<WriteTuneEntry>,
     read_gaps: Vec<u64>,
     phases: Vec<PhaseEntry>,
@@ -855,6 +857,8 @@ impl<'a> RestoreSummary<'a> {
                     cpu_busy: s.cpu_busy,
                 })
                 .collect(),
+            fetch_threads: out.fetch_threads,
+            fetch_in_flight_peak: out.fetch_in_flight_peak,
             write_tuning: out
                 .write_tuning
                 .iter()

@@ -489,6 +489,15 @@ impl Repository {
         crate::engine::storage::retry_damaged(|| self.storage.read_range_into(pack, offset, len, buf))
     }
 
+    /// [`Repository::read_pack_range_into`] as a future owning `buf` ([`Storage::read_range_async`]):
+    /// many of these are in flight on one fetch worker.
+    pub async fn read_pack_range_async(&self, pack: &str, offset: u64, len: u64, buf: Vec<u8>) -> Result<Vec<u8>> {
+        crate::engine::storage::retry_damaged_async(buf, |buf| {
+            self.storage.read_range_async(pack.to_string(), offset, len, buf)
+        })
+        .await
+    }
+
     /// Reads `len` bytes of `pack` at `offset` into a new buffer (again if the transfer came
     /// back short).
     pub fn read_pack_range(&self, pack: &str, offset: u64, len: u64) -> Result<Vec<u8>> {

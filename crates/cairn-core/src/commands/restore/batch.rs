@@ -263,6 +263,7 @@ impl Run<'_> {
         let [fetch, decode] = sh.reader.times();
         part.profile = [fetch, decode, sh.write_clock.times()];
         part.fetch_tuning = sh.reader.tuning_log();
+        (part.fetch_threads, part.fetch_in_flight_peak) = sh.reader.fetch_threads_and_peak();
         self.tuner = sh.reader.tuner();
         if part.bytes_fetched >= MAX_READ {
             // Enough bytes to say what the link (or the stages after it) carries.

@@ -371,6 +371,11 @@ pub struct RestoreOutcome {
     pub fetch_tuning: Vec<crate::engine::read::TuneStep>,
     /// What the writers' controller chose, and why (empty unless `write_auto`).
     pub write_tuning: Vec<Step>,
+    /// Most fetch threads a batch started.
+    pub fetch_threads: usize,
+    /// Most reads a batch had in flight at once (a fetch thread carries many where the storage
+    /// waits on a network, read/fetch.rs).
+    pub fetch_in_flight_peak: usize,
     /// The coalescing gap each batch's reads were planned with, and why.
     pub read_gaps: Vec<crate::engine::read::GapChoice>,
     /// Set for `--dry-run`.
@@ -427,6 +432,8 @@ impl RestoreOutcome {
         self.fetch_tuning.extend(part.fetch_tuning);
         self.write_tuning.extend(part.write_tuning);
         self.read_gaps.extend(part.read_gaps);
+        self.fetch_threads = self.fetch_threads.max(part.fetch_threads);
+        self.fetch_in_flight_peak = self.fetch_in_flight_peak.max(part.fetch_in_flight_peak);
         self.failed.extend(part.failed);
         self.warnings.extend(part.warnings);
         self.stalls.extend(part.stalls);

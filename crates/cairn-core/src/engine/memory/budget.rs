@@ -59,6 +59,16 @@ impl Budget {
         Some(Reservation { budget: self, bytes })
     }
 
+    /// Reserves `bytes` if they fit now (or nothing else is in flight), without waiting.
+    pub fn try_reserve(&self, bytes: u64) -> Option<Reservation<'_>> {
+        let mut st = self.state.lock().expect("budget lock");
+        if st.used > 0 && st.used + bytes > self.limit {
+            return None;
+        }
+        st.used += bytes;
+        Some(Reservation { budget: self, bytes })
+    }
+
     /// Reserves `bytes` at once, even past the limit: for memory a later stage already holds
     /// and must not wait for (a decode worker's reused buffer: waiting there while the fetched
     /// reads it would free hold the budget could never end). Reservations made by waiting then

@@ -1,16 +1,29 @@
 //! Fetch stage: many ranged reads of packs in flight, each reserved against the budget first. A
 //! read goes to the decode stage whole, with the blobs it covers.
+//!
+//! A fetch worker is a thread with up to `most` reads of its own in flight
+//! ([`Storage::read_range_async`](crate::engine::storage::Storage::read_range_async)): a
+//! storage that waits on a network waits on the I/O runtime, so a thousand small reads across a
+//! 50 ms round trip need a few dozen threads, not a thousand (which cost more in wake-ups and
+//! hand-offs than they gained). Each read is polled as soon as it is started, so a storage that
+//! reads at once (a local disk) completes it there and it is handed on before the next is
+//! taken: one read in flight per worker, as a thread per read had. A worker waits for the next
+//! read, a place or the budget only while it has nothing in flight; otherwise it takes a read
+//! only when a place is free (so reads it cannot start stay in the feed for the workers that
+//! can) and hands on each read as it arrives.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 
 use super::buffers::{Buf, BufferPool};
 use super::tune::Gate;
 use super::{keeps_no_plaintext, ReadRef, Reader, Sink, POOLED_BLOB};
 use crate::engine::memory::Reservation;
-use crate::engine::profile::work;
+use crate::error::Result;
 use cairn_format::crypto::ObjectKey;
 use cairn_format::layout::pack_path;
 use cairn_format::pack::BlobKind;
@@ -45,6 +58,14 @@ impl<'g> Place<'g> {
             None => Some(Place(None)),
         }
     }
+
+    /// A place if one is free now.
+    fn try_enter(r: &'g Reader<'_>) -> Option<Self> {
+        match r.gate() {
+            Some(g) => g.try_enter().then_some(Place(Some(g))),
+            None => Some(Place(None)),
+        }
+    }
 }
 
 impl Drop for Place<'_> {
@@ -55,64 +76,225 @@ impl Drop for Place<'_> {
     }
 }
 
-/// Runs until `reads` is drained, the reader is cancelled, or `out` is closed.
+/// A read in flight: its place at the gate, its budget and the buffer it fills.
+struct Flight<'s> {
+    read: ReadRef<'s>,
+    pack: String,
+    place: Place<'s>,
+    range_reservation: Reservation<'s>,
+    range: Buf<'s>,
+    /// Budget for its plaintext, inside `range_reservation` (0 for a sink keeping none).
+    plain: u64,
+    requested: Instant,
+}
+
+/// A read taken from the feed with a place, waiting for the budget, since `since`.
+struct Waiting<'s> {
+    read: ReadRef<'s>,
+    place: Place<'s>,
+    since: Instant,
+}
+
+/// Counts a request as in flight (the stage's `working`, the reader's `in_flight` and its peak)
+/// from its first poll until it is done or dropped.
+struct Requesting<'s>(&'s Reader<'s>);
+
+impl<'s> Requesting<'s> {
+    fn new(r: &'s Reader<'s>) -> Self {
+        r.clocks[0].working.fetch_add(1, Relaxed);
+        let now = r.meter.in_flight.fetch_add(1, Relaxed) + 1;
+        r.meter.in_flight_peak.fetch_max(now, Relaxed);
+        Requesting(r)
+    }
+}
+
+impl Drop for Requesting<'_> {
+    fn drop(&mut self) {
+        self.0.clocks[0].working.fetch_sub(1, Relaxed);
+        self.0.meter.in_flight.fetch_sub(1, Relaxed);
+    }
+}
+
+/// How long a worker with reads in flight waits before trying the budget again for a read it
+/// holds a place for (the budget is freed by the decode and write stages, which do not wake it).
+const BUDGET_RETRY: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Runs until `reads` is drained, the reader is cancelled, or `out` is closed, with up to `most`
+/// reads of its own in flight.
 pub fn fetch_worker<'s, S: Sink<'s>>(
-    r: &'s Reader<'_>,
+    r: &'s Reader<'s>,
     reads: Receiver<ReadRef<'s>>,
     out: Sender<Fetched<'s>>,
     sink: S,
+    most: usize,
 ) {
     let clock = &r.clocks[0];
-    loop {
-        let t = Instant::now();
-        let Ok(read) = reads.recv() else { return };
-        clock.idle(t);
-        if r.cancelled() {
-            return;
+    // A sink that keeps no plaintext has each blob decoded into its decode worker's one
+    // buffer, which the worker reserves itself (read/decode.rs): a read reserves its range.
+    let verify_only = keeps_no_plaintext(&sink);
+    let most = most.max(1);
+    let plain = |read: &ReadRef<'_>| if verify_only { 0 } else { read.raw_bytes() };
+    // Not a runtime worker: this thread may block (on the feed, the gate, the budget or the
+    // decoders) while the runtime's threads carry its reads' requests on.
+    r.runtime().block_on(async {
+        let mut flying = FuturesUnordered::new();
+        let mut waiting: Option<Waiting<'s>> = None;
+        loop {
+            // Start reads while there is room, waiting only with nothing in flight.
+            while flying.len() < most {
+                let flight = if flying.is_empty() {
+                    // Nothing in flight: wait for a read, its place and its budget, as a thread per
+                    // read did.
+                    let (read, place) = match waiting.take() {
+                        Some(w) => (w.read, w.place),
+                        None => {
+                            let t = Instant::now();
+                            let Ok(read) = reads.recv() else { return };
+                            clock.idle(t);
+                            if r.cancelled() {
+                                return;
+                            }
+                            // An auto-tuned reader lets only so many reads be in flight at once
+                            // (read/tune.rs); a place is held from the budget to the hand-off, so
+                            // the time blocked there is the controller's measure of pressure.
+                            let Some(place) = Place::enter(r) else { return };
+                            (read, place)
+                        }
+                    };
+                    let t = Instant::now();
+                    let Some(reserved) = r.budget.reserve(read.length + plain(&read), || r.cancelled()) else {
+                        return;
+                    };
+                    r.meter.budget_wait_nanos.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+                    begin(r, read, place, reserved, plain(&read))
+                } else {
+                    // Reads in flight: take only what can start now.
+                    let (read, place, since) = match waiting.take() {
+                        Some(w) => (w.read, w.place, Some(w.since)),
+                        None => {
+                            let Some(place) = Place::try_enter(r) else { break };
+                            let Ok(read) = reads.try_recv() else { break };
+                            (read, place, None)
+                        }
+                    };
+                    let Some(reserved) = r.budget.try_reserve(read.length + plain(&read)) else {
+                        waiting = Some(Waiting { read, place, since: since.unwrap_or_else(Instant::now) });
+                        break;
+                    };
+                    if let Some(since) = since {
+                        r.meter.budget_wait_nanos.fetch_add(since.elapsed().as_nanos() as u64, Relaxed);
+                    }
+                    let plain = plain(&read);
+                    begin(r, read, place, reserved, plain)
+                };
+                flying.push(fly(r, flight));
+                // Polled at once: its request starts, and a read a local disk made is handed on now.
+                while let Some(Some((flight, got))) = flying.next().now_or_never() {
+                    if !hand_on(r, flight, got, &sink, &out, verify_only, flying.len() + 1) {
+                        return;
+                    }
+                }
+                if r.cancelled() {
+                    return;
+                }
+            }
+            if flying.is_empty() {
+                continue;
+            }
+            // Wait for a read to arrive; with room for more, also for the feed to offer one, or,
+            // with a read waiting for the budget, for a moment to try again.
+            let t = Instant::now();
+            let arrived = if waiting.is_some() {
+                tokio::select! {
+                    biased;
+                    done = flying.next() => done,
+                    () = tokio::time::sleep(BUDGET_RETRY) => None,
+                }
+            } else if flying.len() < most {
+                tokio::select! {
+                    biased;
+                    done = flying.next() => done,
+                    () = r.offered() => None,
+                }
+            } else {
+                flying.next().await
+            };
+            clock.busy(t);
+            if let Some((flight, got)) = arrived {
+                if !hand_on(r, flight, got, &sink, &out, verify_only, flying.len() + 1) {
+                    return;
+                }
+            }
         }
-        // A sink that keeps no plaintext has each blob decoded into its decode worker's one
-        // buffer, which the worker reserves itself (read/decode.rs): a read reserves its range.
-        let verify_only = keeps_no_plaintext(&sink);
-        let plain = if verify_only { 0 } else { read.raw_bytes() };
-        // An auto-tuned reader lets only so many workers fetch at once (read/tune.rs); a place
-        // is held from the budget to the hand-off, so the time blocked there is the controller's
-        // measure of pressure from downstream.
-        let Some(_place) = Place::enter(r) else { return };
-        let waited = Instant::now();
-        let Some(mut range_reservation) = r.budget.reserve(read.length + plain, || r.cancelled()) else {
-            return;
-        };
-        let requested = Instant::now();
-        r.meter.budget_wait_nanos.fetch_add((requested - waited).as_nanos() as u64, Relaxed);
-        let pack = pack_path(&read.pack);
-        let mut range = if read.length / read.blobs.len().max(1) as u64 >= POOLED_BLOB {
-            r.buffers.take(read.length as usize)
-        } else {
-            BufferPool::adopt(Vec::with_capacity(read.length as usize))
-        };
-        if let Some(trace) = r.repo.storage().trace().filter(|_| read.blobs.iter().any(|b| b.kind == BlobKind::Data)) {
-            trace.data_fetch_starts();
-        }
-        let fetched = work(clock, || r.repo.read_pack_range_into(&pack, read.offset, read.length, &mut range));
-        r.meter.requests.fetch_add(1, Relaxed);
-        r.meter.request_nanos.fetch_add(requested.elapsed().as_nanos() as u64, Relaxed);
-        r.meter.reserved.fetch_add(read.length + plain, Relaxed);
-        if let Err(e) = fetched {
-            sink.read_failed(read, &e);
-            continue;
-        }
-        r.fetched.fetch_add(read.length, Relaxed);
-        let blob_reservations = if verify_only {
-            Vec::new()
-        } else {
-            read.blobs.iter().map(|b| range_reservation.split(u64::from(b.raw_length))).collect()
-        };
-        let key = r.repo.key().object_key(&read.salt);
-        let job = Fetched { read, key, pack, range, range_reservation, blob_reservations };
-        let t = Instant::now();
-        if out.send(job).is_err() {
-            return;
-        }
-        clock.blocked(t);
+    })
+}
+
+/// A read with its place and budget, ready to be requested.
+fn begin<'s>(
+    r: &'s Reader<'s>,
+    read: ReadRef<'s>,
+    place: Place<'s>,
+    range_reservation: Reservation<'s>,
+    plain: u64,
+) -> Flight<'s> {
+    let range = if read.length / read.blobs.len().max(1) as u64 >= POOLED_BLOB {
+        r.buffers.take(read.length as usize)
+    } else {
+        BufferPool::adopt(Vec::with_capacity(read.length as usize))
+    };
+    if let Some(trace) = r.repo.storage().trace().filter(|_| read.blobs.iter().any(|b| b.kind == BlobKind::Data)) {
+        trace.data_fetch_starts();
     }
+    let pack = pack_path(&read.pack);
+    Flight { read, pack, place, range_reservation, range, plain, requested: Instant::now() }
+}
+
+/// The request of `flight`, giving the flight back with what it read.
+async fn fly<'s>(r: &'s Reader<'s>, mut flight: Flight<'s>) -> (Flight<'s>, Result<Vec<u8>>) {
+    let requesting = Requesting::new(r);
+    let buf = std::mem::take(&mut *flight.range);
+    let got = r.repo.read_pack_range_async(&flight.pack, flight.read.offset, flight.read.length, buf).await;
+    drop(requesting);
+    (flight, got)
+}
+
+/// Hands a read that arrived to the decode stage (or its failure to the sink); false once the
+/// decode stage is gone. `held` reads of this worker wait while it blocks on the decoders:
+/// that time counts for each in the controller's measure of pressure.
+fn hand_on<'s, S: Sink<'s>>(
+    r: &'s Reader<'s>,
+    flight: Flight<'s>,
+    got: Result<Vec<u8>>,
+    sink: &S,
+    out: &Sender<Fetched<'s>>,
+    verify_only: bool,
+    held: usize,
+) -> bool {
+    let Flight { read, pack, place, mut range_reservation, mut range, plain, requested } = flight;
+    r.meter.requests.fetch_add(1, Relaxed);
+    r.meter.request_nanos.fetch_add(requested.elapsed().as_nanos() as u64, Relaxed);
+    r.meter.reserved.fetch_add(read.length + plain, Relaxed);
+    match got {
+        Ok(filled) => *range = filled,
+        Err(e) => {
+            sink.read_failed(read, &e);
+            return true;
+        }
+    }
+    r.fetched.fetch_add(read.length, Relaxed);
+    let blob_reservations = if verify_only {
+        Vec::new()
+    } else {
+        read.blobs.iter().map(|b| range_reservation.split(u64::from(b.raw_length))).collect()
+    };
+    let key = r.repo.key().object_key(&read.salt);
+    let job = Fetched { read, key, pack, range, range_reservation, blob_reservations };
+    let t = Instant::now();
+    if out.send(job).is_err() {
+        return false;
+    }
+    r.clocks[0].blocked(t);
+    r.meter.hand_off_nanos.fetch_add(t.elapsed().as_nanos() as u64 * held as u64, Relaxed);
+    drop(place);
+    true
 }

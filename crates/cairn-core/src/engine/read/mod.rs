@@ -211,6 +211,11 @@ pub struct Reader<'a> {
     when_done: Option<&'a (dyn Fn() + Sync)>,
     /// Its workers read in the download limit's foreground lane ([`Reader::in_foreground`]).
     foreground: bool,
+    /// Drives the requests of the reads in flight (read/fetch.rs).
+    runtime: Arc<tokio::runtime::Runtime>,
+    /// Told of each read the feed hands out, so a fetch worker with reads in flight and room for
+    /// more takes it without waiting for one of its own to arrive.
+    offered: tokio::sync::Notify,
 }
 
 /// The fetch stage's running totals the controller samples.
@@ -223,6 +228,14 @@ struct Meter {
     live_fetchers: AtomicUsize,
     /// Fetch and decode workers not ended yet.
     live_workers: AtomicUsize,
+    /// Time fetch workers spent blocked handing reads to the decode stage, once for each read
+    /// a worker held meanwhile (it has many in flight, read/fetch.rs).
+    hand_off_nanos: AtomicU64,
+    /// Fetch threads started.
+    threads: AtomicUsize,
+    /// Reads in flight now, and the most at once so far.
+    in_flight: AtomicUsize,
+    in_flight_peak: AtomicUsize,
 }
 
 /// An auto-tuned reader's gate and log.
@@ -249,7 +262,19 @@ impl<'a> Reader<'a> {
             meter: Meter::default(),
             when_done: None,
             foreground: false,
+            runtime: crate::engine::storage::io_runtime().expect("cannot start the I/O runtime"),
+            offered: tokio::sync::Notify::new(),
         }
+    }
+
+    /// The runtime the fetch workers' requests run on.
+    fn runtime(&self) -> &tokio::runtime::Runtime {
+        &self.runtime
+    }
+
+    /// Resolves once the feed has offered a read since the last time.
+    fn offered(&self) -> tokio::sync::futures::Notified<'_> {
+        self.offered.notified()
     }
 
     /// Makes this reader's workers read in the download limit's foreground lane
@@ -316,8 +341,9 @@ impl<'a> Reader<'a> {
         self.tuning.as_ref().map(|t| t.log.lock().expect("tuning log").clone()).unwrap_or_default()
     }
 
-    /// Starts, inside `s`, a feeder that hands `reads` out in order, `fetchers` fetch workers
-    /// and `decoders` decode workers giving blobs to clones of `sink`. The caller joins the
+    /// Starts, inside `s`, a feeder that hands `reads` out in order, fetch workers for
+    /// `fetchers` reads in flight (at most [`AUTO_MAX`] threads, each carrying its share,
+    /// read/fetch.rs) and `decoders` decode workers giving blobs to clones of `sink`. The caller joins the
     /// handles (all end once the reads are done, the reader is cancelled, or the sink refuses).
     pub fn start<'s, S, I>(
         &'s self,
@@ -341,11 +367,14 @@ impl<'a> Reader<'a> {
             tuning.gate.set_limit(controller.limit());
             fetchers = controller.most().max(fetchers);
         }
-        self.meter.live_fetchers.fetch_add(fetchers, Ordering::Relaxed);
-        self.meter.live_workers.fetch_add(fetchers + decoders, Ordering::AcqRel);
+        let threads = fetchers.min(AUTO_MAX);
+        self.meter.threads.fetch_max(threads, Ordering::Relaxed);
+        self.meter.live_fetchers.fetch_add(threads, Ordering::Relaxed);
+        self.meter.live_workers.fetch_add(threads + decoders, Ordering::AcqRel);
         if let Some(tuning) = &self.tuning {
             workers.push(spawn_named(s, "tune", move || self.tune(tuning)));
         }
+        // Reads in flight are spread over at most AUTO_MAX threads (read/fetch.rs).
         let (reads_tx, reads_rx) = bounded(fetchers);
         let (fetched_tx, fetched_rx) = bounded(decoders * 4);
         let reads = reads.into_iter();
@@ -354,12 +383,14 @@ impl<'a> Reader<'a> {
                 if self.cancelled() || reads_tx.send(ReadRef { seq, read }).is_err() {
                     break;
                 }
+                self.offered.notify_one();
             }
         }));
-        for _ in 0..fetchers {
+        for i in 0..threads {
             let (rx, tx, sink) = (reads_rx.clone(), fetched_tx.clone(), sink.clone());
+            let most = fetchers / threads + usize::from(i < fetchers % threads);
             workers.push(spawn_named(s, "fetch", move || {
-                self.in_lane(|| fetch::fetch_worker(self, rx, tx, sink));
+                self.in_lane(|| fetch::fetch_worker(self, rx, tx, sink, most));
                 self.meter.live_fetchers.fetch_sub(1, Ordering::Relaxed);
                 self.worker_ended();
             }));
@@ -411,6 +442,11 @@ impl<'a> Reader<'a> {
         *tuning.controller.lock().expect("tuner lock") = Some(controller);
     }
 
+    /// Most fetch threads it started, and most reads it had in flight at once.
+    pub fn fetch_threads_and_peak(&self) -> (usize, usize) {
+        (self.meter.threads.load(Ordering::Relaxed), self.meter.in_flight_peak.load(Ordering::Relaxed))
+    }
+
     /// The fetch stage's running totals.
     fn totals(&self) -> Totals {
         let m = &self.meter;
@@ -418,8 +454,7 @@ impl<'a> Reader<'a> {
             requests: m.requests.load(Ordering::Relaxed),
             bytes: self.fetched.load(Ordering::Relaxed),
             request_nanos: m.request_nanos.load(Ordering::Relaxed),
-            blocked_nanos: m.budget_wait_nanos.load(Ordering::Relaxed)
-                + self.clocks[0].times().blocked.as_nanos() as u64,
+            blocked_nanos: m.budget_wait_nanos.load(Ordering::Relaxed) + m.hand_off_nanos.load(Ordering::Relaxed),
             reserved: m.reserved.load(Ordering::Relaxed),
         }
     }

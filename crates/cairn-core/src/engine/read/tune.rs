@@ -1,11 +1,12 @@
 //! Choosing how many ranged reads to keep in flight while reading (issue #18, part 3).
 //!
-//! Without an explicit `--fetch-concurrency`, a [`Reader`](super::Reader) starts
-//! [`AUTO_MAX`] fetch workers but lets only `limit` of them have a request out at a time (a
+//! Without an explicit `--fetch-concurrency`, a [`Reader`](super::Reader) starts fetch workers
+//! for [`AUTO_MAX`] reads in flight (more for a batch of small reads,
+//! [`Controller::fit_reads`]) but lets only `limit` of them have a request out at a time (a
 //! [`Gate`]), and a [`Controller`] moves `limit` from what it measures every sample:
 //!
 //! - **throughput** (stored bytes fetched per second) and **latency** (mean time per request);
-//! - **downstream pressure**: the share of the fetch workers' time spent blocked handing reads
+//! - **downstream pressure**: the share of the reads' time in flight spent blocked handing them
 //!   to the decode stage or waiting for the memory budget. When that is high, decoding (the CPU)
 //!   or the budget is the bottleneck, and more requests in flight would only hold more memory;
 //! - **the machine's CPU**: the share of the cores' time busy (Linux's `/proc/stat`, so a
@@ -52,11 +53,12 @@ use std::time::Duration;
 
 use super::gap::PRIOR_RATE;
 
-/// Most fetch workers an auto-tuned reader starts (and most reads it keeps in flight).
+/// Most fetch threads a reader starts, and most reads an auto-tuned one keeps in flight but for
+/// a batch of small reads.
 pub const AUTO_MAX: usize = 64;
 
 /// Most reads in flight for a batch of small reads ([`Controller::fit_reads`]).
-pub const SMALL_READS_MAX: usize = 256;
+pub const SMALL_READS_MAX: usize = 1024;
 
 /// Reads of a batch that average less than this are small ([`Controller::fit_reads`]).
 pub const SMALL_READ: u64 = 64 * 1024;
@@ -82,7 +84,7 @@ const PRESSURE: f64 = 0.5;
 /// that grew then came from the workload, not from more reads in flight, and the limit holds.
 const CORES_FULL: f64 = 0.9;
 
-/// Bounds how many fetch workers may have a request out at once.
+/// Bounds how many reads may be out at once (each holds a place from its budget to its hand-off).
 pub struct Gate {
     state: Mutex<(usize, usize)>, // (limit, active)
     changed: Condvar,
@@ -102,6 +104,16 @@ impl Gate {
                 return false;
             }
             st = self.changed.wait_timeout(st, Duration::from_millis(100)).expect("gate lock").0;
+        }
+        st.1 += 1;
+        true
+    }
+
+    /// Takes a free place if there is one now.
+    pub fn try_enter(&self) -> bool {
+        let mut st = self.state.lock().expect("gate lock");
+        if st.1 >= st.0 {
+            return false;
         }
         st.1 += 1;
         true
@@ -139,7 +151,8 @@ pub struct Sample {
     pub bytes: u64,
     /// Their summed time from start to end.
     pub request_time: Duration,
-    /// Summed time the fetch workers spent blocked on the decode stage or the budget.
+    /// Summed time reads spent blocked on the decode stage or the budget (a worker blocked
+    /// handing one on holds up each of its reads).
     pub blocked: Duration,
     /// Mean bytes one read reserves against the budget (range plus plaintext).
     pub reserved_per_read: u64,
@@ -249,10 +262,10 @@ impl Controller {
     /// Reads smaller than [`SMALL_READ`] may have as many in flight as that needs, up to
     /// [`SMALL_READS_MAX`] (each holds a few KiB of the budget; at 50 ms, 8,000 reads took 6 s
     /// at 64 in flight); a batch of larger reads, or of small ones across a round trip that
-    /// needs fewer (a local disk: a fetch worker is a thread, started per batch), is held to
-    /// [`AUTO_MAX`]. More than 256 cost more than they gained: a tenth of `many` changed, at
-    /// 50 ms, took 37 CPU-seconds and 26.4 s at 256 in flight, 50 and 28–31 s at 1,024, its
-    /// fetch workers crowding the channel to the decoders.
+    /// needs fewer (a local disk), is held to [`AUTO_MAX`]. They are carried by at most
+    /// [`AUTO_MAX`] fetch threads, many reads each (read/fetch.rs): when each read was a thread,
+    /// 1,024 cost more than they gained (a tenth of `many` changed, at 50 ms, took 50
+    /// CPU-seconds and 28–31 s at 1,024 against 37 and 26.4 s at 256).
     pub fn fit_reads(&mut self, round_trip: Option<Duration>, reads: usize, bytes: u64) {
         let mean = (bytes / (reads.max(1) as u64)).max(1);
         let needed = round_trip.map_or(0, |rtt| in_flight_for(rtt, mean).min(reads));

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::trace::RequestTrace;
 use super::{ObjectInfo, Storage};
 use crate::error::{Error, Result};
+use futures_util::future::BoxFuture;
 
 /// Which faults to inject.
 #[derive(Clone, Debug, Default)]
@@ -151,6 +152,25 @@ impl<S: Storage> Storage for FaultyStorage<S> {
             self.inner.read_range_into(path, offset, len, buf)
         })?;
         self.mangle(path, buf, true)
+    }
+
+    // The latency and stalls wait on the I/O runtime's timer, so the reads in flight on one fetch
+    // worker each wait out their own round trip, as they would on a network.
+    fn read_range_async(&self, path: String, offset: u64, len: u64, buf: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>>> {
+        Box::pin(async move {
+            let start = Instant::now();
+            if !self.faults.latency.is_zero() {
+                tokio::time::sleep(self.faults.latency).await;
+            }
+            if self.faults.stall_path.as_deref().is_some_and(|p| path.contains(p)) {
+                tokio::time::sleep(self.faults.stall_for).await;
+            }
+            let got = self.inner.read_range_async(path.clone(), offset, len, buf).await;
+            self.trace.record(|| format!("read range of {path}"), start);
+            let mut buf = got?;
+            self.mangle(&path, &mut buf, true)?;
+            Ok(buf)
+        })
     }
 
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use super::trace::RequestTrace;
 use super::{ObjectInfo, Storage};
 use crate::error::Result;
+use futures_util::future::BoxFuture;
 
 /// How much traffic an idle bucket saves up: this long at the limit.
 pub const BURST: Duration = Duration::from_millis(100);
@@ -173,6 +174,12 @@ impl Storage for LimitedStorage {
     fn read_range_into(&self, path: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
         self.download(len);
         self.inner.read_range_into(path, offset, len, buf)
+    }
+
+    // The download limit is taken in the caller's thread, in its lane, before the request.
+    fn read_range_async(&self, path: String, offset: u64, len: u64, buf: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>>> {
+        self.download(len);
+        self.inner.read_range_async(path, offset, len, buf)
     }
 
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {

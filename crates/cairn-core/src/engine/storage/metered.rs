@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use super::trace::RequestTrace;
 use super::{ObjectInfo, Storage};
 use crate::error::Result;
+use futures_util::future::BoxFuture;
 
 /// Requests moving at most this many bytes are timed: their time is mostly the round trip.
 pub const SMALL: u64 = 64 * 1024;
@@ -86,6 +87,18 @@ impl Storage for MeteredStorage {
 
     fn read_range_into(&self, path: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
         self.timed(|| self.inner.read_range_into(path, offset, len, buf), |_| len <= SMALL)
+    }
+
+    fn read_range_async(&self, path: String, offset: u64, len: u64, buf: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>>> {
+        let start = Instant::now();
+        let read = self.inner.read_range_async(path, offset, len, buf);
+        Box::pin(async move {
+            let out = read.await;
+            if out.is_ok() && len <= SMALL {
+                self.link.record(start.elapsed());
+            }
+            out
+        })
     }
 
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {

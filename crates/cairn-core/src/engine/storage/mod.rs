@@ -25,6 +25,13 @@ pub use server_client::{
 pub use trace::{CriticalPath, RequestTrace};
 
 use crate::error::{Error, Result};
+use futures_util::future::BoxFuture;
+
+/// The runtime that drives the storages' requests (OpenDAL's services, the repository server's
+/// client, the fault layer's timers), shared by all storages alive at once.
+pub fn io_runtime() -> Result<std::sync::Arc<tokio::runtime::Runtime>> {
+    opendal_backend::runtime()
+}
 
 /// One object listed by [`Storage::list`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +56,23 @@ pub trait Storage: Send + Sync {
         let mut buf = Vec::new();
         self.read_range_into(path, offset, len, &mut buf)?;
         Ok(buf)
+    }
+    /// [`Storage::read_range_into`] as a future owning its buffer, which it gives back filled:
+    /// one thread keeps many reads in flight with it (the read path's fetch stage,
+    /// `read/fetch.rs`). A storage that waits on a network (or, in the fault layer, on a timer)
+    /// waits on the I/O runtime ([`io_runtime`]) without holding a thread, so it is polled
+    /// inside that runtime; the default reads at once, in the caller's thread, as a local disk
+    /// does. A layer around another storage forwards it: the default, around a remote storage,
+    /// would block inside the runtime (its blocking read starts a runtime of its own there).
+    fn read_range_async(
+        &self,
+        path: String,
+        offset: u64,
+        len: u64,
+        mut buf: Vec<u8>,
+    ) -> BoxFuture<'_, Result<Vec<u8>>> {
+        let done = self.read_range_into(&path, offset, len, &mut buf).map(|()| buf);
+        Box::pin(std::future::ready(done))
     }
     /// Writes a whole object atomically: readers see all of it or nothing.
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()>;
@@ -112,6 +136,24 @@ pub(crate) fn retry_damaged<T>(mut read: impl FnMut() -> Result<T>) -> Result<T>
     let mut attempt = 1;
     loop {
         match read() {
+            Err(Error::Corrupt { file, why }) if attempt < VERIFIED_READ_ATTEMPTS => {
+                tracing::warn!("{file} is damaged ({why}); reading it again");
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// [`retry_damaged`] for a read that owns its buffer ([`Storage::read_range_async`]): `read`
+/// is given a buffer each time (the one it started with first, then a new one).
+pub(crate) async fn retry_damaged_async<F>(mut buf: Vec<u8>, mut read: impl FnMut(Vec<u8>) -> F) -> Result<Vec<u8>>
+where
+    F: std::future::Future<Output = Result<Vec<u8>>>,
+{
+    let mut attempt = 1;
+    loop {
+        match read(std::mem::take(&mut buf)).await {
             Err(Error::Corrupt { file, why }) if attempt < VERIFIED_READ_ATTEMPTS => {
                 tracing::warn!("{file} is damaged ({why}); reading it again");
                 attempt += 1;

@@ -11,6 +11,7 @@ use opendal::{ErrorKind, Operator};
 
 use super::{explain, Location, ObjectInfo, Storage};
 use crate::error::{Error, Result};
+use futures_util::future::BoxFuture;
 
 /// OpenDAL needs a Tokio runtime to drive its (async) services. One is shared by all storages
 /// alive at once, and shut down with the last of them: that drops its tasks, among them the
@@ -381,6 +382,27 @@ impl OpendalStorage {
         std::fs::read(&full).map_err(|e| local_read_error(path, &full, e))
     }
 
+    /// A ranged read of a remote object, on the I/O runtime, into `buf`.
+    async fn read_remote_range(&self, path: &str, offset: u64, len: u64, mut buf: Vec<u8>) -> Result<Vec<u8>> {
+        let opts = ReadOptions { range: (offset..offset + len).into(), ..Default::default() };
+        let got = self.async_op.read_options(&self.at(path), opts).await.map_err(|e| match e.kind() {
+            ErrorKind::RangeNotSatisfied => Error::corrupt(path, "truncated (range past the end)"),
+            _ => self.fail("read", path, e),
+        })?;
+        if got.len() as u64 != len {
+            return Err(Error::corrupt(
+                path,
+                format!("truncated: wanted {len} bytes at offset {offset}, got {}", got.len()),
+            ));
+        }
+        buf.clear();
+        buf.reserve_exact(got.len());
+        for part in got {
+            buf.extend_from_slice(&part);
+        }
+        Ok(buf)
+    }
+
     /// Where `path` of a local repository is on disk.
     fn local_path(&self, path: &str) -> std::path::PathBuf {
         std::path::Path::new(&*self.location).join(path)
@@ -461,23 +483,22 @@ impl Storage for OpendalStorage {
         if self.kind == Kind::Local {
             return self.read_local_range(path, offset, len, buf);
         }
-        let opts = ReadOptions { range: (offset..offset + len).into(), ..Default::default() };
-        let got = self.op.read_options(&self.at(path), opts).map_err(|e| match e.kind() {
-            ErrorKind::RangeNotSatisfied => Error::corrupt(path, "truncated (range past the end)"),
-            _ => self.fail("read", path, e),
-        })?;
-        if got.len() as u64 != len {
-            return Err(Error::corrupt(
-                path,
-                format!("truncated: wanted {len} bytes at offset {offset}, got {}", got.len()),
-            ));
-        }
-        buf.clear();
-        buf.reserve_exact(got.len());
-        for part in got {
-            buf.extend_from_slice(&part);
-        }
+        *buf = self.runtime.block_on(self.read_remote_range(path, offset, len, std::mem::take(buf)))?;
         Ok(())
+    }
+
+    fn read_range_async(
+        &self,
+        path: String,
+        offset: u64,
+        len: u64,
+        mut buf: Vec<u8>,
+    ) -> BoxFuture<'_, Result<Vec<u8>>> {
+        if self.kind == Kind::Local {
+            let done = self.read_local_range(&path, offset, len, &mut buf).map(|()| buf);
+            return Box::pin(std::future::ready(done));
+        }
+        Box::pin(async move { self.read_remote_range(&path, offset, len, buf).await })
     }
 
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {

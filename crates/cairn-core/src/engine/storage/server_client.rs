@@ -14,6 +14,7 @@ use std::time::Duration;
 use super::opendal_backend::runtime;
 use super::{explain, Location, ObjectInfo, Storage};
 use crate::error::{Error, Result};
+use futures_util::future::BoxFuture;
 
 /// The protocol version this client speaks (FORMAT.md §15): the first path component of every
 /// request.
@@ -84,6 +85,16 @@ impl ServerStorage {
         path: &str,
         make: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
     ) -> Result<(reqwest::StatusCode, bytes::Bytes)> {
+        self.runtime.block_on(self.send_async(op, path, make))
+    }
+
+    /// [`ServerStorage::send`] as a future, polled inside the I/O runtime.
+    async fn send_async(
+        &self,
+        op: &'static str,
+        path: &str,
+        make: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
+    ) -> Result<(reqwest::StatusCode, bytes::Bytes)> {
         let mut delay = Duration::from_millis(200);
         let mut attempt = 1;
         loop {
@@ -91,12 +102,13 @@ impl ServerStorage {
             if let Some(t) = &self.token {
                 request = request.bearer_auth(t);
             }
-            let outcome = self.runtime.block_on(async {
+            let outcome = async {
                 let response = request.send().await?;
                 let status = response.status();
                 let body = response.bytes().await?;
                 Ok::<_, reqwest::Error>((status, body))
-            });
+            }
+            .await;
             let retry_why = match outcome {
                 Ok((status, body)) if status.is_success() => return Ok((status, body)),
                 Ok((status, body)) if status == reqwest::StatusCode::INSUFFICIENT_STORAGE => {
@@ -123,7 +135,7 @@ impl ServerStorage {
                 return Err(Error::Storage { op, path: path.to_string(), source: retry_why.into() });
             }
             tracing::debug!("{op} {path} on {}: {retry_why}; trying again", self.location);
-            std::thread::sleep(delay);
+            tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(10));
             attempt += 1;
         }
@@ -313,22 +325,38 @@ impl Storage for ServerStorage {
     }
 
     fn read_range_into(&self, path: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
-        buf.clear();
-        if len == 0 {
-            return Ok(());
-        }
-        let url = self.object_url(path);
-        let range = format!("bytes={offset}-{}", offset + len - 1);
-        let (status, body) = self.send("read", path, |c| c.get(&url).header(reqwest::header::RANGE, &range))?;
-        if status != reqwest::StatusCode::PARTIAL_CONTENT || body.len() as u64 != len {
-            return Err(Error::corrupt(
-                path,
-                format!("truncated: wanted {len} bytes at offset {offset}, got {} ({status})", body.len()),
-            ));
-        }
-        buf.reserve_exact(body.len());
-        buf.extend_from_slice(&body);
+        let filled =
+            self.runtime.block_on(self.read_range_async(path.to_string(), offset, len, std::mem::take(buf)))?;
+        *buf = filled;
         Ok(())
+    }
+
+    fn read_range_async(
+        &self,
+        path: String,
+        offset: u64,
+        len: u64,
+        mut buf: Vec<u8>,
+    ) -> BoxFuture<'_, Result<Vec<u8>>> {
+        Box::pin(async move {
+            buf.clear();
+            if len == 0 {
+                return Ok(buf);
+            }
+            let url = self.object_url(&path);
+            let range = format!("bytes={offset}-{}", offset + len - 1);
+            let (status, body) =
+                self.send_async("read", &path, |c| c.get(&url).header(reqwest::header::RANGE, &range)).await?;
+            if status != reqwest::StatusCode::PARTIAL_CONTENT || body.len() as u64 != len {
+                return Err(Error::corrupt(
+                    &path,
+                    format!("truncated: wanted {len} bytes at offset {offset}, got {} ({status})", body.len()),
+                ));
+            }
+            buf.reserve_exact(body.len());
+            buf.extend_from_slice(&body);
+            Ok(buf)
+        })
     }
 
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {
