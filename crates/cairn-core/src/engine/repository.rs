@@ -483,14 +483,8 @@ impl Repository {
         Ok(sealed::open(&self.key, kind, path, &bytes)?)
     }
 
-    /// Reads `len` bytes of `pack` at `offset`, again if the transfer came back short.
-    /// `buf`'s content is replaced (its memory reused).
-    pub fn read_pack_range_into(&self, pack: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
-        crate::engine::storage::retry_damaged(|| self.storage.read_range_into(pack, offset, len, buf))
-    }
-
-    /// [`Repository::read_pack_range_into`] as a future owning `buf` ([`Storage::read_range_async`]):
-    /// many of these are in flight on one fetch worker.
+    /// [`Repository::read_pack_range`] into `buf`, as a future owning it
+    /// ([`Storage::read_range_async`]): many of these are in flight on one fetch worker.
     pub async fn read_pack_range_async(&self, pack: &str, offset: u64, len: u64, buf: Vec<u8>) -> Result<Vec<u8>> {
         crate::engine::storage::retry_damaged_async(buf, |buf| {
             self.storage.read_range_async(pack.to_string(), offset, len, buf)
@@ -501,9 +495,7 @@ impl Repository {
     /// Reads `len` bytes of `pack` at `offset` into a new buffer (again if the transfer came
     /// back short).
     pub fn read_pack_range(&self, pack: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
-        let mut buf = Vec::new();
-        self.read_pack_range_into(pack, offset, len, &mut buf)?;
-        Ok(buf)
+        crate::engine::storage::retry_damaged(|| self.storage.read_range(pack, offset, len))
     }
 
     /// Reads one blob from `pack` and decodes it, reading it again if the transfer came back

@@ -88,21 +88,20 @@ struct Flight<'s> {
     requested: Instant,
 }
 
-/// A read taken from the feed with a place, waiting for the budget, since `since`.
+/// A read taken from the feed with a place, waiting for the budget since `since`.
 struct Waiting<'s> {
     read: ReadRef<'s>,
     place: Place<'s>,
     since: Instant,
 }
 
-/// Counts a request as in flight (the stage's `working`, the reader's `in_flight` and its peak)
-/// from its first poll until it is done or dropped.
+/// Counts a request as in flight (the fetch clock's `working`, and the reader's peak of it) from
+/// its first poll until it is done or dropped.
 struct Requesting<'s>(&'s Reader<'s>);
 
 impl<'s> Requesting<'s> {
     fn new(r: &'s Reader<'s>) -> Self {
-        r.clocks[0].working.fetch_add(1, Relaxed);
-        let now = r.meter.in_flight.fetch_add(1, Relaxed) + 1;
+        let now = r.clocks[0].working.fetch_add(1, Relaxed) + 1;
         r.meter.in_flight_peak.fetch_max(now, Relaxed);
         Requesting(r)
     }
@@ -111,7 +110,6 @@ impl<'s> Requesting<'s> {
 impl Drop for Requesting<'_> {
     fn drop(&mut self) {
         self.0.clocks[0].working.fetch_sub(1, Relaxed);
-        self.0.meter.in_flight.fetch_sub(1, Relaxed);
     }
 }
 
@@ -136,57 +134,48 @@ pub fn fetch_worker<'s, S: Sink<'s>>(
     let plain = |read: &ReadRef<'_>| if verify_only { 0 } else { read.raw_bytes() };
     // Not a runtime worker: this thread may block (on the feed, the gate, the budget or the
     // decoders) while the runtime's threads carry its reads' requests on.
-    r.runtime().block_on(async {
+    r.runtime.block_on(async {
         let mut flying = FuturesUnordered::new();
         let mut waiting: Option<Waiting<'s>> = None;
         loop {
             // Start reads while there is room, waiting only with nothing in flight.
             while flying.len() < most {
-                let flight = if flying.is_empty() {
-                    // Nothing in flight: wait for a read, its place and its budget, as a thread per
-                    // read did.
-                    let (read, place) = match waiting.take() {
-                        Some(w) => (w.read, w.place),
-                        None => {
-                            let t = Instant::now();
-                            let Ok(read) = reads.recv() else { return };
-                            clock.idle(t);
-                            if r.cancelled() {
-                                return;
-                            }
-                            // An auto-tuned reader lets only so many reads be in flight at once
-                            // (read/tune.rs); a place is held from the budget to the hand-off, so
-                            // the time blocked there is the controller's measure of pressure.
-                            let Some(place) = Place::enter(r) else { return };
-                            (read, place)
+                let wait = flying.is_empty();
+                let (read, place, since) = match waiting.take() {
+                    Some(w) => (w.read, w.place, w.since),
+                    // Nothing in flight: wait for a read and its place, as a thread per read did.
+                    None if wait => {
+                        let t = Instant::now();
+                        let Ok(read) = reads.recv() else { return };
+                        clock.idle(t);
+                        if r.cancelled() {
+                            return;
                         }
-                    };
-                    let t = Instant::now();
-                    let Some(reserved) = r.budget.reserve(read.length + plain(&read), || r.cancelled()) else {
-                        return;
-                    };
-                    r.meter.budget_wait_nanos.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
-                    begin(r, read, place, reserved, plain(&read))
-                } else {
-                    // Reads in flight: take only what can start now.
-                    let (read, place, since) = match waiting.take() {
-                        Some(w) => (w.read, w.place, Some(w.since)),
-                        None => {
-                            let Some(place) = Place::try_enter(r) else { break };
-                            let Ok(read) = reads.try_recv() else { break };
-                            (read, place, None)
-                        }
-                    };
-                    let Some(reserved) = r.budget.try_reserve(read.length + plain(&read)) else {
-                        waiting = Some(Waiting { read, place, since: since.unwrap_or_else(Instant::now) });
-                        break;
-                    };
-                    if let Some(since) = since {
-                        r.meter.budget_wait_nanos.fetch_add(since.elapsed().as_nanos() as u64, Relaxed);
+                        // An auto-tuned reader lets only so many reads be in flight at once
+                        // (read/tune.rs); a place is held from the budget to the hand-off, so
+                        // the time blocked there is the controller's measure of pressure.
+                        let Some(place) = Place::enter(r) else { return };
+                        (read, place, Instant::now())
                     }
-                    let plain = plain(&read);
-                    begin(r, read, place, reserved, plain)
+                    // Reads in flight: take only what can start now.
+                    None => {
+                        let Some(place) = Place::try_enter(r) else { break };
+                        let Ok(read) = reads.try_recv() else { break };
+                        (read, place, Instant::now())
+                    }
                 };
+                let (plain, bytes) = (plain(&read), read.length + plain(&read));
+                let reserved =
+                    if wait { r.budget.reserve(bytes, || r.cancelled()) } else { r.budget.try_reserve(bytes) };
+                let Some(reserved) = reserved else {
+                    if wait {
+                        return; // cancelled
+                    }
+                    waiting = Some(Waiting { read, place, since });
+                    break;
+                };
+                r.meter.budget_wait_nanos.fetch_add(since.elapsed().as_nanos() as u64, Relaxed);
+                let flight = begin(r, read, place, reserved, plain);
                 flying.push(fly(r, flight));
                 // Polled at once: its request starts, and a read a local disk made is handed on now.
                 while let Some(Some((flight, got))) = flying.next().now_or_never() {
@@ -214,7 +203,7 @@ pub fn fetch_worker<'s, S: Sink<'s>>(
                 tokio::select! {
                     biased;
                     done = flying.next() => done,
-                    () = r.offered() => None,
+                    () = r.offered.notified() => None,
                 }
             } else {
                 flying.next().await

@@ -233,9 +233,9 @@ struct Meter {
     hand_off_nanos: AtomicU64,
     /// Fetch threads started.
     threads: AtomicUsize,
-    /// Reads in flight now, and the most at once so far.
-    in_flight: AtomicUsize,
-    in_flight_peak: AtomicUsize,
+    /// The most reads in flight at once so far (those in flight now are the fetch clock's
+    /// `working`).
+    in_flight_peak: AtomicU64,
 }
 
 /// An auto-tuned reader's gate and log.
@@ -265,16 +265,6 @@ impl<'a> Reader<'a> {
             runtime: crate::engine::storage::io_runtime().expect("cannot start the I/O runtime"),
             offered: tokio::sync::Notify::new(),
         }
-    }
-
-    /// The runtime the fetch workers' requests run on.
-    fn runtime(&self) -> &tokio::runtime::Runtime {
-        &self.runtime
-    }
-
-    /// Resolves once the feed has offered a read since the last time.
-    fn offered(&self) -> tokio::sync::futures::Notified<'_> {
-        self.offered.notified()
     }
 
     /// Makes this reader's workers read in the download limit's foreground lane
@@ -444,7 +434,7 @@ impl<'a> Reader<'a> {
 
     /// Most fetch threads it started, and most reads it had in flight at once.
     pub fn fetch_threads_and_peak(&self) -> (usize, usize) {
-        (self.meter.threads.load(Ordering::Relaxed), self.meter.in_flight_peak.load(Ordering::Relaxed))
+        (self.meter.threads.load(Ordering::Relaxed), self.meter.in_flight_peak.load(Ordering::Relaxed) as usize)
     }
 
     /// The fetch stage's running totals.

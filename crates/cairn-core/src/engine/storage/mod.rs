@@ -64,15 +64,8 @@ pub trait Storage: Send + Sync {
     /// inside that runtime; the default reads at once, in the caller's thread, as a local disk
     /// does. A layer around another storage forwards it: the default, around a remote storage,
     /// would block inside the runtime (its blocking read starts a runtime of its own there).
-    fn read_range_async(
-        &self,
-        path: String,
-        offset: u64,
-        len: u64,
-        mut buf: Vec<u8>,
-    ) -> BoxFuture<'_, Result<Vec<u8>>> {
-        let done = self.read_range_into(&path, offset, len, &mut buf).map(|()| buf);
-        Box::pin(std::future::ready(done))
+    fn read_range_async(&self, path: String, offset: u64, len: u64, buf: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>>> {
+        read_at_once(|buf| self.read_range_into(&path, offset, len, buf), buf)
     }
     /// Writes a whole object atomically: readers see all of it or nothing.
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()>;
@@ -143,6 +136,12 @@ pub(crate) fn retry_damaged<T>(mut read: impl FnMut() -> Result<T>) -> Result<T>
             other => return other,
         }
     }
+}
+
+/// A read into `buf` made now, in the caller's thread, as a future that is ready
+/// ([`Storage::read_range_async`] of a storage that does not wait on the I/O runtime).
+fn read_at_once<'a>(read: impl FnOnce(&mut Vec<u8>) -> Result<()>, mut buf: Vec<u8>) -> BoxFuture<'a, Result<Vec<u8>>> {
+    Box::pin(std::future::ready(read(&mut buf).map(|()| buf)))
 }
 
 /// [`retry_damaged`] for a read that owns its buffer ([`Storage::read_range_async`]): `read`

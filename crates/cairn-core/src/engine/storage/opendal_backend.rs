@@ -487,16 +487,9 @@ impl Storage for OpendalStorage {
         Ok(())
     }
 
-    fn read_range_async(
-        &self,
-        path: String,
-        offset: u64,
-        len: u64,
-        mut buf: Vec<u8>,
-    ) -> BoxFuture<'_, Result<Vec<u8>>> {
+    fn read_range_async(&self, path: String, offset: u64, len: u64, buf: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>>> {
         if self.kind == Kind::Local {
-            let done = self.read_local_range(&path, offset, len, &mut buf).map(|()| buf);
-            return Box::pin(std::future::ready(done));
+            return super::read_at_once(|buf| self.read_local_range(&path, offset, len, buf), buf);
         }
         Box::pin(async move { self.read_remote_range(&path, offset, len, buf).await })
     }
