@@ -66,6 +66,7 @@ pub fn decode_worker<'s, S: Sink<'s>>(r: &'s Reader<'_>, input: Receiver<Fetched
     loop {
         let t = Instant::now();
         let Ok(f) = input.recv() else { return };
+        r.room.notify_one();
         clock.idle(t);
         if r.cancelled() {
             continue; // drain so upstream never blocks

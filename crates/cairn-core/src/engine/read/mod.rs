@@ -216,6 +216,9 @@ pub struct Reader<'a> {
     /// Told of each read the feed hands out, so a fetch worker with reads in flight and room for
     /// more takes it without waiting for one of its own to arrive.
     offered: tokio::sync::Notify,
+    /// Told by a decode worker of each read it takes from its queue: a fetch worker waiting for
+    /// room there tries again (read/fetch.rs).
+    room: tokio::sync::Notify,
 }
 
 /// The fetch stage's running totals the controller samples.
@@ -264,6 +267,7 @@ impl<'a> Reader<'a> {
             foreground: false,
             runtime: crate::engine::storage::io_runtime().expect("cannot start the I/O runtime"),
             offered: tokio::sync::Notify::new(),
+            room: tokio::sync::Notify::new(),
         }
     }
 

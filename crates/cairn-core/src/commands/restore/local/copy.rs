@@ -40,8 +40,9 @@ pub(super) fn dry_run(found: &Found, needed: &[Vec<NeededChunk>]) -> [u64; 2] {
     out
 }
 
-/// A chunk to copy: its offset in its local file, its ID and its length.
-type Piece = (u64, BlobId, u32);
+/// A chunk to copy: its local file (of [`Found::files`]), its offset there, its ID and its
+/// length.
+type Piece = (u32, u64, BlobId, u32);
 
 /// Most chunks of one local file a copy thread takes at a time.
 const PIECE: usize = 64;
@@ -109,16 +110,12 @@ struct Worker<'t, 'f> {
 /// took once the directories were made.
 pub(super) fn copy(ctx: &Ctx<'_>, found: &Found, sh: &Shared<'_>, fetch: &Fetch<'_>) -> Duration {
     // Each local file's chunks in the order they lie in it, in pieces of at most PIECE chunks:
-    // a large file (a disk image) is copied by every thread, not by one.
-    let mut by_file: Vec<Vec<Piece>> = vec![Vec::new(); found.files.len()];
-    for (id, spot) in &found.spots {
-        by_file[spot.file as usize].push((spot.offset, *id, spot.len));
-    }
-    let mut pieces: Vec<(usize, &[Piece])> = Vec::new();
-    for (f, spots) in by_file.iter_mut().enumerate() {
-        spots.sort_unstable_by_key(|s| s.0);
-        pieces.extend(spots.chunks(PIECE).map(|p| (f, p)));
-    }
+    // a large file (a disk image) is copied by every thread, not by one. One list for all
+    // files (a list per file cost an allocation per file).
+    let mut all: Vec<Piece> = found.spots.iter().map(|(id, s)| (s.file, s.offset, *id, s.len)).collect();
+    all.sort_unstable_by_key(|&(file, offset, ..)| (file, offset));
+    let pieces: Vec<(usize, &[Piece])> =
+        all.chunk_by(|a, b| a.0 == b.0).flat_map(|spots| spots.chunks(PIECE).map(|p| (p[0].0 as usize, p))).collect();
     // Chunks missed in files whose content shifted, by file: looked for once the rest is done.
     let shifted = Mutex::new(Vec::new());
     sh.dirs_ready.wait();
@@ -141,7 +138,7 @@ pub(super) fn copy(ctx: &Ctx<'_>, found: &Found, sh: &Shared<'_>, fetch: &Fetch<
         let Worker { dirs, at, buf, late } = w;
         let file = at.local(&found.files, f);
         let moved = matches!((file, local.size), (Some((_, now)), Some(was)) if now != was);
-        for &(offset, id, len) in spots {
+        for &(_, offset, id, len) in spots {
             if sh.cancelled() {
                 return;
             }

@@ -224,14 +224,14 @@ pub fn scan<'a>(
     // neither read here nor looked for.
     let bytes = |chunks: &[NeededChunk]| chunks.iter().map(|c| u64::from(c.len)).sum::<u64>();
     let chosen = costs.choose_all(&needed.iter().map(|c| bytes(c)).collect::<Vec<_>>());
-    let wanted: Vec<Vec<NeededChunk>> =
-        needed.iter().zip(&chosen).map(|(c, &local)| if local { c.clone() } else { Vec::new() }).collect();
-    if wanted.iter().all(Vec::is_empty) {
+    let wanted = scan::Wanted { needed, chosen: &chosen };
+    if (0..needed.len()).all(|i| wanted.of(i).is_empty()) {
         return Ok(Scanned::nothing());
     }
     // Files of the target the snapshot does not name are cut whole: worth it only if their
     // chunks, all of them, are cheaper copied.
-    let look_in_target = costs.choose(wanted.iter().map(|c| bytes(c)).sum()) == cost::Choice::Local;
+    let wanted_bytes = (0..needed.len()).map(|i| bytes(wanted.of(i))).sum();
+    let look_in_target = costs.choose(wanted_bytes) == cost::Choice::Local;
     let target_dir = open_dir(target).ok();
     // Restoring to where the snapshot was taken from: the compare stage already used what is
     // there.
@@ -264,7 +264,7 @@ pub fn scan<'a>(
     if ctx.source.is_none() && ctx.target_dir.is_none() {
         return Ok(Scanned::nothing());
     }
-    let mut found = scan::scan(&ctx, plan, states, &wanted)?;
+    let mut found = scan::scan(&ctx, plan, states, wanted)?;
     if !opts.dry_run {
         if let Some(staged) = copy::stage(&ctx, &found) {
             found = staged;

@@ -68,8 +68,28 @@ impl LocalFile {
 }
 
 /// The places of `needed` at the snapshot's offsets, taken unread.
-fn at_offsets(needed: &[NeededChunk]) -> Vec<(BlobId, u64)> {
-    needed.iter().map(|c| (c.id, c.offset)).collect()
+fn at_offsets(needed: &[NeededChunk]) -> impl Iterator<Item = (BlobId, u64)> + '_ {
+    needed.iter().map(|c| (c.id, c.offset))
+}
+
+/// The chunks each entry of a plan needs that are looked for here: an entry's needed chunks if
+/// the cost model chose to copy them (`cost.rs`), none otherwise. Borrowed, not copied: a
+/// copy of every entry's list cost an allocation per file on the thread that runs the batch.
+#[derive(Clone, Copy)]
+pub(super) struct Wanted<'n> {
+    pub needed: &'n [Vec<NeededChunk>],
+    pub chosen: &'n [bool],
+}
+
+impl<'n> Wanted<'n> {
+    /// The wanted chunks of entry `i`.
+    pub fn of(&self, i: usize) -> &'n [NeededChunk] {
+        if self.chosen[i] {
+            &self.needed[i]
+        } else {
+            &[]
+        }
+    }
 }
 
 /// What the scan found: one place for each wanted chunk found.
@@ -126,16 +146,16 @@ enum Candidate {
     Target(PathBuf, bool),
 }
 
-/// Finds places for the chunks in `needed` (per entry of `plan`, in `states`).
-pub(super) fn scan(ctx: &Ctx<'_>, plan: &Plan, states: &[FileState], needed: &[Vec<NeededChunk>]) -> Result<Found> {
+/// Finds places for the chunks `needed` wants (per entry of `plan`, in `states`).
+pub(super) fn scan(ctx: &Ctx<'_>, plan: &Plan, states: &[FileState], needed: Wanted<'_>) -> Result<Found> {
     let mut wanted: IdMap<BlobId, u32> = IdMap::default();
-    for c in needed.iter().flatten() {
+    for c in (0..plan.entries.len()).flat_map(|i| needed.of(i)) {
         wanted.insert(c.id, c.len);
     }
     let mut found = Found::default();
     let mut candidates: Vec<Candidate> = Vec::new();
     if let Some((source, _)) = &ctx.source {
-        for i in (0..plan.entries.len()).filter(|&i| !needed[i].is_empty()) {
+        for i in (0..plan.entries.len()).filter(|&i| !needed.of(i).is_empty()) {
             // Taken unread (see scan_source) without a call: no status to check, so no thread
             // and no lock (a million files cost 1.5 s through the parallel pass).
             let at_target = states[i] != (FileState::Create { clear: false }) && ctx.target_dir.is_some();
@@ -144,7 +164,7 @@ pub(super) fn scan(ctx: &Ctx<'_>, plan: &Plan, states: &[FileState], needed: &[V
             } else {
                 let rel = source.rel(&plan.entries[i].rel).into_owned();
                 let size = Some(plan.entries[i].node.size);
-                found.add(LocalFile::source(rel, size), at_offsets(&needed[i]), &wanted);
+                found.add(LocalFile::source(rel, size), at_offsets(needed.of(i)), &wanted);
             }
         }
     }
@@ -171,7 +191,7 @@ pub(super) fn scan(ctx: &Ctx<'_>, plan: &Plan, states: &[FileState], needed: &[V
             Candidate::Source(i) => {
                 let (source, _) = ctx.source.as_ref().expect("source candidates need a source");
                 let rel = source.rel(&plan.entries[*i].rel).into_owned();
-                let hits = scan_source(ctx, at, &rel, (plan, states, *i), &needed[*i], &wanted, buf);
+                let hits = scan_source(ctx, at, &rel, (plan, states, *i), needed.of(*i), &wanted, buf);
                 let size = matches!(hits, Ok((_, true))).then_some(plan.entries[*i].node.size);
                 (LocalFile::source(rel, size), hits.map(|(hits, _)| hits))
             }
@@ -207,7 +227,7 @@ fn scan_source(
     buf: &mut Vec<u8>,
 ) -> io::Result<(Vec<(BlobId, u64)>, bool)> {
     let entry = &plan.entries[i];
-    let unread = || Ok((at_offsets(needed), true));
+    let unread = || Ok((at_offsets(needed).collect(), true));
     let mut status = None;
     // The source file is the target's file (the target is inside the source, or a hard link):
     // the compare stage has already used what it holds. Only a path the target has a file at
