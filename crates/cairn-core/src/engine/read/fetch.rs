@@ -285,9 +285,8 @@ async fn hand_on<'s, S: Sink<'s>>(
         read.blobs.iter().map(|b| range_reservation.split(u64::from(b.raw_length))).collect()
     };
     let key = r.repo.key().object_key(&read.salt);
-    let job = Fetched { read, key, pack, range, range_reservation, blob_reservations };
+    let mut job = Fetched { read, key, pack, range, range_reservation, blob_reservations };
     let t = Instant::now();
-    let mut job = job;
     loop {
         match out.try_send(job) {
             Ok(()) => break,
