@@ -23,6 +23,14 @@ struct State {
     smallest_wait: u64,
 }
 
+impl State {
+    /// Whether `bytes` more would pass `limit` with others in flight (one reservation alone
+    /// always fits, however large).
+    fn full_for(&self, bytes: u64, limit: u64) -> bool {
+        self.used > 0 && self.used + bytes > limit
+    }
+}
+
 /// Bytes held against the budget until dropped.
 pub struct Reservation<'b> {
     budget: &'b Budget,
@@ -43,7 +51,7 @@ impl Budget {
     /// `None` if `stop()` says to give up while waiting.
     pub fn reserve(&self, bytes: u64, stop: impl Fn() -> bool) -> Option<Reservation<'_>> {
         let mut st = self.state.lock().expect("budget lock");
-        while st.used > 0 && st.used + bytes > self.limit {
+        while st.full_for(bytes, self.limit) {
             if stop() {
                 return None;
             }
@@ -62,7 +70,7 @@ impl Budget {
     /// Reserves `bytes` if they fit now (or nothing else is in flight), without waiting.
     pub fn try_reserve(&self, bytes: u64) -> Option<Reservation<'_>> {
         let mut st = self.state.lock().expect("budget lock");
-        if st.used > 0 && st.used + bytes > self.limit {
+        if st.full_for(bytes, self.limit) {
             return None;
         }
         st.used += bytes;

@@ -225,13 +225,12 @@ pub fn scan<'a>(
     let bytes = |chunks: &[NeededChunk]| chunks.iter().map(|c| u64::from(c.len)).sum::<u64>();
     let chosen = costs.choose_all(&needed.iter().map(|c| bytes(c)).collect::<Vec<_>>());
     let wanted = scan::Wanted { needed, chosen: &chosen };
-    if (0..needed.len()).all(|i| wanted.of(i).is_empty()) {
+    if wanted.each().all(<[_]>::is_empty) {
         return Ok(Scanned::nothing());
     }
     // Files of the target the snapshot does not name are cut whole: worth it only if their
     // chunks, all of them, are cheaper copied.
-    let wanted_bytes = (0..needed.len()).map(|i| bytes(wanted.of(i))).sum();
-    let look_in_target = costs.choose(wanted_bytes) == cost::Choice::Local;
+    let look_in_target = costs.choose(wanted.each().map(bytes).sum()) == cost::Choice::Local;
     let target_dir = open_dir(target).ok();
     // Restoring to where the snapshot was taken from: the compare stage already used what is
     // there.

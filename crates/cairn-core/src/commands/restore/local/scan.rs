@@ -90,6 +90,11 @@ impl<'n> Wanted<'n> {
             &[]
         }
     }
+
+    /// The wanted chunks of each entry, in the plan's order.
+    pub fn each(self) -> impl Iterator<Item = &'n [NeededChunk]> {
+        (0..self.needed.len()).map(move |i| self.of(i))
+    }
 }
 
 /// What the scan found: one place for each wanted chunk found.
@@ -149,7 +154,7 @@ enum Candidate {
 /// Finds places for the chunks `needed` wants (per entry of `plan`, in `states`).
 pub(super) fn scan(ctx: &Ctx<'_>, plan: &Plan, states: &[FileState], needed: Wanted<'_>) -> Result<Found> {
     let mut wanted: IdMap<BlobId, u32> = IdMap::default();
-    for c in (0..plan.entries.len()).flat_map(|i| needed.of(i)) {
+    for c in needed.each().flatten() {
         wanted.insert(c.id, c.len);
     }
     let mut found = Found::default();
