@@ -1191,3 +1191,40 @@ fn no_op_compare_replaces_non_files_and_fixes_only_what_differs() {
     assert_eq!(num(&again, "bytes_written"), 0, "{again}");
     assert_eq!(num(&again, "bytes_fetched"), 0, "{again}");
 }
+
+/// As root, the owner a new file gets is learned once per directory, not asked of every file:
+/// in a target directory that is set-group-ID new files get its group, beside it root's. Each
+/// file still ends with its snapshot's owner, whichever of the two that is, whether it is
+/// fetched or copied from the source.
+#[test]
+fn new_files_end_with_their_owner_in_a_set_group_id_directory_and_beside_it() {
+    if !support::is_root() {
+        panic!("this test needs root (it chowns files), as CI runs it");
+    }
+    const GROUP: u32 = 4321;
+    let env = Fixture::backed_up(
+        |src| {
+            for dir in ["a", "b"] {
+                random_files(&src.join(dir), 7, &[100, 200, 300, 400, 500, 600]);
+                for i in 0..6 {
+                    let gid = if i % 2 == 0 { 0 } else { GROUP };
+                    std::os::unix::fs::lchown(src.join(format!("{dir}/f{i:03}")), Some(0), Some(gid)).expect("chown");
+                }
+            }
+        },
+        &SMALL_REPO,
+        &[],
+    );
+    for (name, extra) in [("fetched", &["--no-local-data"][..]), ("copied", &[][..])] {
+        let t = env.path(name);
+        let a = env.restored(&t).join("a");
+        fs::create_dir_all(&a).expect("mkdir a");
+        std::os::unix::fs::chown(&a, Some(0), Some(GROUP)).expect("chown a");
+        fs::set_permissions(&a, fs::Permissions::from_mode(0o2755)).expect("chmod a");
+        fs::write(a.join("probe"), b"").expect("probe");
+        assert_eq!(fs::metadata(a.join("probe")).expect("stat probe").gid(), GROUP, "a is not set-group-ID");
+        fs::remove_file(a.join("probe")).expect("rm probe");
+        env.cairn.restore_with("latest", &t, extra);
+        env.assert_exact(&t);
+    }
+}

@@ -202,6 +202,7 @@ impl Run<'_> {
             is_root,
             umask: crate::engine::platform::umask(),
             acl_dirs: OnceLock::new(),
+            new_owners: Default::default(),
             dirs_ready: Gate::default(),
             created: AtomicU64::new(0),
             write_latency: opts.write_latency,

@@ -77,11 +77,17 @@ impl<'t> ParentDirs<'t> {
     /// (O_NONBLOCK: a FIFO opens at once; a socket fails with ENXIO) and never makes a
     /// terminal the controlling one; the caller checks that it is a plain file before reading.
     pub fn open_existing(&mut self, rel: &Path) -> io::Result<(File, Status)> {
-        let (dir, name) = self.parent(rel)?;
-        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
-        let file = File::from(crate::engine::platform::openat_noatime(dir, name, flags)?);
+        let file = self.open_unchecked(rel)?;
         let st = Status::from(&rustix::fs::fstat(&file)?);
         Ok((file, st))
+    }
+
+    /// [`ParentDirs::open_existing`] without the status, for a file whose status was just
+    /// taken by name: whatever it is now is read only through its hashed content.
+    pub fn open_unchecked(&mut self, rel: &Path) -> io::Result<File> {
+        let (dir, name) = self.parent(rel)?;
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+        Ok(File::from(crate::engine::platform::openat_noatime(dir, name, flags)?))
     }
 
     /// Opens (creating if needed) the file at `rel` for writing, never through a symlink; a

@@ -7,7 +7,6 @@ use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -165,11 +164,11 @@ fn sync_xattrs(t: &impl Target, node: &Node) -> io::Result<()> {
 }
 
 /// How a file this restore just created was made: with the node's permission bits less
-/// `umask`, without extended attributes, and (as root) owned by `owner` if it could be read.
+/// `umask`, without extended attributes, and (as root) owned by `owner` if it is known.
 #[derive(Clone, Copy)]
-struct Created {
-    umask: u32,
-    owner: Option<(u32, u32)>,
+pub struct Created {
+    pub umask: u32,
+    pub owner: Option<(u32, u32)>,
 }
 
 fn apply(t: &impl Target, node: &Node, is_root: bool, created: Option<Created>) -> io::Result<()> {
@@ -207,11 +206,7 @@ fn apply(t: &impl Target, node: &Node, is_root: bool, created: Option<Created>) 
 
 /// Applies `node`'s metadata through an open file (the write stage, after the last chunk);
 /// `created` when this restore created the file.
-pub fn apply_to_file(file: &File, node: &Node, is_root: bool, created: Option<u32>) -> io::Result<()> {
-    let created = created.map(|umask| {
-        let owner = if is_root { file.metadata().ok().map(|md| (md.uid(), md.gid())) } else { None };
-        Created { umask, owner }
-    });
+pub fn apply_to_file(file: &File, node: &Node, is_root: bool, created: Option<Created>) -> io::Result<()> {
     apply(file, node, is_root, created)
 }
 

@@ -80,6 +80,8 @@ pub struct Shared<'a> {
     /// Directories (relative to the target) with a default ACL while files are written; set
     /// once they are made.
     pub(super) acl_dirs: OnceLock<HashSet<PathBuf>>,
+    /// The owner of the files this restore creates, by directory (as root).
+    pub(super) new_owners: NewOwners,
     /// Opens once the directories and the entries without data are made: writers wait for it.
     pub(super) dirs_ready: Gate,
     /// Directories and other entries the create stage has made (the watchdog's measure of it).
@@ -95,6 +97,40 @@ pub struct Shared<'a> {
     /// Nanoseconds from the pipeline's start to the last blob of a planned read handed to the
     /// writers: how long the fetch took on its own (`local::cost`'s repository rate).
     pub(super) planned_span: AtomicU64,
+}
+
+/// The owner a file this restore creates gets in a directory, learned from the status of the
+/// first one finished there: the restore's own user, and its group or the directory's if that
+/// is set-group-ID (or the file system says otherwise). Every later file created there gets
+/// the same, so root's restore takes no status per file to know whether a chown is needed (a
+/// million on `many`). A directory's metadata is applied only once its files are finished, so
+/// what a file learns holds for the others. Only the directories written last are kept.
+#[derive(Default)]
+pub struct NewOwners(Mutex<Vec<(PathBuf, (u32, u32))>>);
+
+impl NewOwners {
+    /// Directories kept: the writers work in plan order, a few directories at a time.
+    const KEPT: usize = 64;
+
+    /// The owner of a file created in `dir`; `status` gives the owner of one just created
+    /// there, asked only for a directory not learned yet.
+    pub fn of(&self, dir: &Path, status: impl FnOnce() -> Option<(u32, u32)>) -> Option<(u32, u32)> {
+        let known = |kept: &[(PathBuf, (u32, u32))]| {
+            kept.iter().rev().find(|(d, _)| d.as_os_str() == dir.as_os_str()).map(|&(_, owner)| owner)
+        };
+        if let Some(owner) = known(&self.0.lock().expect("owners lock")) {
+            return Some(owner);
+        }
+        let owner = status()?;
+        let mut kept = self.0.lock().expect("owners lock");
+        if known(&kept).is_none() {
+            if kept.len() == Self::KEPT {
+                kept.drain(..Self::KEPT / 2);
+            }
+            kept.push((dir.to_path_buf(), owner));
+        }
+        Some(owner)
+    }
 }
 
 /// A one-way gate: closed until opened, then open for good.
@@ -237,4 +273,37 @@ pub fn chunks_to_write(plan: &Plan, fetches: &Fetches) -> Vec<AtomicU32> {
         }
     }
     remaining
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_new_owner_is_asked_once_per_directory_and_only_the_last_directories_are_kept() {
+        let owners = NewOwners::default();
+        let asked = Cell::new(0);
+        let ask = |owner: (u32, u32)| {
+            let asked = &asked;
+            move || {
+                asked.set(asked.get() + 1);
+                Some(owner)
+            }
+        };
+        assert_eq!(owners.of(Path::new("a"), ask((0, 7))), Some((0, 7)));
+        assert_eq!(owners.of(Path::new("a"), ask((9, 9))), Some((0, 7)), "learned, not asked again");
+        assert_eq!(owners.of(Path::new("b"), ask((0, 0))), Some((0, 0)), "another directory is asked");
+        assert_eq!(owners.of(Path::new("a/b"), ask((0, 3))), Some((0, 3)));
+        assert_eq!(asked.get(), 3);
+        // A status that could not be taken is not learned.
+        assert_eq!(owners.of(Path::new("c"), || None), None);
+        assert_eq!(owners.of(Path::new("c"), ask((0, 5))), Some((0, 5)));
+        // Only the last directories are kept: the first is asked again once many followed it.
+        for i in 0..NewOwners::KEPT {
+            owners.of(Path::new(&format!("d{i}")), ask((1, 1)));
+        }
+        assert_eq!(owners.of(Path::new("a"), ask((0, 8))), Some((0, 8)));
+        assert!(owners.0.lock().expect("owners lock").len() <= NewOwners::KEPT);
+    }
 }

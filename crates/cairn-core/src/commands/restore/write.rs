@@ -6,7 +6,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -15,7 +15,7 @@ use crossbeam_channel::Receiver;
 
 use super::dirs::ParentDirs;
 use super::fsops::{fix_in_place, is_fatal, remove_any, size_new_file};
-use super::meta::apply_to_file;
+use super::meta::{apply_to_file, Created};
 use super::options::{Sparse, WriteGuard};
 use super::shared::Shared;
 use super::types::{Dest, FileState};
@@ -174,7 +174,10 @@ fn finish_file(sh: &Shared<'_>, i: usize, file: &File, fresh: bool) {
     // A file created in a directory with a default ACL inherited an ACL: treat it as existing.
     let parent = entry.rel.parent().unwrap_or(Path::new(""));
     let inherited = sh.acl_dirs.get().is_some_and(|acl| !acl.is_empty() && acl.contains(parent));
-    let created = (fresh && !inherited).then_some(sh.umask);
+    let created = (fresh && !inherited).then(|| {
+        let owner = || file.metadata().ok().map(|md| (md.uid(), md.gid()));
+        Created { umask: sh.umask, owner: if sh.is_root { sh.new_owners.of(parent, owner) } else { None } }
+    });
     if let Err(e) = apply_to_file(file, &entry.node, sh.is_root, created) {
         sh.warn(entry.rel.clone(), e.to_string());
     }

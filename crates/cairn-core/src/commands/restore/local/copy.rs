@@ -245,6 +245,7 @@ pub(super) fn stage(ctx: &Ctx<'_>, found: &Found) -> Option<Found> {
         rewritten: false,
         open: Some(tmp.clone()),
         size: None,
+        checked: false,
     });
     let mut buf = Vec::new();
     let mut lookups = Lookups::new(ctx);

@@ -52,18 +52,21 @@ pub(super) struct LocalFile {
     /// A source file whose chunks were taken unread: its size in the snapshot (the copy cuts
     /// the file for the chunks it misses if its size is another).
     pub size: Option<u64>,
+    /// Taken unread after its status matched the snapshot's (a regular file of that size and
+    /// time, [`Look::Changed`]): the copy opens it without taking its status again.
+    pub checked: bool,
 }
 
 impl LocalFile {
     /// The source file at `rel`; `size`: its size in the snapshot, if its chunks were taken
-    /// unread.
-    fn source(rel: PathBuf, size: Option<u64>) -> Self {
-        LocalFile { origin: Origin::Source, rel, rewritten: false, open: None, size }
+    /// unread (`checked`: after its status matched the snapshot's).
+    fn source(rel: PathBuf, size: Option<u64>, checked: bool) -> Self {
+        LocalFile { origin: Origin::Source, rel, rewritten: false, open: None, size, checked }
     }
 
     /// The target's file at `rel` (`rewritten`: one this restore rewrites).
     fn target(rel: PathBuf, rewritten: bool) -> Self {
-        LocalFile { origin: Origin::Target, rel, rewritten, open: None, size: None }
+        LocalFile { origin: Origin::Target, rel, rewritten, open: None, size: None, checked: false }
     }
 }
 
@@ -169,7 +172,7 @@ pub(super) fn scan(ctx: &Ctx<'_>, plan: &Plan, states: &[FileState], needed: Wan
             } else {
                 let rel = source.rel(&plan.entries[i].rel).into_owned();
                 let size = Some(plan.entries[i].node.size);
-                found.add(LocalFile::source(rel, size), at_offsets(needed.of(i)), &wanted);
+                found.add(LocalFile::source(rel, size, false), at_offsets(needed.of(i)), &wanted);
             }
         }
     }
@@ -197,8 +200,9 @@ pub(super) fn scan(ctx: &Ctx<'_>, plan: &Plan, states: &[FileState], needed: Wan
                 let (source, _) = ctx.source.as_ref().expect("source candidates need a source");
                 let rel = source.rel(&plan.entries[*i].rel).into_owned();
                 let hits = scan_source(ctx, at, &rel, (plan, states, *i), needed.of(*i), &wanted, buf);
-                let size = matches!(hits, Ok((_, true))).then_some(plan.entries[*i].node.size);
-                (LocalFile::source(rel, size), hits.map(|(hits, _)| hits))
+                let took = hits.as_ref().map_or(Took::Hashed, |&(_, took)| took);
+                let size = (took != Took::Hashed).then_some(plan.entries[*i].node.size);
+                (LocalFile::source(rel, size, took == Took::Checked), hits.map(|(hits, _)| hits))
             }
             Candidate::Target(rel, rewritten) => {
                 (LocalFile::target(rel.clone(), *rewritten), scan_target(ctx, at, rel, &wanted))
@@ -218,10 +222,21 @@ pub(super) fn scan(ctx: &Ctx<'_>, plan: &Plan, states: &[FileState], needed: Wan
     Ok(found)
 }
 
+/// How the scan took a source file's chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Took {
+    /// Hashed here: the places are known.
+    Hashed,
+    /// Unread, with no status taken: the copy verifies each chunk.
+    Unread,
+    /// Unread, after the file's status matched the snapshot's: the copy verifies each chunk.
+    Checked,
+}
+
 /// The wanted chunks in the source file of entry `i` (at `rel` below the source directory),
-/// as [`Look`] says: its own needed chunks where the snapshot has them, taken unread (`true`:
-/// the copy verifies each) or hashed there; then, if some are not there and its size changed,
-/// every chunk the chunker cuts.
+/// as [`Look`] says: its own needed chunks where the snapshot has them, taken unread (the copy
+/// verifies each) or hashed there; then, if some are not there and its size changed, every
+/// chunk the chunker cuts.
 fn scan_source(
     ctx: &Ctx<'_>,
     at: &mut Lookups<'_>,
@@ -230,9 +245,9 @@ fn scan_source(
     needed: &[NeededChunk],
     wanted: &IdMap<BlobId, u32>,
     buf: &mut Vec<u8>,
-) -> io::Result<(Vec<(BlobId, u64)>, bool)> {
+) -> io::Result<(Vec<(BlobId, u64)>, Took)> {
     let entry = &plan.entries[i];
-    let unread = || Ok((at_offsets(needed).collect(), true));
+    let unread = |took| Ok((at_offsets(needed).collect(), took));
     let mut status = None;
     // The source file is the target's file (the target is inside the source, or a hard link):
     // the compare stage has already used what it holds. Only a path the target has a file at
@@ -242,7 +257,7 @@ fn scan_source(
             let st = at.status(Origin::Source, rel)?;
             if let Ok(there) = rustix::fs::statat(target.as_fd(), &entry.rel, AtFlags::SYMLINK_NOFOLLOW) {
                 if (there.st_dev, there.st_ino) == st.file {
-                    return Ok((Vec::new(), false));
+                    return Ok((Vec::new(), Took::Hashed));
                 }
             }
             status = Some(st);
@@ -253,14 +268,14 @@ fn scan_source(
     // them, or, where those are round trips, the hashing here that plans them first. Only
     // such a file is opened: the status is all the scan needs of the others.
     match ctx.look {
-        Look::Not => return unread(),
+        Look::Not => return unread(Took::Unread),
         Look::Changed => {
             let st = match status {
                 Some(st) => st,
                 None => at.status(Origin::Source, rel)?,
             };
             if st.size == entry.node.size && st.mtime == entry.node.mtime {
-                return unread();
+                return unread(Took::Checked);
             }
         }
         Look::All => {}
@@ -278,7 +293,7 @@ fn scan_source(
     if missed && st.size != entry.node.size {
         cut(ctx, &file, st.size, wanted, &mut hits)?;
     }
-    Ok((hits, false))
+    Ok((hits, Took::Hashed))
 }
 
 /// The wanted chunks in the target's file at `rel`.
