@@ -315,10 +315,11 @@ fn a_source_file_changed_during_the_restore_is_not_trusted() {
 }
 
 /// With a repository a round trip away (`CAIRN_INJECT_FAULTS=latency=5ms`), the scan finds the
-/// changed files first and their reads are planned; and the copy runs beside those fetches,
-/// not before them: with every other source file replaced (same size, new content: its chunks
-/// are all fetched) and the rest unchanged (all copied),
-/// the test hook the copy runs as it starts waits for a replaced file to be restored whole
+/// changed files of more than one chunk first and their reads are planned; and the copy runs
+/// beside those fetches, not before them: with every other source file replaced (same size,
+/// new content: its chunks are all fetched) and the rest unchanged (all copied), the test hook
+/// the copy runs as it starts waits for the largest replaced file (over 256 KiB, the largest
+/// chunk: more than one chunk, whatever the repository's chunker key) to be restored whole
 /// from the repository (its modification time is set by its last write), which a copy run
 /// before the fetches would wait for in vain (the hook gives up after 20 s and says so). The
 /// summary then says what each side moved: exactly the unchanged files' bytes copied, the
@@ -327,7 +328,8 @@ fn a_source_file_changed_during_the_restore_is_not_trusted() {
 fn with_a_remote_repository_the_copy_runs_beside_the_planned_fetches() {
     let (env, files) = Fixture::for_local_data();
     let (replaced, kept) = every_other(&files);
-    let witness = &replaced[0];
+    let witness = replaced.iter().max_by_key(|f| fs::metadata(f).unwrap().len()).unwrap();
+    assert!(fs::metadata(witness).unwrap().len() > 256 * KIB as u64);
     // Its time as backed up: the restore sets it once the file is whole.
     let backed_up = mtime(witness);
     let replaced_chunks = env.replace(&replaced);
@@ -400,7 +402,8 @@ fn many_small_reads_are_in_flight_on_few_fetch_threads() {
 fn the_changed_chunks_are_fetched_while_the_copy_goes_on() {
     let (env, files) = Fixture::for_local_data();
     let (replaced, kept) = every_other(&files);
-    let witness = &replaced[0];
+    let witness = replaced.iter().max_by_key(|f| fs::metadata(f).unwrap().len()).unwrap();
+    assert!(fs::metadata(witness).unwrap().len() > 256 * KIB as u64);
     let big = kept.iter().find(|f| f.ends_with("c/big")).expect("the large file is kept");
     // Their times as backed up: the restore sets each once its file is whole.
     let (witness_time, big_time) = (mtime(witness), mtime(big));
@@ -549,4 +552,57 @@ fn a_lost_pack_is_replaced_by_the_source() {
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
+}
+
+/// A source file that is one chunk, all of it, is copied without its status being taken, from
+/// a local repository and from a remote one alike (`local::scan::is_one_chunk`): its chunk is
+/// read at offset 0 and verified, whatever is at its path now. Of 40 files of 3 KiB (one chunk
+/// each: the smallest chunk is 16 KiB), one is now a FIFO (which must neither block the open
+/// nor be read), one a directory, one holds other bytes under its old size and time (which a
+/// status would have passed), and one has grown (its chunk is still its first 3 KiB, copied):
+/// the first three are fetched, the other 37 copied, and the tree is exact.
+#[test]
+fn one_chunk_files_are_copied_unlooked_and_whatever_replaced_them_is_fetched() {
+    let mut files = Vec::new();
+    let env = Fixture::backed_up(
+        |src| {
+            let mut rng = Rng(40);
+            fs::create_dir(src.join("s")).unwrap();
+            for i in 0..40 {
+                let path = src.join(format!("s/f{i:02}"));
+                fs::write(&path, rng.bytes(3 * KIB)).unwrap();
+                files.push(path);
+            }
+        },
+        &SMALL_REPO,
+        &[],
+    );
+    let [fifo, dir, same_size, grown] = [0, 1, 2, 3].map(|i| files[i].clone());
+    fs::remove_file(&fifo).unwrap();
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    fs::remove_file(&dir).unwrap();
+    fs::create_dir(&dir).unwrap();
+    let was = mtime(&same_size);
+    fs::write(&same_size, Rng(41).bytes(3 * KIB)).unwrap();
+    let touched = std::process::Command::new("touch").arg("-d").arg(&was).arg(&same_size).status().unwrap();
+    assert!(touched.success() && mtime(&same_size) == was);
+    let mut longer = fs::read(&grown).unwrap();
+    longer.extend_from_slice(b"appended since the backup");
+    fs::write(&grown, longer).unwrap();
+
+    for (name, faults) in [("local", ""), ("remote", "latency=5ms")] {
+        let target = env.path(name);
+        let run = env.cairn.run_env(
+            &[("CAIRN_INJECT_FAULTS", faults)],
+            ["--json", "restore", &env.snapshot, "--target", target.to_str().unwrap()],
+        );
+        assert!(run.status.success(), "{name}: {}", String::from_utf8_lossy(&run.stderr));
+        env.assert_exact(&target);
+        let out = last_json(&String::from_utf8(run.stdout).unwrap());
+        assert_eq!(out["failed"], 0, "{name}: {out}");
+        assert_eq!(num(&out, "bytes_reused_source"), 37 * 3 * KIB as u64, "{name}: {out}");
+        assert!(num(&out, "bytes_fetched") >= 3 * 3 * KIB as u64, "{name}: {out}");
+        assert_eq!(num(&out, "bytes_written"), num(&out, "bytes_total"), "{name}: {out}");
+    }
 }

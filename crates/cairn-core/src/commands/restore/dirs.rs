@@ -83,7 +83,9 @@ impl<'t> ParentDirs<'t> {
     }
 
     /// [`ParentDirs::open_existing`] without the status, for a file whose status was just
-    /// taken by name: whatever it is now is read only through its hashed content.
+    /// taken by name or that is read only for one chunk: whatever it is now is read only
+    /// through its hashed content (a FIFO or a directory fails the read, a device's bytes the
+    /// hash).
     pub fn open_unchecked(&mut self, rel: &Path) -> io::Result<File> {
         let (dir, name) = self.parent(rel)?;
         let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;

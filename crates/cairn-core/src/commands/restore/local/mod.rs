@@ -151,10 +151,12 @@ enum Look {
     /// under [`cost::NEAR`]), where a changed chunk costs no round trip but a status call per
     /// file costs the scan seconds (a million files: 1.4 s of its 2.8).
     Not,
-    /// Takes each file's status; one of the snapshot's size and time is taken as it is, one
-    /// written since is hashed (and cut if its size changed), so its changed chunks are
-    /// planned reads, fetched from the pipeline's start rather than found by the copy. For a
-    /// remote repository, whose round trips those reads are.
+    /// Takes the status of each file of more than one chunk; one of the snapshot's size and
+    /// time is taken as it is, one written since is hashed (and cut if its size changed), so
+    /// its changed chunks are planned reads, fetched from the pipeline's start rather than
+    /// found by the copy. For a remote repository, whose round trips those reads are. A file of
+    /// one chunk is taken as with [`Look::Not`]: its status would cost as much as its copy's
+    /// read, and its chunk, if changed, is one read the copy hands on as it finds it.
     Changed,
     /// Hashes every file (and cuts one whose size changed): a dry run, which copies nothing.
     All,
@@ -335,8 +337,9 @@ impl<'a> Lookups<'a> {
             let local = &files[f];
             let file = match (&local.open, local.size) {
                 (Some(file), _) => file.metadata().ok().map(|m| (file.clone(), m.len())),
-                // The scan found it a regular file of the snapshot's size a moment ago: one
-                // call fewer per file (a million on `many`). Each chunk read is still verified.
+                // The scan found it a regular file of the snapshot's size a moment ago, or it is
+                // one chunk, all of it, whatever its size now: one call fewer per file (a
+                // million on `many`). Each chunk read is still verified.
                 (None, Some(size)) if local.checked => {
                     let file = self.dirs(local.origin).and_then(|dirs| dirs.open_unchecked(&local.rel));
                     file.ok().map(|file| (Arc::new(file), size))

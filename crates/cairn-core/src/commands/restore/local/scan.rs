@@ -53,13 +53,15 @@ pub(super) struct LocalFile {
     /// the file for the chunks it misses if its size is another).
     pub size: Option<u64>,
     /// Taken unread after its status matched the snapshot's (a regular file of that size and
-    /// time, [`Look::Changed`]): the copy opens it without taking its status again.
+    /// time, [`Look::Changed`]), or with no status needed (one chunk, all of it:
+    /// [`is_one_chunk`]): the copy opens it without taking its status.
     pub checked: bool,
 }
 
 impl LocalFile {
     /// The source file at `rel`; `size`: its size in the snapshot, if its chunks were taken
-    /// unread (`checked`: after its status matched the snapshot's).
+    /// unread (`checked`: after its status matched the snapshot's, or needing none:
+    /// [`is_one_chunk`]).
     fn source(rel: PathBuf, size: Option<u64>, checked: bool) -> Self {
         LocalFile { origin: Origin::Source, rel, rewritten: false, open: None, size, checked }
     }
@@ -68,6 +70,14 @@ impl LocalFile {
     fn target(rel: PathBuf, rewritten: bool) -> Self {
         LocalFile { origin: Origin::Target, rel, rewritten, open: None, size: None, checked: false }
     }
+}
+
+/// Whether a file of `size` bytes is the one chunk in `needed`, all of it. Its copy reads that
+/// chunk at offset 0 and verifies it whatever the file is now, and a changed one has nothing
+/// else to find in it, so neither the scan nor the copy takes its status (a million small
+/// files: a million calls each way fewer); a changed one is fetched once the copy finds it.
+fn is_one_chunk(needed: &[NeededChunk], size: u64) -> bool {
+    matches!(needed, [c] if c.offset == 0 && u64::from(c.len) == size)
 }
 
 /// The places of `needed` at the snapshot's offsets, taken unread.
@@ -167,12 +177,13 @@ pub(super) fn scan(ctx: &Ctx<'_>, plan: &Plan, states: &[FileState], needed: Wan
             // Taken unread (see scan_source) without a call: no status to check, so no thread
             // and no lock (a million files cost 1.5 s through the parallel pass).
             let at_target = states[i] != (FileState::Create { clear: false }) && ctx.target_dir.is_some();
-            if ctx.look != Look::Not || at_target {
+            let whole = is_one_chunk(needed.of(i), plan.entries[i].node.size);
+            if at_target || !(ctx.look == Look::Not || ctx.look == Look::Changed && whole) {
                 candidates.push(Candidate::Source(i));
             } else {
                 let rel = source.rel(&plan.entries[i].rel).into_owned();
                 let size = Some(plan.entries[i].node.size);
-                found.add(LocalFile::source(rel, size, false), at_offsets(needed.of(i)), &wanted);
+                found.add(LocalFile::source(rel, size, whole), at_offsets(needed.of(i)), &wanted);
             }
         }
     }
