@@ -178,7 +178,12 @@ pub(super) fn scan(ctx: &Ctx<'_>, plan: &Plan, states: &[FileState], needed: Wan
             // and no lock (a million files cost 1.5 s through the parallel pass).
             let at_target = states[i] != (FileState::Create { clear: false }) && ctx.target_dir.is_some();
             let whole = is_one_chunk(needed.of(i), plan.entries[i].node.size);
-            if at_target || !(ctx.look == Look::Not || ctx.look == Look::Changed && whole) {
+            let unlooked = match ctx.look {
+                Look::Not => true,
+                Look::Changed => whole,
+                Look::All => false,
+            };
+            if at_target || !unlooked {
                 candidates.push(Candidate::Source(i));
             } else {
                 let rel = source.rel(&plan.entries[i].rel).into_owned();
