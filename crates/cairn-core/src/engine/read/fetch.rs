@@ -20,7 +20,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 
 use super::buffers::{Buf, BufferPool};
-use super::tune::Gate;
+use super::tune::GatePlace;
 use super::{keeps_no_plaintext, ReadRef, Reader, Sink, POOLED_BLOB};
 use crate::engine::memory::Reservation;
 use crate::error::Result;
@@ -48,30 +48,24 @@ pub struct Fetched<'b> {
 }
 
 /// A place at an auto-tuned reader's gate (nothing for a fixed one), given back when dropped.
-struct Place<'g>(Option<&'g Gate>);
+struct Place<'g> {
+    _held: Option<GatePlace<'g>>,
+}
 
 impl<'g> Place<'g> {
     /// Waits for a place; `None` if the reader was cancelled meanwhile.
     fn enter(r: &'g Reader<'_>) -> Option<Self> {
         match r.gate() {
-            Some(g) => g.enter(|| r.cancelled()).then_some(Place(Some(g))),
-            None => Some(Place(None)),
+            Some(g) => g.enter(|| r.cancelled()).map(|p| Place { _held: Some(p) }),
+            None => Some(Place { _held: None }),
         }
     }
 
     /// A place if one is free now.
     fn try_enter(r: &'g Reader<'_>) -> Option<Self> {
         match r.gate() {
-            Some(g) => g.try_enter().then_some(Place(Some(g))),
-            None => Some(Place(None)),
-        }
-    }
-}
-
-impl Drop for Place<'_> {
-    fn drop(&mut self) {
-        if let Some(g) = self.0 {
-            g.leave();
+            Some(g) => g.try_enter().map(|p| Place { _held: Some(p) }),
+            None => Some(Place { _held: None }),
         }
     }
 }

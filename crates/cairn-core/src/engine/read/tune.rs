@@ -90,40 +90,48 @@ pub struct Gate {
     changed: Condvar,
 }
 
+/// A place taken at a [`Gate`], given back when dropped. Only the gate makes one, and only for a
+/// place it counted: a place made whether or not one was free (`then_some` builds its value
+/// before it looks at the condition) gave back places never taken, until the count wrapped
+/// below zero and every fetch worker waited at the gate for good.
+#[must_use = "the place is given back when dropped"]
+pub struct GatePlace<'g>(&'g Gate);
+
+impl Drop for GatePlace<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.state.lock().expect("gate lock");
+        st.1 -= 1;
+        self.0.changed.notify_one();
+    }
+}
+
 impl Gate {
     /// A gate letting `limit` requests through at once.
     pub fn new(limit: usize) -> Self {
         Gate { state: Mutex::new((limit.max(1), 0)), changed: Condvar::new() }
     }
 
-    /// Waits for a free place (or `stop()`); returns whether one was taken.
-    pub fn enter(&self, stop: impl Fn() -> bool) -> bool {
+    /// Waits for a free place; `None` if `stop()` said so first.
+    pub fn enter(&self, stop: impl Fn() -> bool) -> Option<GatePlace<'_>> {
         let mut st = self.state.lock().expect("gate lock");
         while st.1 >= st.0 {
             if stop() {
-                return false;
+                return None;
             }
             st = self.changed.wait_timeout(st, Duration::from_millis(100)).expect("gate lock").0;
         }
         st.1 += 1;
-        true
+        Some(GatePlace(self))
     }
 
     /// Takes a free place if there is one now.
-    pub fn try_enter(&self) -> bool {
+    pub fn try_enter(&self) -> Option<GatePlace<'_>> {
         let mut st = self.state.lock().expect("gate lock");
         if st.1 >= st.0 {
-            return false;
+            return None;
         }
         st.1 += 1;
-        true
-    }
-
-    /// Gives a place back.
-    pub fn leave(&self) {
-        let mut st = self.state.lock().expect("gate lock");
-        st.1 -= 1;
-        self.changed.notify_one();
+        Some(GatePlace(self))
     }
 
     /// Sets how many requests may be out at once.
@@ -137,6 +145,12 @@ impl Gate {
     #[cfg(test)]
     fn limit(&self) -> usize {
         self.state.lock().expect("gate lock").0
+    }
+
+    /// Places taken and not given back.
+    #[cfg(test)]
+    fn active(&self) -> usize {
+        self.state.lock().expect("gate lock").1
     }
 }
 
@@ -730,12 +744,32 @@ mod tests {
     #[test]
     fn the_gate_lets_only_the_limit_through() {
         let gate = Gate::new(2);
-        assert!(gate.enter(|| false) && gate.enter(|| false));
-        assert!(!gate.enter(|| true), "a third waits (and gives up when told to stop)");
+        let (a, b) = (gate.enter(|| false), gate.enter(|| false));
+        assert!(a.is_some() && b.is_some());
+        assert!(gate.enter(|| true).is_none(), "a third waits (and gives up when told to stop)");
         gate.set_limit(3);
-        assert!(gate.enter(|| true));
-        gate.leave();
+        let c = gate.enter(|| true);
+        assert!(c.is_some());
+        drop(c);
         gate.set_limit(1);
         assert_eq!(gate.limit(), 1);
+        drop((a, b));
+        assert_eq!(gate.active(), 0);
+    }
+
+    #[test]
+    fn a_place_refused_gives_nothing_back() {
+        let gate = Gate::new(2);
+        let held = [gate.try_enter(), gate.try_enter()];
+        assert!(held.iter().all(Option::is_some));
+        for _ in 0..5 {
+            assert!(gate.try_enter().is_none(), "the gate is full");
+            assert!(gate.enter(|| true).is_none(), "the gate is full");
+        }
+        assert_eq!(gate.active(), 2, "refusals took no place back");
+        drop(held);
+        assert_eq!(gate.active(), 0, "each place taken was given back once");
+        let again = [gate.try_enter(), gate.try_enter(), gate.try_enter()];
+        assert_eq!(again.iter().filter(|p| p.is_some()).count(), 2, "still only the limit gets through");
     }
 }
