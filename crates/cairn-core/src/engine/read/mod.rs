@@ -336,8 +336,8 @@ impl<'a> Reader<'a> {
     }
 
     /// Starts, inside `s`, a feeder that hands `reads` out in order, fetch workers for
-    /// `fetchers` reads in flight (at most [`AUTO_MAX`] threads, each carrying its share,
-    /// read/fetch.rs) and `decoders` decode workers giving blobs to clones of `sink`. The caller joins the
+    /// `fetchers` reads in flight (at most [`AUTO_MAX`] threads, or a thread per core for a far
+    /// link, each carrying its share, read/fetch.rs) and `decoders` decode workers giving blobs to clones of `sink`. The caller joins the
     /// handles (all end once the reads are done, the reader is cancelled, or the sink refuses).
     pub fn start<'s, S, I>(
         &'s self,
@@ -361,14 +361,16 @@ impl<'a> Reader<'a> {
             tuning.gate.set_limit(controller.limit());
             fetchers = controller.most().max(fetchers);
         }
-        let threads = fetchers.min(AUTO_MAX);
+        // A near repository (a local disk) is read on the thread that polls the read: a thread
+        // for each read in flight. A far one's reads wait on the I/O runtime, not on a thread:
+        // a thread per core carries them all (read/fetch.rs, FAR_THREADS).
+        let threads = if self.repo.link().far() { fetchers.min(fetch::far_threads()) } else { fetchers.min(AUTO_MAX) };
         self.meter.threads.fetch_max(threads, Ordering::Relaxed);
         self.meter.live_fetchers.fetch_add(threads, Ordering::Relaxed);
         self.meter.live_workers.fetch_add(threads + decoders, Ordering::AcqRel);
         if let Some(tuning) = &self.tuning {
             workers.push(spawn_named(s, "tune", move || self.tune(tuning)));
         }
-        // Reads in flight are spread over at most AUTO_MAX threads (read/fetch.rs).
         let (reads_tx, reads_rx) = bounded(fetchers);
         let (fetched_tx, fetched_rx) = bounded(decoders * 4);
         let reads = reads.into_iter();

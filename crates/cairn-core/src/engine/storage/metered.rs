@@ -19,6 +19,10 @@ use futures_util::future::BoxFuture;
 /// Requests moving at most this many bytes are timed: their time is mostly the round trip.
 pub const SMALL: u64 = 64 * 1024;
 
+/// A round trip shorter than this is a local repository's (or a LAN's): a local disk or a
+/// server on this machine answers in microseconds, a link across a network in milliseconds.
+pub const NEAR: Duration = Duration::from_millis(1);
+
 /// What the requests so far say about the link.
 #[derive(Debug)]
 pub struct LinkMeter {
@@ -37,6 +41,11 @@ impl LinkMeter {
     pub fn record(&self, took: Duration) {
         let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX - 1);
         self.floor_nanos.fetch_min(nanos, Ordering::Relaxed);
+    }
+
+    /// Whether the link is measured to be a far one (its round trip at least [`NEAR`]).
+    pub fn far(&self) -> bool {
+        self.latency().is_some_and(|l| l >= NEAR)
     }
 
     /// The shortest request so far: the latency every request pays at least (its transfer

@@ -17,7 +17,7 @@ pub use explain::{bucket_name_problem, storage_full};
 pub use fault::{parse_duration as parse_fault_duration, Faults, FaultyStorage};
 pub use limit::{foreground, LimitedStorage, Limits, TokenBucket};
 pub use location::{is_loopback_host, Location};
-pub use metered::{LinkMeter, MeteredStorage};
+pub use metered::{LinkMeter, MeteredStorage, NEAR};
 pub use opendal_backend::{OpendalStorage, RemoteOptions};
 pub use server_client::{
     parse_fingerprint, tls_config as server_tls_config, ServerOptions, ServerStorage, PROTOCOL as SERVER_PROTOCOL,

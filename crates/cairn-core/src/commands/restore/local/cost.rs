@@ -48,7 +48,7 @@ pub const PROBED_BATCH: u64 = 8;
 
 /// A round trip shorter than this is a local repository's (or a LAN's): probed while its
 /// rate is not measured (see the module doc).
-pub const NEAR: Duration = Duration::from_millis(1);
+pub use crate::engine::storage::NEAR;
 
 /// What the batches so far measured of both ways, and the forced choice if any.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
