@@ -337,8 +337,9 @@ impl<'a> Reader<'a> {
 
     /// Starts, inside `s`, a feeder that hands `reads` out in order, fetch workers for
     /// `fetchers` reads in flight (at most [`AUTO_MAX`] threads, or a thread per core for a far
-    /// link, each carrying its share, read/fetch.rs) and `decoders` decode workers giving blobs to clones of `sink`. The caller joins the
-    /// handles (all end once the reads are done, the reader is cancelled, or the sink refuses).
+    /// link, each carrying its share, read/fetch.rs) and `decoders` decode workers giving blobs
+    /// to clones of `sink`. The caller joins the handles (all end once the reads are done, the
+    /// reader is cancelled, or the sink refuses).
     pub fn start<'s, S, I>(
         &'s self,
         s: &'s Scope<'s, '_>,
@@ -363,7 +364,7 @@ impl<'a> Reader<'a> {
         }
         // A near repository (a local disk) is read on the thread that polls the read: a thread
         // for each read in flight. A far one's reads wait on the I/O runtime, not on a thread:
-        // a thread per core carries them all (read/fetch.rs, FAR_THREADS).
+        // a thread per core carries them all (`fetch::far_threads`).
         let threads = if self.repo.link().far() { fetchers.min(fetch::far_threads()) } else { fetchers.min(AUTO_MAX) };
         self.meter.threads.fetch_max(threads, Ordering::Relaxed);
         self.meter.live_fetchers.fetch_add(threads, Ordering::Relaxed);

@@ -91,9 +91,9 @@ pub struct Gate {
 }
 
 /// A place taken at a [`Gate`], given back when dropped. Only the gate makes one, and only for a
-/// place it counted: a place made whether or not one was free (`then_some` builds its value
-/// before it looks at the condition) gave back places never taken, until the count wrapped
-/// below zero and every fetch worker waited at the gate for good.
+/// place it counted: a place made for a refusal (as `bool::then_some` would, building its value
+/// before it looks at the condition) would give back one never taken, and once the count wrapped
+/// below zero every fetch worker would wait at the gate for good.
 #[must_use = "the place is given back when dropped"]
 pub struct GatePlace<'g>(&'g Gate);
 
