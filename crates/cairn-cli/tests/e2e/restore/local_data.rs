@@ -355,9 +355,9 @@ fn with_a_remote_repository_the_copy_runs_beside_the_planned_fetches() {
 /// KiB, every other one replaced, restored beside the source at 100 ms per request. The
 /// replaced files' 600 chunks lie between kept ones (which are copied); reads pass through
 /// some of those gaps (within a share of the bytes fetched), which leaves a few hundred reads,
-/// well over the 64 fetch threads, that the round trip wants all in flight at once (with 300
-/// files they were about 70, and whether more than 64 were in flight at once was up to the
-/// scheduler). The restore's summary says it had more reads in flight than it started fetch
+/// well over the most fetch threads a restore starts (64), that the round trip wants all in
+/// flight at once (with 300 files they were about 70, too close to 64 to say anything). The
+/// restore's summary says it had more reads in flight than it started fetch
 /// threads (a thread a read, as before, never does) and no more threads than cores (the reads
 /// wait on the I/O runtime, not on a thread), and what each side moved; the tree is exact.
 #[test]
