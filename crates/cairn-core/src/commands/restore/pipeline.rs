@@ -39,9 +39,10 @@ const HANDFUL_BYTES: usize = 256 << 10;
 /// Most blobs handed to a writer at once: a read's small blobs are cut in about
 /// [`HANDFULS_PER_WRITER`] handfuls for each writer at work, of at least [`HANDFUL_BLOBS`]
 /// and at most [`HANDFUL_BLOBS_MOST`] blobs. Each handful handed on is a wake-up for a writer,
-/// and once the writers' queues are full, one for a decoder too: `many`'s million blobs of
-/// 2 KiB in handfuls of 8 put wake-ups at 10% of the restore's CPU. Few files to a handful
-/// keep a read of a few slow writes (a network file system's) spread over the writers.
+/// and once the writers' queues are full, one for a decoder too: restoring `many`'s million
+/// blobs of 2 KiB in handfuls of 8 made 450,000–520,000 context switches, in handfuls of up
+/// to 64 147,000–207,000, with 0.89× the CPU. Few files to a handful keep a read of a few
+/// slow writes (a network file system's) spread over the writers.
 const HANDFUL_BLOBS: usize = 8;
 const HANDFUL_BLOBS_MOST: usize = 64;
 const HANDFULS_PER_WRITER: usize = 4;
