@@ -36,6 +36,15 @@ fn check(what: &str, ret: isize, want: isize) {
     }
 }
 
+/// An io_uring completion's result: a negative one is an error number.
+fn check_cqe(what: &str, ret: i32, want: i32) {
+    if ret != want {
+        let why = if ret < 0 { std::io::Error::from_raw_os_error(-ret).to_string() } else { "short".into() };
+        eprintln!("per-file-calls: {what} gave {ret} ({why}), wanted {want}");
+        std::process::exit(1);
+    }
+}
+
 const CREATE: i32 = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY;
 
 /// One call per step.
@@ -57,18 +66,23 @@ fn by_calls(dir: i32, names: &[CString], create: bool, buf: &mut [u8]) {
     }
 }
 
-/// Each file's open, write (or read) and close linked in one io_uring chain on a direct
-/// descriptor; `batch` files per submission.
-fn by_uring(dir: i32, names: &[CString], create: bool, buf: &mut [u8], batch: usize) {
-    let mut ring = IoUring::new((batch * 3).next_power_of_two() as u32).expect("io_uring_setup");
+/// A ring with `batch` direct descriptors, and a buffer of `len` bytes for each, filled with
+/// `fill`: made (and every page touched) before the clock starts, as the plain calls' buffer.
+fn uring_setup(batch: usize, len: usize, fill: &[u8]) -> (IoUring, Vec<u8>) {
+    let ring = IoUring::new((batch * 3).next_power_of_two() as u32).expect("io_uring_setup");
     ring.submitter().register_files_sparse(batch as u32).expect("register direct descriptors");
-    let len = buf.len();
     let mut bufs = vec![0u8; len * batch];
-    if create {
-        for b in bufs.chunks_mut(len) {
-            b.copy_from_slice(buf);
-        }
+    for b in bufs.chunks_mut(len) {
+        b.copy_from_slice(fill);
     }
+    (ring, bufs)
+}
+
+/// Each file's open, write (or read) and close linked in one io_uring chain on a direct
+/// descriptor; `batch` files per submission, each with its own part of `bufs`.
+fn by_uring(dir: i32, names: &[CString], create: bool, (ring, bufs): &mut (IoUring, Vec<u8>), batch: usize) {
+    let len = bufs.len() / batch;
+    let base = bufs.as_mut_ptr();
     for group in names.chunks(batch) {
         {
             let mut sq = ring.submission();
@@ -76,7 +90,8 @@ fn by_uring(dir: i32, names: &[CString], create: bool, buf: &mut [u8], batch: us
                 let slot = types::DestinationSlot::try_from_slot_target(i as u32).expect("slot");
                 let flags = if create { CREATE } else { libc::O_RDONLY };
                 let open = opcode::OpenAt::new(types::Fd(dir), name.as_ptr()).flags(flags).mode(0o644);
-                let data = bufs[i * len..].as_mut_ptr();
+                // SAFETY: inside `bufs`, which has `batch` parts of `len` bytes.
+                let data = unsafe { base.add(i * len) };
                 let io = if create {
                     opcode::Write::new(types::Fixed(i as u32), data, len as u32).build()
                 } else {
@@ -94,7 +109,7 @@ fn by_uring(dir: i32, names: &[CString], create: bool, buf: &mut [u8], batch: us
         ring.submit_and_wait(group.len() * 3).expect("io_uring_enter");
         for cqe in ring.completion() {
             let want = if cqe.user_data() == 1 { len as i32 } else { 0 };
-            check("an io_uring request", cqe.result() as isize, want as isize);
+            check_cqe("an io_uring request", cqe.result(), want);
         }
     }
 }
@@ -141,14 +156,15 @@ fn main() {
     let dir = std::fs::File::open(&args[2]).expect("DIR: a directory");
     let names: Vec<CString> = (0..files).map(|i| CString::new(format!("f{i}")).expect("name")).collect();
     let mut buf = vec![7u8; size];
+    let mut uring = mode.ends_with("-uring").then(|| uring_setup(batch, size, &buf));
     let (wall, cpu) = (Instant::now(), cpu_seconds());
-    match mode {
-        "create" => by_calls(dir.as_raw_fd(), &names, true, &mut buf),
-        "read" => by_calls(dir.as_raw_fd(), &names, false, &mut buf),
-        "create-uring" => by_uring(dir.as_raw_fd(), &names, true, &mut buf, batch),
-        "read-uring" => by_uring(dir.as_raw_fd(), &names, false, &mut buf, batch),
-        "fresh-page" => fresh_pages(files),
-        "null-call" => null_calls(files),
+    match (mode, uring.as_mut()) {
+        ("create", _) => by_calls(dir.as_raw_fd(), &names, true, &mut buf),
+        ("read", _) => by_calls(dir.as_raw_fd(), &names, false, &mut buf),
+        ("create-uring", Some(u)) => by_uring(dir.as_raw_fd(), &names, true, u, batch),
+        ("read-uring", Some(u)) => by_uring(dir.as_raw_fd(), &names, false, u, batch),
+        ("fresh-page", _) => fresh_pages(files),
+        ("null-call", _) => null_calls(files),
         _ => {
             eprintln!("per-file-calls: unknown mode {mode}");
             std::process::exit(2);

@@ -40,8 +40,8 @@ const HANDFUL_BYTES: usize = 256 << 10;
 /// [`HANDFULS_PER_WRITER`] handfuls for each writer at work, of at least [`HANDFUL_BLOBS`]
 /// and at most [`HANDFUL_BLOBS_MOST`] blobs. Each handful handed on is a wake-up for a writer,
 /// and once the writers' queues are full, one for a decoder too: restoring `many`'s million
-/// blobs of 2 KiB in handfuls of 8 made 450,000–520,000 context switches, in handfuls of up
-/// to 64 147,000–207,000, with 0.89× the CPU. Few files to a handful keep a read of a few
+/// blobs of 2 KiB in handfuls of 8 made 453,000–521,000 context switches, in handfuls of up
+/// to 64 147,000–207,000. Few files to a handful keep a read of a few
 /// slow writes (a network file system's) spread over the writers.
 const HANDFUL_BLOBS: usize = 8;
 const HANDFUL_BLOBS_MOST: usize = 64;
@@ -80,13 +80,18 @@ impl<'s> ToWriters<'s> {
 
     /// Hands out the handfuls `own[q]` meant for writer `q` and those in `any` that any writer
     /// at work may take, each as soon as a writer it may go to has room; once the controller
-    /// has put more writers to work than at the start, all of them to any. False if a writer
-    /// is gone.
+    /// has put more writers to work than at the start, all of them to any, cut again in the
+    /// handfuls of writes that wait ([`HANDFUL_BLOBS`]). False if a writer is gone.
     fn hand_out(&self, own: &mut [Handfuls<'s>], any: &mut Handfuls<'s>) -> bool {
+        let mut recut = false;
         loop {
             let (active, raised) = self.at_work();
             if raised {
                 own.iter_mut().for_each(|o| any.extend(o.drain(..)));
+                if !recut {
+                    *any = handfuls(any.drain(..).flatten(), HANDFUL_BLOBS);
+                    recut = true;
+                }
             }
             let takes = |q: usize| own.get(q).is_some_and(|o| !o.is_empty()) || (q < active && !any.is_empty());
             let waiting: Vec<usize> = (0..self.queues.len()).filter(|&q| takes(q)).collect();
@@ -300,14 +305,20 @@ mod tests {
 
     #[test]
     fn a_read_of_many_small_blobs_goes_out_in_larger_handfuls() {
-        // A few files: eight to a handful, so slow writes spread over the writers.
-        assert_eq!(handful_blobs(96, 16), HANDFUL_BLOBS);
-        assert_eq!(handful_blobs(20, 2), HANDFUL_BLOBS);
-        // A read of 2,000 small blobs for 2 writers: 64 to a handful, 32 handfuls in all.
-        assert_eq!(handful_blobs(2000, 2), HANDFUL_BLOBS_MOST);
+        let cut = |sizes: Vec<usize>, writers: usize| {
+            let most = handful_blobs(sizes.len(), writers);
+            handfuls(sizes.into_iter().map(blob), most).iter().map(Vec::len).collect::<Vec<_>>()
+        };
+        // A read of 2,000 blobs of 2 KiB for 2 writers: 64 to a handful, 32 handfuls in all.
+        let small = cut(vec![2 << 10; 2000], 2);
+        assert_eq!(small.len(), 32);
+        assert!(small[..31].iter().all(|&n| n == HANDFUL_BLOBS_MOST) && small[31] == 2000 - 31 * 64);
         // In between: about four handfuls per writer.
-        assert_eq!(handful_blobs(400, 4), 25);
-        // No writer at work yet counts as one.
-        assert_eq!(handful_blobs(100, 0), 25);
+        assert_eq!(cut(vec![2 << 10; 400], 4), vec![25; 16]);
+        // A few files: eight to a handful, so slow writes spread over the writers.
+        assert_eq!(cut(vec![2 << 10; 96], 16), vec![8; 12]);
+        assert_eq!(cut(vec![2 << 10; 20], 2), [8, 8, 4]);
+        // Large blobs: the bytes end a handful first (256 KiB: eight of 32 KiB, not 64).
+        assert_eq!(cut(vec![32 << 10; 2000], 2), vec![8; 250]);
     }
 }
