@@ -207,7 +207,7 @@ fn source_with_a_tenth_changed_fetches_only_the_changed_chunks() {
     // The dry run found the same, and plans reads of the changed chunks. (It hashes the
     // changed files where the restore lets its copy find them; the copy's threads hand those
     // on in groups as timing makes them, read through other gaps, so the bytes the two read
-    // are not compared: the dry run's were the fewer in about one run of ten.)
+    // are not compared: the dry run's were now and then the fewer.)
     assert_eq!(num(&dry, "bytes_reused_source"), reused, "{dry}");
     assert!(num(&dry, "bytes_to_fetch") > 0, "{dry}");
 

@@ -81,16 +81,16 @@ impl<'s> ToWriters<'s> {
     /// Hands out the handfuls `own[q]` meant for writer `q` and those in `any` that any writer
     /// at work may take, each as soon as a writer it may go to has room; once the controller
     /// has put more writers to work than at the start, all of them to any, cut again in the
-    /// handfuls of writes that wait ([`HANDFUL_BLOBS`]). False if a writer is gone.
-    fn hand_out(&self, own: &mut [Handfuls<'s>], any: &mut Handfuls<'s>) -> bool {
-        let mut recut = false;
+    /// handfuls of writes that wait ([`HANDFUL_BLOBS`]) if they were cut at `most` blobs, more.
+    /// False if a writer is gone.
+    fn hand_out(&self, own: &mut [Handfuls<'s>], any: &mut Handfuls<'s>, mut most: usize) -> bool {
         loop {
             let (active, raised) = self.at_work();
             if raised {
                 own.iter_mut().for_each(|o| any.extend(o.drain(..)));
-                if !recut {
+                if most > HANDFUL_BLOBS {
                     *any = handfuls(any.drain(..).flatten(), HANDFUL_BLOBS);
-                    recut = true;
+                    most = HANDFUL_BLOBS;
                 }
             }
             let takes = |q: usize| own.get(q).is_some_and(|o| !o.is_empty()) || (q < active && !any.is_empty());
@@ -146,7 +146,7 @@ impl<'s> Sink<'s> for ToWriters<'s> {
         // smallest handfuls: a wake-up costs little beside a write's wait.
         let most = if raised { HANDFUL_BLOBS } else { handful_blobs(batch.len(), active) };
         if raised || active == 1 {
-            return self.hand_out(&mut [], &mut handfuls(batch, most));
+            return self.hand_out(&mut [], &mut handfuls(batch, most), most);
         }
         let mut mine: Vec<Vec<Decoded<'s>>> = (0..active).map(|_| Vec::new()).collect();
         let mut anyone = Vec::new();
@@ -158,7 +158,7 @@ impl<'s> Sink<'s> for ToWriters<'s> {
             }
         }
         let mut own: Vec<_> = mine.into_iter().map(|m| handfuls(m, most)).collect();
-        self.hand_out(&mut own, &mut handfuls(anyone, most))
+        self.hand_out(&mut own, &mut handfuls(anyone, most), most)
     }
 
     fn failed(&self, _read: ReadRef<'s>, blob: &BlobEntry, why: &Error) {

@@ -56,7 +56,7 @@ pub struct Fetched<'b> {
 /// Fetch threads for a far link: one per core (the reads wait on the I/O runtime, the threads
 /// only hand them on).
 pub fn far_threads() -> usize {
-    crate::engine::platform::cores().max(1)
+    crate::engine::platform::cores()
 }
 
 /// A place at an auto-tuned reader's gate (nothing for a fixed one), given back when dropped.
