@@ -492,6 +492,15 @@ impl Repository {
         .await
     }
 
+    /// [`Repository::read_pack_range_async`] of several ranges of one pack, back to back in
+    /// `buf` ([`Storage::read_ranges_async`](crate::engine::storage::Storage::read_ranges_async)).
+    pub async fn read_pack_ranges_async(&self, pack: &str, ranges: &[(u64, u64)], buf: Vec<u8>) -> Result<Vec<u8>> {
+        crate::engine::storage::retry_damaged_async(buf, |buf| {
+            self.storage.read_ranges_async(pack.to_string(), ranges.to_vec(), buf)
+        })
+        .await
+    }
+
     /// Reads `len` bytes of `pack` at `offset` into a new buffer (again if the transfer came
     /// back short).
     pub fn read_pack_range(&self, pack: &str, offset: u64, len: u64) -> Result<Vec<u8>> {

@@ -198,7 +198,7 @@ impl ReadAhead {
             .map(|(pack, salt, end)| {
                 self.bytes.fetch_add(end, Ordering::Relaxed);
                 state.pending.insert(pack, end);
-                PackRead { pack, salt, offset: 0, length: end, blobs: Vec::new() }
+                PackRead { pack, salt, offset: 0, length: end, blobs: Vec::new(), parts: Vec::new() }
             })
             .collect()
     }
@@ -496,6 +496,7 @@ fn load_through(repo: &Repository, id: &BlobId, ahead: &ReadAhead) -> Result<Tre
         offset: u64::from(loc.entry.offset),
         length: u64::from(loc.entry.length),
         blobs: vec![loc.entry],
+        parts: Vec::new(),
     };
     ahead.extend(repo, &mut read, loc.pack_no);
     match read_trees(repo, &read, ahead) {
@@ -886,7 +887,8 @@ mod read_ahead_tests {
         let blobs = [blob(1, 0, 10), blob(2, 10, 10), blob(3, 20, 10)];
         let at = |b: &BlobEntry| BlobLocation { pack, pack_no: 0, salt: [0; SALT_LEN], entry: *b };
         let ahead = ReadAhead::default();
-        let read = PackRead { pack, salt: [0; SALT_LEN], offset: 0, length: 30, blobs: vec![blobs[0]] };
+        let read =
+            PackRead { pack, salt: [0; SALT_LEN], offset: 0, length: 30, blobs: vec![blobs[0]], parts: Vec::new() };
         ahead.hold(&read, &Arc::new(vec![0; 30]));
         for _ in 0..3 {
             assert_eq!(ahead.take(&at(&blobs[1])).map(|(_, at)| at), Some(10));
@@ -905,7 +907,8 @@ mod read_ahead_tests {
         let blobs = [blob(1, 0, 10), blob(2, 10, 10)];
         let (p1, p2) = (PackId([1; 32]), PackId([2; 32]));
         for pack in [p1, p2] {
-            let whole = PackRead { pack, salt: [0; SALT_LEN], offset: 0, length: 20, blobs: vec![blobs[0]] };
+            let whole =
+                PackRead { pack, salt: [0; SALT_LEN], offset: 0, length: 20, blobs: vec![blobs[0]], parts: Vec::new() };
             ahead.held.lock().unwrap().pending.insert(pack, 20);
             ahead.bytes.fetch_add(20, Ordering::Relaxed);
             ahead.hold(&whole, &Arc::new(vec![0; 20]));
@@ -932,7 +935,8 @@ mod read_ahead_tests {
         let pack = PackId([7; 32]);
         let blobs = [blob(1, 0, 10), blob(2, 10, 10)];
         let at = |b: &BlobEntry| BlobLocation { pack, pack_no: 0, salt: [0; SALT_LEN], entry: *b };
-        let whole = PackRead { pack, salt: [0; SALT_LEN], offset: 0, length: 20, blobs: vec![blobs[0]] };
+        let whole =
+            PackRead { pack, salt: [0; SALT_LEN], offset: 0, length: 20, blobs: vec![blobs[0]], parts: Vec::new() };
         for lands in [true, false] {
             let ahead = ReadAhead::default();
             ahead.held.lock().unwrap().pending.insert(pack, 20);

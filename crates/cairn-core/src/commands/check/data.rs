@@ -216,6 +216,7 @@ fn plan(packs: &[&IndexedPackInfo], budget: u64) -> (Vec<PackRead>, Vec<(PackId,
                         offset: start,
                         length: stop - start,
                         blobs: vec![b],
+                        parts: Vec::new(),
                     });
                 }
             }
@@ -244,7 +245,7 @@ fn gap_reads(p: &IndexedPackInfo, from: u64, to: u64, piece: u64, reads: &mut Ve
     let mut at = from;
     while at < to {
         let length = (to - at).min(piece);
-        reads.push(PackRead { pack: p.id, salt: p.salt, offset: at, length, blobs: Vec::new() });
+        reads.push(PackRead { pack: p.id, salt: p.salt, offset: at, length, blobs: Vec::new(), parts: Vec::new() });
         at += length;
     }
 }

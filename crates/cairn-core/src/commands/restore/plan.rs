@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
 use super::types::{ClosedDir, Dest, Entry, Fetches, Link, NeededChunk, Plan};
-use crate::engine::read::{coalesce, gap_within, PackRead};
+use crate::engine::read::{coalesce, gap_within, join_parts, PackRead};
 use crate::engine::repository::Repository;
 use crate::engine::trees::{Ahead, Loading, TreeLoader, MAX_DEPTH};
 use crate::error::{Error, Result};
@@ -495,13 +495,16 @@ pub enum Gap {
 }
 
 impl Gap {
-    /// The reads of `located`, each within `budget`.
+    /// The reads of `located`, each within `budget`; with [`Gap::Within`], the reads of one
+    /// pack that may not be read through as one read of several ranges ([`join_parts`]).
     pub fn coalesce(self, located: Vec<BlobLocation>, budget: u64) -> Vec<PackRead> {
-        let gap = match self {
-            Gap::Bytes(g) => g,
-            Gap::Within(g) => g.min(gap_within(&located, LOCAL_EXTRA)),
-        };
-        coalesce(located, budget, gap)
+        match self {
+            Gap::Bytes(g) => coalesce(located, budget, g),
+            Gap::Within(g) => {
+                let gap = g.min(gap_within(&located, LOCAL_EXTRA));
+                join_parts(coalesce(located, budget, gap), budget)
+            }
+        }
     }
 }
 

@@ -144,7 +144,7 @@ fn verify_blobs<'s, S: Sink<'s>>(
 ) -> Vec<(BlobId, Stored)> {
     let mut done = Vec::with_capacity(f.read.blobs.len());
     for b in &f.read.blobs {
-        let start = (u64::from(b.offset) - f.read.offset) as usize;
+        let start = f.read.position(u64::from(b.offset));
         let sealed = &mut f.range[start..start + b.length as usize];
         match verify_stored(r.repo.key(), &f.key, b, sealed, &f.pack, scratch) {
             Ok(stored) => done.push((b.id, Stored::InRead(start + stored.start..start + stored.end))),
@@ -177,7 +177,7 @@ fn decode_read<'s, S: Sink<'s>>(r: &'s Reader<'_>, mut f: Fetched<'s>, sink: &S)
     sink.fetched(f.read, &f.range);
     let mut done = Vec::with_capacity(f.read.blobs.len());
     for (b, reservation) in f.read.blobs.iter().zip(f.blob_reservations.drain(..)) {
-        let start = (u64::from(b.offset) - f.read.offset) as usize;
+        let start = f.read.position(u64::from(b.offset));
         let sealed = &mut f.range[start..start + b.length as usize];
         let mut out = Vec::new();
         match decode_blob_into(r.repo.key(), &f.key, b, sealed, &f.pack, &mut out) {

@@ -248,7 +248,12 @@ fn begin<'s>(
 async fn fly<'s>(r: &'s Reader<'s>, mut flight: Flight<'s>) -> (Flight<'s>, Result<Vec<u8>>) {
     let requesting = Requesting::new(r);
     let buf = std::mem::take(&mut *flight.range);
-    let got = r.repo.read_pack_range_async(&flight.pack, flight.read.offset, flight.read.length, buf).await;
+    let read = flight.read;
+    let got = if read.parts.is_empty() {
+        r.repo.read_pack_range_async(&flight.pack, read.offset, read.length, buf).await
+    } else {
+        r.repo.read_pack_ranges_async(&flight.pack, &read.parts, buf).await
+    };
     drop(requesting);
     (flight, got)
 }

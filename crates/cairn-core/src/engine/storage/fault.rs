@@ -173,6 +173,24 @@ impl<S: Storage> Storage for FaultyStorage<S> {
         })
     }
 
+    // The ranges are requested at once: they wait out one round trip together.
+    fn read_ranges_async(&self, path: String, ranges: Vec<(u64, u64)>, buf: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>>> {
+        Box::pin(async move {
+            let start = Instant::now();
+            if !self.faults.latency.is_zero() {
+                tokio::time::sleep(self.faults.latency).await;
+            }
+            if self.faults.stall_path.as_deref().is_some_and(|p| path.contains(p)) {
+                tokio::time::sleep(self.faults.stall_for).await;
+            }
+            let got = self.inner.read_ranges_async(path.clone(), ranges, buf).await;
+            self.trace.record(|| format!("read ranges of {path}"), start);
+            let mut buf = got?;
+            self.mangle(&path, &mut buf, true)?;
+            Ok(buf)
+        })
+    }
+
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {
         self.request("write", path, || {
             self.stall(&self.faults.stall_write, path);

@@ -182,6 +182,11 @@ impl Storage for LimitedStorage {
         self.inner.read_range_async(path, offset, len, buf)
     }
 
+    fn read_ranges_async(&self, path: String, ranges: Vec<(u64, u64)>, buf: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>>> {
+        self.download(ranges.iter().map(|r| r.1).sum());
+        self.inner.read_ranges_async(path, ranges, buf)
+    }
+
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {
         if let Some(b) = &self.upload {
             b.take(data.len() as u64);

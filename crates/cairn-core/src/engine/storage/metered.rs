@@ -110,6 +110,19 @@ impl Storage for MeteredStorage {
         })
     }
 
+    fn read_ranges_async(&self, path: String, ranges: Vec<(u64, u64)>, buf: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>>> {
+        let start = Instant::now();
+        let small = ranges.iter().all(|&(_, len)| len <= SMALL);
+        let read = self.inner.read_ranges_async(path, ranges, buf);
+        Box::pin(async move {
+            let out = read.await;
+            if out.is_ok() && small {
+                self.link.record(start.elapsed());
+            }
+            out
+        })
+    }
+
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {
         self.inner.write(path, data)
     }

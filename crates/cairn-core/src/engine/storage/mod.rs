@@ -67,6 +67,15 @@ pub trait Storage: Send + Sync {
     fn read_range_async(&self, path: String, offset: u64, len: u64, buf: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>>> {
         read_at_once(|buf| self.read_range_into(&path, offset, len, buf), buf)
     }
+    /// The ranges `ranges` (offset, length) of one object, back to back in `buf`, as one read of
+    /// the read path (a read of several parts, `read::join_parts`). The default requests each
+    /// range with [`Storage::read_range_async`], all at once, so they wait out one round trip
+    /// together; a local file is opened once for all of them, and a layer forwards the whole.
+    fn read_ranges_async(&self, path: String, ranges: Vec<(u64, u64)>, buf: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>>> {
+        Box::pin(read_each(ranges, buf, move |offset, len| {
+            self.read_range_async(path.clone(), offset, len, Vec::new())
+        }))
+    }
     /// Writes a whole object atomically: readers see all of it or nothing.
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()>;
     /// Writes an object from `parts` as they come, atomically like [`Storage::write`], without
@@ -144,6 +153,23 @@ fn read_at_once<'a>(read: impl FnOnce(&mut Vec<u8>) -> Result<()>, mut buf: Vec<
     Box::pin(std::future::ready(read(&mut buf).map(|()| buf)))
 }
 
+/// Each of `ranges` read by `read` (offset, length), all at once, and put back to back in `buf`.
+pub(crate) async fn read_each<F>(
+    ranges: Vec<(u64, u64)>,
+    mut buf: Vec<u8>,
+    read: impl Fn(u64, u64) -> F,
+) -> Result<Vec<u8>>
+where
+    F: std::future::Future<Output = Result<Vec<u8>>>,
+{
+    let parts = futures_util::future::join_all(ranges.iter().map(|&(offset, len)| read(offset, len))).await;
+    buf.clear();
+    for part in parts {
+        buf.extend_from_slice(&part?);
+    }
+    Ok(buf)
+}
+
 /// [`retry_damaged`] for a read that owns its buffer ([`Storage::read_range_async`]): `read`
 /// is given a buffer each time (the one it started with first, then a new one).
 pub(crate) async fn retry_damaged_async<F>(mut buf: Vec<u8>, mut read: impl FnMut(Vec<u8>) -> F) -> Result<Vec<u8>>
@@ -158,6 +184,86 @@ where
                 attempt += 1;
             }
             other => return other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fault::{Faults, FaultyStorage};
+    use super::opendal_backend::OpendalStorage;
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A storage that only forwards what every storage must have: its ranged reads are the
+    /// trait's own (`read_range_async` at once, `read_ranges_async` each range at once).
+    struct Plain(OpendalStorage);
+
+    impl Storage for Plain {
+        fn location(&self) -> &str {
+            self.0.location()
+        }
+        fn read(&self, path: &str) -> Result<Vec<u8>> {
+            self.0.read(path)
+        }
+        fn read_range_into(&self, path: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
+            self.0.read_range_into(path, offset, len, buf)
+        }
+        fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {
+            self.0.write(path, data)
+        }
+        fn list(&self, dir: &str) -> Result<Vec<ObjectInfo>> {
+            self.0.list(dir)
+        }
+        fn delete(&self, path: &str) -> Result<()> {
+            self.0.delete(path)
+        }
+        fn exists(&self, path: &str) -> Result<bool> {
+            self.0.exists(path)
+        }
+        fn create(&self) -> Result<()> {
+            self.0.create()
+        }
+        fn default_concurrency(&self) -> usize {
+            1
+        }
+        fn is_remote(&self) -> bool {
+            false
+        }
+        fn remove_stale_temporaries(&self, age: Duration) -> Result<usize> {
+            self.0.remove_stale_temporaries(age)
+        }
+    }
+
+    /// Reads of several ranges give them back to back, the buffer's old content gone, whether
+    /// the local backend opens the file once, the trait's default requests each range, or the
+    /// fault layer waits one round trip for all of them; a range past the end is damage.
+    #[test]
+    fn a_read_of_several_ranges_gives_them_back_to_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        let object: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        OpendalStorage::local(root).unwrap().write("data/ab/pack", object.clone()).unwrap();
+        let ranges = vec![(0, 10), (100, 900), (5_000, 1), (9_990, 10)];
+        let want: Vec<u8> = ranges.iter().flat_map(|&(o, l)| object[o as usize..(o + l) as usize].to_vec()).collect();
+        let rt = io_runtime().unwrap();
+        let latency = Duration::from_millis(50);
+        let faulty = FaultyStorage::new(OpendalStorage::local(root).unwrap(), Faults { latency, ..Faults::default() });
+        let storages: [(&str, Box<dyn Storage>); 3] = [
+            ("local", Box::new(OpendalStorage::local(root).unwrap())),
+            ("default", Box::new(Plain(OpendalStorage::local(root).unwrap()))),
+            ("fault layer", Box::new(faulty)),
+        ];
+        for (name, s) in &storages {
+            let t = Instant::now();
+            let got = rt.block_on(s.read_ranges_async("data/ab/pack".into(), ranges.clone(), vec![7; 3])).unwrap();
+            assert_eq!(got, want, "{name}");
+            if *name == "fault layer" {
+                let took = t.elapsed();
+                assert!(took >= latency && took < 3 * latency, "{name}: one round trip for all ranges, took {took:?}");
+            }
+            let past = rt.block_on(s.read_ranges_async("data/ab/pack".into(), vec![(0, 10), (9_995, 10)], Vec::new()));
+            assert!(matches!(past, Err(Error::Corrupt { .. })), "{name}: {past:?}");
         }
     }
 }
