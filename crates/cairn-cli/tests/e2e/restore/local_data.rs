@@ -14,6 +14,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::support::library::id::BlobId;
+use crate::support::library::layout::pack_path;
 use crate::support::library::pack::BlobKind;
 use crate::support::library::tree::Chunk;
 use serde_json::Value;
@@ -389,6 +390,63 @@ fn many_small_reads_are_in_flight_on_few_fetch_threads() {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
     assert!((1..=cores.min(64)).contains(&threads), "at most a fetch thread per core ({cores}): {out}");
     assert!(peak > threads, "more reads in flight than fetch threads: {peak} on {threads}: {out}");
+}
+
+/// A read of several ranges (the changed chunks of one pack, joined: `read::join_parts`) that
+/// fails loses only the blobs of its ranges that fail when read on their own: 1,200 small
+/// files, every other one replaced, restored beside the source at 5 ms a request, with the
+/// pack holding most of the replaced files' chunks cut short at the start of the middle one of
+/// them. Exactly the replaced files whose chunk lay past the cut fail, each named; every other
+/// file (the replaced ones whose chunks lie before the cut in the same pack, read in the same
+/// joined reads, included) is restored exactly.
+#[test]
+fn a_joined_read_that_fails_loses_only_the_blobs_past_the_damage() {
+    let mut files = Vec::new();
+    let make = |src: &Path| {
+        let mut rng = Rng(23);
+        for i in 0..1200 {
+            let path = src.join(format!("f{i:04}"));
+            fs::write(&path, rng.bytes(4 * KIB + (i % 7) * 512)).unwrap();
+            files.push(path);
+        }
+    };
+    let env = Fixture::backed_up(make, &SMALL_REPO, &[]);
+    let (replaced, _) = every_other(&files);
+    let replaced_chunks = env.replace(&replaced);
+    let (repo, _) = env.cairn.open();
+    repo.load_index().unwrap();
+    let located: Vec<(BlobId, String, u64)> = replaced_chunks
+        .iter()
+        .map(|id| {
+            let loc = repo.index().get(id).expect("a replaced chunk is in the index");
+            (*id, pack_path(&loc.pack), u64::from(loc.entry.offset))
+        })
+        .collect();
+    drop(repo);
+    let count = |p: &String| located.iter().filter(|l| &l.1 == p).count();
+    let pack = located.iter().map(|l| l.1.clone()).max_by_key(count).unwrap();
+    let mut offsets: Vec<u64> = located.iter().filter(|l| l.1 == pack).map(|l| l.2).collect();
+    offsets.sort_unstable();
+    assert!(offsets.len() >= 8, "enough replaced chunks in one pack to join: {}", offsets.len());
+    let cut = offsets[offsets.len() / 2];
+    let lost: BTreeSet<BlobId> = located.iter().filter(|l| l.1 == pack && l.2 >= cut).map(|l| l.0).collect();
+    let file = env.repo().join(&pack);
+    fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(cut).unwrap();
+
+    let target = env.path("t");
+    let run = env.cairn.run_env(
+        &[("CAIRN_INJECT_FAULTS", "latency=5ms")],
+        ["restore", &env.snapshot, "--target", target.to_str().unwrap()],
+    );
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    let failed: Vec<&str> = stderr.lines().filter(|l| l.contains(&pack)).collect();
+    assert_eq!(failed.len(), lost.len(), "one failed file for each chunk past the cut:\n{stderr}");
+    let restored = scan(&env.restored(&target));
+    let mut expected = env.before.clone();
+    expected.retain(|rel, _| restored.contains_key(rel));
+    assert_eq!(env.before.len() - expected.len(), lost.len(), "exactly the files of the lost chunks are missing");
+    assert_same(&expected, &restored, false);
 }
 
 /// With a local repository the scan looks at no source file, and the copy's failed chunks

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
 use super::types::{ClosedDir, Dest, Entry, Fetches, Link, NeededChunk, Plan};
-use crate::engine::read::{coalesce, gap_within, join_parts, PackRead};
+use crate::engine::read::{coalesce, gap_within, join_parts, most_parts, PackRead};
 use crate::engine::repository::Repository;
 use crate::engine::trees::{Ahead, Loading, TreeLoader, MAX_DEPTH};
 use crate::error::{Error, Result};
@@ -477,7 +477,7 @@ pub fn fetches(
         }
     }
     drop(index);
-    f.reads = gap.coalesce(located, budget);
+    f.reads = gap.coalesce(located, budget, most_parts(repo));
     f.fetch_bytes = f.reads.iter().map(|r| r.length).sum();
     f
 }
@@ -496,13 +496,13 @@ pub enum Gap {
 
 impl Gap {
     /// The reads of `located`, each within `budget`; with [`Gap::Within`], the reads of one
-    /// pack that may not be read through as one read of several ranges ([`join_parts`]).
-    pub fn coalesce(self, located: Vec<BlobLocation>, budget: u64) -> Vec<PackRead> {
+    /// pack that may not be read through as one read of up to `most` ranges ([`join_parts`]).
+    pub fn coalesce(self, located: Vec<BlobLocation>, budget: u64, most: usize) -> Vec<PackRead> {
         match self {
             Gap::Bytes(g) => coalesce(located, budget, g),
             Gap::Within(g) => {
                 let gap = g.min(gap_within(&located, LOCAL_EXTRA));
-                join_parts(coalesce(located, budget, gap), budget)
+                join_parts(coalesce(located, budget, gap), budget, most)
             }
         }
     }
@@ -558,7 +558,7 @@ pub fn late_reads(
         }
     }
     drop(index);
-    gap.coalesce(located, budget)
+    gap.coalesce(located, budget, most_parts(repo))
 }
 
 /// Why a file fails when a blob it needs is not in the index.

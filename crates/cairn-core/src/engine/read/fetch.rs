@@ -29,7 +29,7 @@ use super::buffers::{Buf, BufferPool};
 use super::tune::GatePlace;
 use super::{keeps_no_plaintext, ReadRef, Reader, Sink, POOLED_BLOB};
 use crate::engine::memory::Reservation;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use cairn_format::crypto::ObjectKey;
 use cairn_format::layout::pack_path;
 use cairn_format::pack::BlobKind;
@@ -252,10 +252,33 @@ async fn fly<'s>(r: &'s Reader<'s>, mut flight: Flight<'s>) -> (Flight<'s>, Resu
     let got = if read.parts.is_empty() {
         r.repo.read_pack_range_async(&flight.pack, read.offset, read.length, buf).await
     } else {
-        r.repo.read_pack_ranges_async(&flight.pack, &read.parts, buf).await
+        match r.repo.read_pack_ranges_async(&flight.pack, &read.parts, buf).await {
+            Err(e) => apart(r, &flight.pack, &read.parts, e).await,
+            done => done,
+        }
     };
     drop(requesting);
     (flight, got)
+}
+
+/// A read of several ranges that failed, read again range by range, so that one bad range fails
+/// only its own blobs: a range that fails again is left as zeros, which fail authentication,
+/// and the decoders read each of its blobs again on its own (and fail it, read/decode.rs). If
+/// every range fails, the read fails as it did (`first`).
+async fn apart(r: &Reader<'_>, pack: &str, parts: &[(u64, u64)], first: Error) -> Result<Vec<u8>> {
+    let each = parts.iter().map(|&(offset, len)| r.repo.read_pack_range_async(pack, offset, len, Vec::new()));
+    let got = futures_util::future::join_all(each).await;
+    if got.iter().all(Result::is_err) {
+        return Err(first);
+    }
+    let mut buf = Vec::with_capacity(parts.iter().map(|p| p.1 as usize).sum());
+    for (part, &(_, len)) in got.into_iter().zip(parts) {
+        match part {
+            Ok(bytes) => buf.extend_from_slice(&bytes),
+            Err(_) => buf.resize(buf.len() + len as usize, 0),
+        }
+    }
+    Ok(buf)
 }
 
 /// How long a worker waiting for room in the decode stage's queue waits for a decode worker's

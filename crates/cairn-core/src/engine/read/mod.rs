@@ -82,12 +82,13 @@ impl PackRead {
     pub fn position(&self, offset: u64) -> usize {
         let mut before = 0;
         for &(start, len) in &self.parts {
-            if offset < start + len {
+            if (start..start + len).contains(&offset) {
                 return (before + offset - start) as usize;
             }
             before += len;
         }
-        (offset - self.offset) as usize
+        debug_assert!(self.parts.is_empty(), "offset {offset} is in none of the read's parts");
+        offset.saturating_sub(self.offset) as usize
     }
 }
 
@@ -142,20 +143,35 @@ pub fn coalesce(mut located: Vec<BlobLocation>, budget: u64, gap: u64) -> Vec<Pa
     reads
 }
 
-/// Most ranges one read of several parts covers ([`join_parts`]).
+/// Most ranges one read of several parts covers ([`join_parts`]) from a local storage (a file
+/// opened once for all of them) ...
 pub const MOST_PARTS: usize = 32;
 
+/// ... and from a remote one, whose ranges are each a request, sent at once: the reads in
+/// flight are tuned as reads, so a joined read may not be many of them.
+pub const MOST_PARTS_REMOTE: usize = 8;
+
+/// Most ranges one read of several parts covers from `repo`'s storage.
+pub fn most_parts(repo: &Repository) -> usize {
+    if repo.storage().is_remote() {
+        MOST_PARTS_REMOTE
+    } else {
+        MOST_PARTS
+    }
+}
+
 /// Joins the reads of one pack that follow each other in `reads` (as [`coalesce`] gives them)
-/// into reads of up to [`MOST_PARTS`] ranges each, within [`MAX_READ`] and `budget` as
+/// into reads of up to `most` ranges each ([`most_parts`]), within [`MAX_READ`] and `budget` as
 /// [`coalesce`]'s are, the bytes between them not read. Each such read is one unit of the
 /// fetch and decode stages however many requests the storage makes for it
 /// ([`Storage::read_ranges_async`](crate::engine::storage::Storage::read_ranges_async)): one
-/// wake-up of a fetch worker, of a decoder and of a writer for all its blobs, not one each.
+/// wake-up of a fetch worker and of a decoder for all its blobs, which go to the writers in
+/// handfuls, not one each.
 /// For scattered small blobs that may not be read through (the chunks local data could not
 /// supply, the restore plan's `Gap::Within`): restoring `many` with a tenth
 /// changed at 20 ms a request, about 90,000 reads of one blob cost fetch, decode and write
 /// some 57 us a file against 21 us for a file of a coalesced read.
-pub fn join_parts(reads: Vec<PackRead>, budget: u64) -> Vec<PackRead> {
+pub fn join_parts(reads: Vec<PackRead>, budget: u64, most: usize) -> Vec<PackRead> {
     let mut out: Vec<PackRead> = Vec::with_capacity(reads.len());
     let mut last_raw = 0; // plaintext bytes of the last read's blobs
     for read in reads {
@@ -163,7 +179,8 @@ pub fn join_parts(reads: Vec<PackRead>, budget: u64) -> Vec<PackRead> {
         if let Some(last) = out.last_mut().filter(|l| l.pack == read.pack) {
             let (length, raw) = (last.length + read.length, last_raw + read_raw);
             let parts = last.parts.len().max(1) + read.parts.len().max(1);
-            if parts <= MOST_PARTS && length <= MAX_READ && raw <= MAX_READ && length + raw <= budget {
+            if parts <= most && length <= MAX_READ && raw <= MAX_READ && length + raw <= budget {
+                debug_assert!(last.parts.last().map_or(last.offset + last.length, |p| p.0 + p.1) < read.offset);
                 if last.parts.is_empty() {
                     last.parts.push((last.offset, last.length));
                 }
@@ -687,7 +704,7 @@ mod tests {
             in_pack(at(3, 20_200, 50, 100), 3),
             in_pack(at(4, 0, 100, 200), 7),
         ];
-        let reads = join_parts(coalesce(locs.clone(), u64::MAX, 4096), u64::MAX);
+        let reads = join_parts(coalesce(locs.clone(), u64::MAX, 4096), u64::MAX, MOST_PARTS);
         assert_eq!(shape(&reads), [(0, 250, 3), (0, 100, 1)]);
         assert_eq!(reads[0].parts, [(0, 100), (10_100, 100), (20_200, 50)]);
         assert!(reads[1].parts.is_empty(), "one range stays a plain read");
@@ -699,11 +716,11 @@ mod tests {
         assert_eq!(reads[1].position(0), 0);
         // The budget bounds a joined read as it bounds a coalesced one (range and plaintext):
         // 250 + 500 bytes do not fit in 700, so the third blob starts a read of its own.
-        let reads = join_parts(coalesce(locs, 700, 4096), 700);
+        let reads = join_parts(coalesce(locs, 700, 4096), 700, MOST_PARTS);
         assert_eq!(shape(&reads), [(0, 200, 2), (20_200, 50, 1), (0, 100, 1)]);
         // At most MOST_PARTS ranges to a read.
         let many: Vec<_> = (0..MOST_PARTS as u32 + 5).map(|i| at(i as u8, i * 10_000, 100, 100)).collect();
-        let reads = join_parts(coalesce(many, u64::MAX, 4096), u64::MAX);
+        let reads = join_parts(coalesce(many, u64::MAX, 4096), u64::MAX, MOST_PARTS);
         assert_eq!(reads.iter().map(|r| r.parts.len()).collect::<Vec<_>>(), [MOST_PARTS, 5]);
     }
 
@@ -717,6 +734,7 @@ mod tests {
             blobs in proptest::collection::vec((0u32..3, 0u32..50_000, 1u32..20_000, 1u32..100_000), 0..200),
             budget in 1u64..4_000_000,
             gap in 0u64..20_000,
+            most in 1usize..40,
         ) {
             // Each pack's blobs in order, with room between them.
             let mut next = [0u32; 3];
@@ -732,11 +750,11 @@ mod tests {
             }
             // A pack's byte at `o` is (o mod 251): what a read of the parts gives back.
             let byte = |o: u64| (o % 251) as u8;
-            let reads = join_parts(coalesce(locs.clone(), budget, gap), budget);
+            let reads = join_parts(coalesce(locs.clone(), budget, gap), budget, most);
             let mut seen = std::collections::HashSet::new();
             for r in &reads {
                 let ranges = if r.parts.is_empty() { vec![(r.offset, r.length)] } else { r.parts.clone() };
-                proptest::prop_assert!(r.parts.len() <= MOST_PARTS);
+                proptest::prop_assert!(r.parts.len() <= most);
                 proptest::prop_assert_eq!(ranges[0].0, r.offset);
                 proptest::prop_assert_eq!(ranges.iter().map(|p| p.1).sum::<u64>(), r.length);
                 proptest::prop_assert!(ranges.windows(2).all(|w| w[0].0 + w[0].1 < w[1].0));

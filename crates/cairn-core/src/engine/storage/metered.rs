@@ -112,7 +112,7 @@ impl Storage for MeteredStorage {
 
     fn read_ranges_async(&self, path: String, ranges: Vec<(u64, u64)>, buf: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>>> {
         let start = Instant::now();
-        let small = ranges.iter().all(|&(_, len)| len <= SMALL);
+        let small = ranges.iter().map(|r| r.1).sum::<u64>() <= SMALL;
         let read = self.inner.read_ranges_async(path, ranges, buf);
         Box::pin(async move {
             let out = read.await;

@@ -193,6 +193,7 @@ mod tests {
     use super::fault::{Faults, FaultyStorage};
     use super::opendal_backend::OpendalStorage;
     use super::*;
+    use std::sync::Arc;
     use std::time::{Duration, Instant};
 
     /// A storage that only forwards what every storage must have: its ranged reads are the
@@ -237,7 +238,9 @@ mod tests {
 
     /// Reads of several ranges give them back to back, the buffer's old content gone, whether
     /// the local backend opens the file once, the trait's default requests each range, or the
-    /// fault layer waits one round trip for all of them; a range past the end is damage.
+    /// fault layer, under the metered and limit layers as a repository stacks them, waits one
+    /// round trip for all of them (one request in its trace, not one a range); a range past the
+    /// end is damage.
     #[test]
     fn a_read_of_several_ranges_gives_them_back_to_back() {
         let dir = tempfile::tempdir().unwrap();
@@ -247,23 +250,30 @@ mod tests {
         let ranges = vec![(0, 10), (100, 900), (5_000, 1), (9_990, 10)];
         let want: Vec<u8> = ranges.iter().flat_map(|&(o, l)| object[o as usize..(o + l) as usize].to_vec()).collect();
         let rt = io_runtime().unwrap();
-        let latency = Duration::from_millis(50);
+        let latency = Duration::from_millis(20);
         let faulty = FaultyStorage::new(OpendalStorage::local(root).unwrap(), Faults { latency, ..Faults::default() });
+        let limits = limit::Limits { upload: None, download: Some(1 << 30) };
+        let stacked = metered::MeteredStorage::new(
+            Arc::new(limit::LimitedStorage::new(Arc::new(faulty), limits)),
+            Arc::new(metered::LinkMeter::default()),
+        );
         let storages: [(&str, Box<dyn Storage>); 3] = [
             ("local", Box::new(OpendalStorage::local(root).unwrap())),
             ("default", Box::new(Plain(OpendalStorage::local(root).unwrap()))),
-            ("fault layer", Box::new(faulty)),
+            ("fault layer, stacked", Box::new(stacked)),
         ];
         for (name, s) in &storages {
             let t = Instant::now();
             let got = rt.block_on(s.read_ranges_async("data/ab/pack".into(), ranges.clone(), vec![7; 3])).unwrap();
             assert_eq!(got, want, "{name}");
-            if *name == "fault layer" {
-                let took = t.elapsed();
-                assert!(took >= latency && took < 3 * latency, "{name}: one round trip for all ranges, took {took:?}");
+            if let Some(trace) = s.trace() {
+                assert!(t.elapsed() >= latency, "{name}: the round trip was waited for");
+                let asked: Vec<String> = trace.critical_path().chain.into_iter().map(|step| step.what).collect();
+                assert_eq!(asked, ["read ranges of data/ab/pack"], "{name}: one request for all the ranges");
             }
             let past = rt.block_on(s.read_ranges_async("data/ab/pack".into(), vec![(0, 10), (9_995, 10)], Vec::new()));
             assert!(matches!(past, Err(Error::Corrupt { .. })), "{name}: {past:?}");
         }
+        assert!(storages[2].1.trace().is_some(), "the stacked fault layer keeps a trace");
     }
 }
