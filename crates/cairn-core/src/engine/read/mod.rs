@@ -638,6 +638,13 @@ mod tests {
         BlobLocation { pack: PackId([0; 32]), pack_no: 0, salt: [0; SALT_LEN], entry }
     }
 
+    /// `l` moved to pack `no`.
+    fn in_pack(mut l: BlobLocation, no: u32) -> BlobLocation {
+        l.pack_no = no;
+        l.pack = PackId([no as u8; 32]);
+        l
+    }
+
     fn shape(reads: &[PackRead]) -> Vec<(u64, u64, usize)> {
         reads.iter().map(|r| (r.offset, r.length, r.blobs.len())).collect()
     }
@@ -652,11 +659,6 @@ mod tests {
 
     #[test]
     fn reads_never_span_two_packs() {
-        let in_pack = |mut l: BlobLocation, no: u32| {
-            l.pack_no = no;
-            l.pack = PackId([no as u8; 32]);
-            l
-        };
         // Two packs' blobs interleaved and out of order; pack 7's lie just after pack 3's.
         let locs = vec![
             in_pack(at(1, 400, 100, 100), 7),
@@ -692,11 +694,6 @@ mod tests {
 
     #[test]
     fn reads_of_one_pack_that_may_not_read_through_are_joined_in_parts() {
-        let in_pack = |mut l: BlobLocation, no: u32| {
-            l.pack_no = no;
-            l.pack = PackId([no as u8; 32]);
-            l
-        };
         // Pack 3: three blobs 10,000 bytes apart; pack 7: one.
         let locs = vec![
             in_pack(at(1, 0, 100, 200), 3),

@@ -131,6 +131,32 @@ impl<S: Storage> FaultyStorage<S> {
     }
 }
 
+impl<S: Storage> FaultyStorage<S> {
+    /// A ranged read of `path` by `read` (given the inner storage), after the injected latency
+    /// and stall, which wait on the I/O runtime's timer (the reads in flight on one fetch worker
+    /// each wait out their own round trip, as they would on a network); recorded as `what` and
+    /// mangled as the faults say.
+    async fn ranged<'a>(
+        &'a self,
+        what: &str,
+        path: String,
+        read: impl FnOnce(&'a S, String) -> BoxFuture<'a, Result<Vec<u8>>>,
+    ) -> Result<Vec<u8>> {
+        let start = Instant::now();
+        if !self.faults.latency.is_zero() {
+            tokio::time::sleep(self.faults.latency).await;
+        }
+        if self.faults.stall_path.as_deref().is_some_and(|p| path.contains(p)) {
+            tokio::time::sleep(self.faults.stall_for).await;
+        }
+        let got = read(&self.inner, path.clone()).await;
+        self.trace.record(|| format!("{what} {path}"), start);
+        let mut buf = got?;
+        self.mangle(&path, &mut buf, true)?;
+        Ok(buf)
+    }
+}
+
 impl<S: Storage> Storage for FaultyStorage<S> {
     fn location(&self) -> &str {
         self.inner.location()
@@ -154,41 +180,13 @@ impl<S: Storage> Storage for FaultyStorage<S> {
         self.mangle(path, buf, true)
     }
 
-    // The latency and stalls wait on the I/O runtime's timer, so the reads in flight on one fetch
-    // worker each wait out their own round trip, as they would on a network.
     fn read_range_async(&self, path: String, offset: u64, len: u64, buf: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>>> {
-        Box::pin(async move {
-            let start = Instant::now();
-            if !self.faults.latency.is_zero() {
-                tokio::time::sleep(self.faults.latency).await;
-            }
-            if self.faults.stall_path.as_deref().is_some_and(|p| path.contains(p)) {
-                tokio::time::sleep(self.faults.stall_for).await;
-            }
-            let got = self.inner.read_range_async(path.clone(), offset, len, buf).await;
-            self.trace.record(|| format!("read range of {path}"), start);
-            let mut buf = got?;
-            self.mangle(&path, &mut buf, true)?;
-            Ok(buf)
-        })
+        Box::pin(self.ranged("read range of", path, move |inner, path| inner.read_range_async(path, offset, len, buf)))
     }
 
     // The ranges are requested at once: they wait out one round trip together.
     fn read_ranges_async(&self, path: String, ranges: Vec<(u64, u64)>, buf: Vec<u8>) -> BoxFuture<'_, Result<Vec<u8>>> {
-        Box::pin(async move {
-            let start = Instant::now();
-            if !self.faults.latency.is_zero() {
-                tokio::time::sleep(self.faults.latency).await;
-            }
-            if self.faults.stall_path.as_deref().is_some_and(|p| path.contains(p)) {
-                tokio::time::sleep(self.faults.stall_for).await;
-            }
-            let got = self.inner.read_ranges_async(path.clone(), ranges, buf).await;
-            self.trace.record(|| format!("read ranges of {path}"), start);
-            let mut buf = got?;
-            self.mangle(&path, &mut buf, true)?;
-            Ok(buf)
-        })
+        Box::pin(self.ranged("read ranges of", path, move |inner, path| inner.read_ranges_async(path, ranges, buf)))
     }
 
     fn write(&self, path: &str, data: Vec<u8>) -> Result<()> {
