@@ -198,7 +198,7 @@ impl ReadAhead {
             .map(|(pack, salt, end)| {
                 self.bytes.fetch_add(end, Ordering::Relaxed);
                 state.pending.insert(pack, end);
-                PackRead { pack, salt, offset: 0, length: end, blobs: Vec::new(), parts: Vec::new() }
+                PackRead::range(pack, salt, 0, end, Vec::new())
             })
             .collect()
     }
@@ -490,14 +490,8 @@ fn load_through(repo: &Repository, id: &BlobId, ahead: &ReadAhead) -> Result<Tre
     if let Some((bytes, at)) = ahead.take(&loc) {
         return decode_held(repo, &loc, &bytes, at);
     }
-    let mut read = PackRead {
-        pack: loc.pack,
-        salt: loc.salt,
-        offset: u64::from(loc.entry.offset),
-        length: u64::from(loc.entry.length),
-        blobs: vec![loc.entry],
-        parts: Vec::new(),
-    };
+    let mut read =
+        PackRead::range(loc.pack, loc.salt, u64::from(loc.entry.offset), u64::from(loc.entry.length), vec![loc.entry]);
     ahead.extend(repo, &mut read, loc.pack_no);
     match read_trees(repo, &read, ahead) {
         Ok(mut trees) if !trees.is_empty() => Ok(trees.swap_remove(0).1),
@@ -887,8 +881,7 @@ mod read_ahead_tests {
         let blobs = [blob(1, 0, 10), blob(2, 10, 10), blob(3, 20, 10)];
         let at = |b: &BlobEntry| BlobLocation { pack, pack_no: 0, salt: [0; SALT_LEN], entry: *b };
         let ahead = ReadAhead::default();
-        let read =
-            PackRead { pack, salt: [0; SALT_LEN], offset: 0, length: 30, blobs: vec![blobs[0]], parts: Vec::new() };
+        let read = PackRead::range(pack, [0; SALT_LEN], 0, 30, vec![blobs[0]]);
         ahead.hold(&read, &Arc::new(vec![0; 30]));
         for _ in 0..3 {
             assert_eq!(ahead.take(&at(&blobs[1])).map(|(_, at)| at), Some(10));
@@ -907,8 +900,7 @@ mod read_ahead_tests {
         let blobs = [blob(1, 0, 10), blob(2, 10, 10)];
         let (p1, p2) = (PackId([1; 32]), PackId([2; 32]));
         for pack in [p1, p2] {
-            let whole =
-                PackRead { pack, salt: [0; SALT_LEN], offset: 0, length: 20, blobs: vec![blobs[0]], parts: Vec::new() };
+            let whole = PackRead::range(pack, [0; SALT_LEN], 0, 20, vec![blobs[0]]);
             ahead.held.lock().unwrap().pending.insert(pack, 20);
             ahead.bytes.fetch_add(20, Ordering::Relaxed);
             ahead.hold(&whole, &Arc::new(vec![0; 20]));
@@ -935,8 +927,7 @@ mod read_ahead_tests {
         let pack = PackId([7; 32]);
         let blobs = [blob(1, 0, 10), blob(2, 10, 10)];
         let at = |b: &BlobEntry| BlobLocation { pack, pack_no: 0, salt: [0; SALT_LEN], entry: *b };
-        let whole =
-            PackRead { pack, salt: [0; SALT_LEN], offset: 0, length: 20, blobs: vec![blobs[0]], parts: Vec::new() };
+        let whole = PackRead::range(pack, [0; SALT_LEN], 0, 20, vec![blobs[0]]);
         for lands in [true, false] {
             let ahead = ReadAhead::default();
             ahead.held.lock().unwrap().pending.insert(pack, 20);

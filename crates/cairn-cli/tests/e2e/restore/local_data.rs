@@ -354,6 +354,22 @@ fn with_a_remote_repository_the_copy_runs_beside_the_planned_fetches() {
     env.assert_copied_kept_fetched_replaced(&target, &run.stdout, &kept, &replaced_chunks);
 }
 
+/// 1,200 files of 4 to 7 KiB (random bytes from `seed`) backed up into a fresh local
+/// repository (small chunks); also returns the files.
+fn small_files(seed: u64) -> (Fixture, Vec<PathBuf>) {
+    let mut files = Vec::new();
+    let make = |src: &Path| {
+        let mut rng = Rng(seed);
+        for i in 0..1200 {
+            let path = src.join(format!("f{i:03}"));
+            fs::write(&path, rng.bytes(4 * KIB + (i % 7) * 512)).unwrap();
+            files.push(path);
+        }
+    };
+    let env = Fixture::backed_up(make, &SMALL_REPO, &[]);
+    (env, files)
+}
+
 /// Many small reads are in flight on few fetch threads (read/fetch.rs): 1,200 files of a few
 /// KiB, every other one replaced, restored beside the source at 100 ms per request. The
 /// replaced files' 600 chunks lie between kept ones (which are copied); reads pass through
@@ -365,16 +381,7 @@ fn with_a_remote_repository_the_copy_runs_beside_the_planned_fetches() {
 /// wait on the I/O runtime, not on a thread), and what each side moved; the tree is exact.
 #[test]
 fn many_small_reads_are_in_flight_on_few_fetch_threads() {
-    let mut files = Vec::new();
-    let make = |src: &Path| {
-        let mut rng = Rng(21);
-        for i in 0..1200 {
-            let path = src.join(format!("f{i:03}"));
-            fs::write(&path, rng.bytes(4 * KIB + (i % 7) * 512)).unwrap();
-            files.push(path);
-        }
-    };
-    let env = Fixture::backed_up(make, &SMALL_REPO, &[]);
+    let (env, files) = small_files(21);
     let (replaced, kept) = every_other(&files);
     let replaced_chunks = env.replace(&replaced);
     let target = env.path("t");
@@ -401,16 +408,7 @@ fn many_small_reads_are_in_flight_on_few_fetch_threads() {
 /// joined reads, included) is restored exactly.
 #[test]
 fn a_joined_read_that_fails_loses_only_the_blobs_past_the_damage() {
-    let mut files = Vec::new();
-    let make = |src: &Path| {
-        let mut rng = Rng(23);
-        for i in 0..1200 {
-            let path = src.join(format!("f{i:04}"));
-            fs::write(&path, rng.bytes(4 * KIB + (i % 7) * 512)).unwrap();
-            files.push(path);
-        }
-    };
-    let env = Fixture::backed_up(make, &SMALL_REPO, &[]);
+    let (env, files) = small_files(23);
     let (replaced, _) = every_other(&files);
     let replaced_chunks = env.replace(&replaced);
     let (repo, _) = env.cairn.open();

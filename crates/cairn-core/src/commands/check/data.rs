@@ -210,14 +210,7 @@ fn plan(packs: &[&IndexedPackInfo], budget: u64) -> (Vec<PackRead>, Vec<(PackId,
                     if start > end && !overlap {
                         gap_reads(p, end, start, piece, &mut reads);
                     }
-                    reads.push(PackRead {
-                        pack: p.id,
-                        salt: p.salt,
-                        offset: start,
-                        length: stop - start,
-                        blobs: vec![b],
-                        parts: Vec::new(),
-                    });
+                    reads.push(PackRead::range(p.id, p.salt, start, stop - start, vec![b]));
                 }
             }
             end = end.max(stop);
@@ -245,7 +238,7 @@ fn gap_reads(p: &IndexedPackInfo, from: u64, to: u64, piece: u64, reads: &mut Ve
     let mut at = from;
     while at < to {
         let length = (to - at).min(piece);
-        reads.push(PackRead { pack: p.id, salt: p.salt, offset: at, length, blobs: Vec::new(), parts: Vec::new() });
+        reads.push(PackRead::range(p.id, p.salt, at, length, Vec::new()));
         at += length;
     }
 }

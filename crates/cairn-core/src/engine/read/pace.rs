@@ -99,14 +99,7 @@ pub fn ordered_reads(index: &Index, wanted: &[BlobId], gap: u64) -> Result<Vec<P
                 continue;
             }
         }
-        reads.push(PackRead {
-            pack: loc.pack,
-            salt: loc.salt,
-            offset: start,
-            length: end - start,
-            blobs: vec![b],
-            parts: Vec::new(),
-        });
+        reads.push(PackRead::range(loc.pack, loc.salt, start, end - start, vec![b]));
     }
     Ok(reads)
 }
@@ -139,16 +132,8 @@ mod tests {
 
     #[test]
     fn the_feed_stays_a_window_ahead_of_the_consumer() {
-        let reads: Vec<PackRead> = (0..5)
-            .map(|i| PackRead {
-                pack: PackId([0; 32]),
-                salt: [0; 32],
-                offset: i * 10,
-                length: 10,
-                blobs: Vec::new(),
-                parts: Vec::new(),
-            })
-            .collect();
+        let reads: Vec<PackRead> =
+            (0..5).map(|i| PackRead::range(PackId([0; 32]), [0; 32], i * 10, 10, Vec::new())).collect();
         let pace = Pace::default();
         let stop = std::sync::atomic::AtomicBool::new(false);
         let mut feed = Paced::new(&reads, 2, &pace, || stop.load(std::sync::atomic::Ordering::Relaxed));

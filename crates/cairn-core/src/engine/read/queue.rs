@@ -75,7 +75,7 @@ mod tests {
     use cairn_format::id::PackId;
 
     fn read(offset: u64) -> PackRead {
-        PackRead { pack: PackId([0; 32]), salt: [0; 32], offset, length: 1, blobs: Vec::new(), parts: Vec::new() }
+        PackRead::range(PackId([0; 32]), [0; 32], offset, 1, Vec::new())
     }
 
     #[test]

@@ -129,9 +129,7 @@ impl<S: Storage> FaultyStorage<S> {
         }
         Ok(())
     }
-}
 
-impl<S: Storage> FaultyStorage<S> {
     /// A ranged read of `path` by `read` (given the inner storage), after the injected latency
     /// and stall, which wait on the I/O runtime's timer (the reads in flight on one fetch worker
     /// each wait out their own round trip, as they would on a network); recorded as `what` and
