@@ -209,6 +209,8 @@ impl Run<'_> {
             late: Default::default(),
             copied: Default::default(),
             planned_span: AtomicU64::new(0),
+            planned_bytes: AtomicU64::new(0),
+            late_span: AtomicU64::new(0),
         };
         if !scanned.copies() {
             sh.late.close();
@@ -243,7 +245,8 @@ impl Run<'_> {
                 failed_chunks.fetch_add(failed.len(), Ordering::Relaxed);
                 sh.late.add(&tx, plan::late_reads(repo, &fetches, failed, budget, gap, fail));
             };
-            *copy_took.lock().expect("copy clock") = Some(scanned.copy(&sh, &fetch));
+            let took = scanned.copy(&sh, &fetch);
+            *copy_took.lock().expect("copy clock") = Some((took, piped.elapsed()));
         });
         let writers = self.writers.as_mut();
         part.write_tuning = pipeline::run(&sh, opts, progress, base, &mut part.stalls, writers, create, copy);
@@ -275,11 +278,18 @@ impl Run<'_> {
         if copying > 0 {
             self.late_share = Some(failed_chunks.into_inner() as f64 / copying as f64);
         }
-        if let Some(rate) = copy_took.into_inner().expect("copy clock").and_then(|t| local::cost::rate(copied, t)) {
-            self.local_rate = Some(rate);
+        if let Some((took, ended)) = copy_took.into_inner().expect("copy clock") {
+            // The copy's time, and how long its failed chunks kept the batch waiting after it:
+            // where each request is dear (a server on these cores) that wait is most of it.
+            let waited = Duration::from_nanos(sh.late_span.load(Ordering::Relaxed)).saturating_sub(ended);
+            if let Some(rate) = local::cost::rate(copied, took + waited) {
+                self.local_rate = Some(rate);
+            }
         }
         let span = Duration::from_nanos(sh.planned_span.load(Ordering::Relaxed));
-        if let Some(rate) = local::cost::rate(sh.written_fetched(), span).filter(|_| !span.is_zero()) {
+        if let Some(rate) =
+            local::cost::rate(sh.planned_bytes.load(Ordering::Relaxed), span).filter(|_| !span.is_zero())
+        {
             self.repository_rate = Some(rate);
         }
 

@@ -29,7 +29,7 @@ struct ToWriters<'s> {
     /// starts): above it, the controller found the writes waiting, not computing, and any
     /// writer takes any blob (see `blobs`).
     at_start: usize,
-    /// When the pipeline started (`Shared::planned_span` is counted from it).
+    /// When the pipeline started (`Shared::planned_span` and `late_span` are counted from it).
     began: Instant,
 }
 
@@ -120,10 +120,13 @@ type Handfuls<'s> = VecDeque<Vec<Decoded<'s>>>;
 
 impl<'s> Sink<'s> for ToWriters<'s> {
     fn blobs(&self, read: ReadRef<'s>, batch: Vec<Decoded<'s>>) -> bool {
-        if self.sh.fetches.reads.as_ptr_range().contains(&std::ptr::from_ref(read.read)) {
-            // A planned read (not one of the copy's failed chunks): the fetch's span so far.
-            let at = self.began.elapsed().as_nanos() as u64;
-            self.sh.planned_span.fetch_max(at, Ordering::Relaxed);
+        // The fetch's span so far: of the planned reads, or of the copy's failed chunks.
+        let planned = self.sh.fetches.reads.as_ptr_range().contains(&std::ptr::from_ref(read.read));
+        let span = if planned { &self.sh.planned_span } else { &self.sh.late_span };
+        span.fetch_max(self.began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if planned {
+            let bytes: usize = batch.iter().map(|b| b.data.len()).sum();
+            self.sh.planned_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         }
         // Writes to one file from two threads serialize on the file's inode lock, and spinning
         // on it cost more than it gained (a 4 GiB image: write busy 1.9 s with one writer,

@@ -95,8 +95,14 @@ pub struct Shared<'a> {
     /// Bytes the copy wrote (counted in `written` too), from the source and from the target.
     pub(super) copied: [AtomicU64; 2],
     /// Nanoseconds from the pipeline's start to the last blob of a planned read handed to the
-    /// writers: how long the fetch took on its own (`local::cost`'s repository rate).
+    /// writers, and the bytes of those reads' blobs: what the fetch did on its own
+    /// (`local::cost`'s repository rate; the reads of the copy's failed chunks are not in it).
     pub(super) planned_span: AtomicU64,
+    pub(super) planned_bytes: AtomicU64,
+    /// Nanoseconds from the pipeline's start to the last blob of a read of the copy's failed
+    /// chunks handed to the writers: how long they kept the batch waiting once the copy was
+    /// over (`local::cost`'s local rate).
+    pub(super) late_span: AtomicU64,
 }
 
 /// The owner a file this restore creates gets in a directory, learned from the status of the
@@ -221,12 +227,6 @@ impl Shared<'_> {
             }
             planned.next().or_else(|| late.rx.recv().ok().and_then(|i| late.reads.get(i)))
         })
-    }
-
-    /// Bytes the fetched blobs wrote (`written` less what the copy wrote).
-    pub fn written_fetched(&self) -> u64 {
-        let copied: u64 = self.copied.iter().map(|c| c.load(Ordering::Relaxed)).sum();
-        self.written.load(Ordering::Relaxed).saturating_sub(copied)
     }
 
     /// Whether the pipeline is shutting down.
