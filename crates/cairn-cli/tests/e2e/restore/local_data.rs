@@ -399,6 +399,28 @@ fn many_small_reads_are_in_flight_on_few_fetch_threads() {
     assert!(peak > threads, "more reads in flight than fetch threads: {peak} on {threads}: {out}");
 }
 
+/// From a local repository the chunks whose copy failed are read without the copied chunks
+/// between them: 1,200 files of a few KiB (a chunk each), every tenth replaced, restored beside
+/// the source with every range copied (`CAIRN_LOCAL_COST=local`), so that the copy finds the
+/// 120 changed chunks, each between nine copied ones in its pack. They are fetched as reads of
+/// several ranges, at most 1.25 times their stored size; read through the gaps between them,
+/// as they were, every pack was read whole (about ten times that).
+#[test]
+fn from_a_local_repository_the_changed_chunks_are_read_without_the_copied_ones() {
+    let (env, files) = small_files(38);
+    let replaced: Vec<PathBuf> = files.iter().step_by(10).cloned().collect();
+    let kept: Vec<PathBuf> = files.iter().filter(|f| !replaced.contains(f)).cloned().collect();
+    let replaced_chunks = env.replace(&replaced);
+    assert_eq!(replaced_chunks.len(), replaced.len());
+    let target = env.path("t");
+    let run = env.cairn.run_env(
+        &[("CAIRN_LOCAL_COST", "local")],
+        ["--json", "restore", &env.snapshot, "--target", target.to_str().unwrap()],
+    );
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    env.assert_copied_kept_fetched_replaced(&target, &run.stdout, &kept, &replaced_chunks);
+}
+
 /// A read of several ranges (the changed chunks of one pack, joined: `read::join_parts`) that
 /// fails loses only the blobs of its ranges that fail when read on their own: 1,200 small
 /// files, every other one replaced, restored beside the source at 5 ms a request, with the

@@ -21,10 +21,6 @@ use crate::error::{Error, Result};
 use cairn_format::id::BlobId;
 use cairn_format::tree::NodeKind;
 
-/// How far apart two chunks whose copy failed may lie in a pack of a local repository and
-/// still be read together (see the copy in [`Run::batch`]).
-const LATE_GAP_NEAR: u64 = 256 << 10;
-
 /// A restore in progress: what it was asked, and what its batches hand each other.
 pub struct Run<'a> {
     pub repo: &'a Repository,
@@ -127,7 +123,6 @@ impl Run<'_> {
             forced: opts.local_cost,
             failed: self.late_share,
         };
-        let near = costs.near();
         let places = local::Places { target, empty: self.empty, source, costs };
         let scanned = local::scan(self.repo, plan, &states, &needed, places, opts)?;
         phase.lap(&mut part.phases, "local scan");
@@ -232,10 +227,8 @@ impl Run<'_> {
         // pipeline, as the copy finds them (`Shared::reads`).
         let copy_took = Mutex::new(None);
         let (repo, budget) = (self.repo, self.data_budget);
-        // From a local repository, whose bytes cost no link, the changed chunks a copy thread
-        // found are read together through what lies between them (the copied chunks beside
-        // them), not one read each.
-        let gap = if near { Gap::Bytes(LATE_GAP_NEAR) } else { gap };
+        // The changed chunks a copy thread found are read as the batch's planned reads are:
+        // one read of several ranges per pack (`read::join_parts`), not one read each.
         let failed_chunks = AtomicUsize::new(0);
         let copy = scanned.copies().then_some(|| {
             // Dropped when the copy ends, however it ends: the feed then knows no more come.
