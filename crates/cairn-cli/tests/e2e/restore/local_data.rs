@@ -402,9 +402,9 @@ fn many_small_reads_are_in_flight_on_few_fetch_threads() {
 /// From a local repository the chunks whose copy failed are read without the copied chunks
 /// between them: 1,200 files of a few KiB (a chunk each), every tenth replaced, restored beside
 /// the source with every range copied (`CAIRN_LOCAL_COST=local`), so that the copy finds the
-/// 120 changed chunks, each between nine copied ones in its pack. They are fetched as reads of
-/// several ranges, at most 1.25 times their stored size; read through the gaps between them,
-/// as they were, every pack was read whole (about ten times that).
+/// 120 changed chunks, each between nine copied ones in its pack. They are fetched without the
+/// copied chunks between them, at most 1.25 times their stored size; read through the gaps
+/// between them, as they were, every pack was read whole (about ten times that).
 #[test]
 fn from_a_local_repository_the_changed_chunks_are_read_without_the_copied_ones() {
     let (env, files) = small_files(38);

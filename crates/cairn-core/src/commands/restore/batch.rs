@@ -136,7 +136,8 @@ impl Run<'_> {
         if let Some(tuner) = &mut self.tuner {
             // Many small reads (the changed chunks between copied ones) need many in flight: the
             // planned ones, and the reads of the copied chunks the copy will find changed (the
-            // share the batch before found, a tenth at first), each a read of its own.
+            // share the batch before found, a tenth at first), counted as a read each: at most
+            // that many (a copy thread's group of them is joined per pack, `plan::late_reads`).
             let late = (copying as f64 * self.late_share.unwrap_or(0.1)) as usize;
             let late_bytes = copying_bytes / copying.max(1) as u64 * late as u64;
             let (reads, bytes) = (fetches.reads.len() + late, fetches.fetch_bytes + late_bytes);
@@ -203,6 +204,7 @@ impl Run<'_> {
             write_latency: opts.write_latency,
             late: Default::default(),
             copied: Default::default(),
+            began: Instant::now(),
             planned_span: AtomicU64::new(0),
             planned_bytes: AtomicU64::new(0),
             late_span: AtomicU64::new(0),
@@ -218,7 +220,6 @@ impl Run<'_> {
         let acl = std::mem::take(&mut self.acl);
         let create = || *create_took.lock().expect("create clock") = create::run(&sh, dirs_made, acl);
         let base = Base { bytes: base_done, fetched: self.base.fetched };
-        let piped = Instant::now();
         if opts.write_auto && self.writers.is_none() {
             let start = opts.write_threads.max(1);
             self.writers = Some(writers::Controller::new(start, writers::most_writers(start)));
@@ -239,11 +240,11 @@ impl Run<'_> {
                 sh.late.add(&tx, plan::late_reads(repo, &fetches, failed, budget, gap, fail));
             };
             let took = scanned.copy(&sh, &fetch);
-            *copy_took.lock().expect("copy clock") = Some((took, piped.elapsed()));
+            *copy_took.lock().expect("copy clock") = Some((took, sh.began.elapsed()));
         });
         let writers = self.writers.as_mut();
         part.write_tuning = pipeline::run(&sh, opts, progress, base, &mut part.stalls, writers, create, copy);
-        let piped = piped.elapsed();
+        let piped = sh.began.elapsed();
         phase.lap(&mut part.phases, "pipeline");
         // The create stage ran alongside the pipeline: its own time is listed after it.
         add_phase(&mut part.phases, "(create, alongside)", create_took.into_inner().expect("create clock"));
@@ -272,17 +273,17 @@ impl Run<'_> {
             self.late_share = Some(failed_chunks.into_inner() as f64 / copying as f64);
         }
         if let Some((took, ended)) = copy_took.into_inner().expect("copy clock") {
-            // The copy's time, and how long its failed chunks kept the batch waiting after it:
-            // where each request is dear (a server on these cores) that wait is most of it.
+            // The copy's time, and how long after its end the last of its failed chunks was
+            // handed to the writers (counted whether or not planned reads were still going: the
+            // feed hands the failed chunks' reads out first). Where each request is dear (a
+            // server on these cores) that wait is most of the copy's cost.
             let waited = Duration::from_nanos(sh.late_span.load(Ordering::Relaxed)).saturating_sub(ended);
             if let Some(rate) = local::cost::rate(copied, took + waited) {
                 self.local_rate = Some(rate);
             }
         }
         let span = Duration::from_nanos(sh.planned_span.load(Ordering::Relaxed));
-        if let Some(rate) =
-            local::cost::rate(sh.planned_bytes.load(Ordering::Relaxed), span).filter(|_| !span.is_zero())
-        {
+        if let Some(rate) = local::cost::rate(sh.planned_bytes.load(Ordering::Relaxed), span) {
             self.repository_rate = Some(rate);
         }
 

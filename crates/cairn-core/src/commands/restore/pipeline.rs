@@ -29,8 +29,6 @@ struct ToWriters<'s> {
     /// starts): above it, the controller found the writes waiting, not computing, and any
     /// writer takes any blob (see `blobs`).
     at_start: usize,
-    /// When the pipeline started (`Shared::planned_span` and `late_span` are counted from it).
-    began: Instant,
 }
 
 /// Most bytes handed to a writer at once (see [`ToWriters::blobs`]).
@@ -123,7 +121,7 @@ impl<'s> Sink<'s> for ToWriters<'s> {
         // The fetch's span so far: of the planned reads, or of the copy's failed chunks.
         let planned = self.sh.fetches.reads.as_ptr_range().contains(&std::ptr::from_ref(read.read));
         let span = if planned { &self.sh.planned_span } else { &self.sh.late_span };
-        span.fetch_max(self.began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        span.fetch_max(self.sh.began.elapsed().as_nanos() as u64, Ordering::Relaxed);
         if planned {
             let bytes: usize = batch.iter().map(|b| b.data.len()).sum();
             self.sh.planned_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
@@ -201,8 +199,7 @@ pub fn run(
         let (to_writers, writer_queues): (Vec<_>, Vec<_>) = (0..writers).map(|_| bounded(4)).unzip();
         let mut workers = vec![spawn_named(s, "create", create)];
         workers.extend(copy.map(|copy| spawn_named(s, "copy", copy)));
-        let began = Instant::now();
-        let sink = ToWriters { sh, queues: to_writers, active, at_start: opts.write_threads.max(1), began };
+        let sink = ToWriters { sh, queues: to_writers, active, at_start: opts.write_threads.max(1) };
         // A live restore does not fetch what a client brought into the target meanwhile: each
         // read is checked as it is fed to the fetchers, not when it was planned.
         let mut dirs = super::dirs::ParentDirs::new(sh.target);

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Instant;
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
@@ -94,14 +95,18 @@ pub struct Shared<'a> {
     pub(super) late: LateReads,
     /// Bytes the copy wrote (counted in `written` too), from the source and from the target.
     pub(super) copied: [AtomicU64; 2],
-    /// Nanoseconds from the pipeline's start to the last blob of a planned read handed to the
-    /// writers, and the bytes of those reads' blobs: what the fetch did on its own
-    /// (`local::cost`'s repository rate; the reads of the copy's failed chunks are not in it).
+    /// When the pipeline started: `planned_span`, `late_span` and the copy's end are counted
+    /// from it (one clock, so that they compare).
+    pub(super) began: Instant,
+    /// Nanoseconds from [`Shared::began`] to the last blob of a planned read handed to the
+    /// writers, and the bytes of those reads' blobs: what the fetch did (`local::cost`'s
+    /// repository rate). The bytes of the copy's failed chunks are not in it; their reads,
+    /// handed out before the planned ones waiting, may stretch its span.
     pub(super) planned_span: AtomicU64,
     pub(super) planned_bytes: AtomicU64,
-    /// Nanoseconds from the pipeline's start to the last blob of a read of the copy's failed
-    /// chunks handed to the writers: how long they kept the batch waiting once the copy was
-    /// over (`local::cost`'s local rate).
+    /// Nanoseconds from [`Shared::began`] to the last blob of a read of the copy's failed
+    /// chunks handed to the writers (`local::cost`'s local rate: how long after the copy's end
+    /// they kept the batch going).
     pub(super) late_span: AtomicU64,
 }
 

@@ -51,8 +51,8 @@ const PIECE: usize = 64;
 pub type Fetch<'f> = dyn Fn(&[(BlobId, u32)]) + Sync + 'f;
 
 /// Chunks whose copy failed that a copy thread gathers before handing them on together (their
-/// reads coalesce what lies side by side in a pack and, from a remote repository, join what
-/// lies apart in it, `read::join_parts`: one read for a group's chunks of one pack) ...
+/// reads coalesce what lies side by side in a pack and join what lies apart in it,
+/// `read::join_parts`: one read for a group's chunks of one pack) ...
 const LATE_GROUP: usize = 64;
 
 /// ... or once the first of them has waited this long (the fetch stage may have nothing else).

@@ -18,7 +18,9 @@
 //! uses). The scan, which only takes the status of files of the snapshot's size and time, is
 //! not in it. The repository rate is the bytes of the planned reads' blobs per second from the
 //! start of the pipeline to the last of them handed to the writers (fetching, decoding,
-//! verifying; not the copy's failed chunks, which are neither in its bytes nor in its time).
+//! verifying). The copy's failed chunks are not in its bytes; their reads, which the feed hands
+//! out before the planned ones waiting, may be in its time (where they are many, the rate is
+//! low by that much).
 //!
 //! One more range fetched from a remote repository costs at least one more read, whose round
 //! trip the reads in flight share. A local repository's round trip (under [`NEAR`]) is left to
@@ -27,7 +29,10 @@
 //! changed chunks were then read apart from the planned reads. A range copied costs its copy,
 //! and the fetch of the share of its chunks that turn out changed (the share the last batch
 //! that copied found): with a tenth of a million small files changed, a local repository about
-//! as fast as the local files is the cheaper way. A side is measured once it moved
+//! as fast as the local files is the cheaper way. Both terms hold the failed chunks, on
+//! purpose: the local rate holds the wait for the last of them after the copy (what their
+//! requests cost), the second term their bytes at the repository's rate; where requests are
+//! cheap the wait is near nothing. A side is measured once it moved
 //! [`MEASURED_BYTES`] in a batch.
 //!
 //! A rate not yet measured favours local data: it is the one that saves the link. So that a
@@ -37,7 +42,8 @@
 //! (enough to measure): fetched beside the copy, they cost the batch little time, and a local
 //! repository no link's bytes. A remote one is not probed: its bytes are what local data saves,
 //! and its ranges are fetched only when its measured rate says so (a batch whose changed chunks
-//! it fetched as planned reads measures it).
+//! it fetched as planned reads measures it). Probing a local repository in every batch, each
+//! way measured over the time both ran, was tried and not kept (DESIGN.md, "Copy or fetch").
 //!
 //! [`RestoreOptions::local_cost`](crate::commands::restore::RestoreOptions::local_cost) (the
 //! CLI's `CAIRN_LOCAL_COST=local` or `=repository`, for tests) forces the choice: every range
@@ -51,8 +57,9 @@ pub use crate::commands::restore::options::LocalCost as Choice;
 /// mostly its start-up (a few files opened, the first read's round trip).
 pub const MEASURED_BYTES: u64 = 8 * 1024 * 1024;
 
-/// A probe takes at most this share of its batch (1 / PROBED_BATCH): a smaller batch is not
-/// probed.
+/// A probe takes about this share of its batch (1 / PROBED_BATCH; up to twice that, as the
+/// last range probed may take it past [`MEASURED_BYTES`] by up to as much): a smaller batch is
+/// not probed.
 pub const PROBED_BATCH: u64 = 8;
 
 /// A round trip shorter than this is a local repository's (or a LAN's): probed while its
@@ -181,6 +188,19 @@ mod tests {
         assert_eq!(c.choose(100 << 20), Choice::Repository);
         // Local files faster than the repository delivers: copied.
         assert_eq!(costs(400.0, 250.0, 0, 4).choose(1 << 20), Choice::Local);
+    }
+
+    #[test]
+    fn a_local_repositorys_round_trip_is_in_its_rate_not_added() {
+        // A repository 0.5 ms away, a read at a time, slightly faster per byte than the local
+        // files: a 4 KiB range is fetched (its round trip is in the measured rate); were the
+        // round trip added on top, the copy would win by far.
+        let near = Costs { latency: Some(Duration::from_micros(500)), ..costs(100.0, 110.0, 0, 1) };
+        assert!(near.near());
+        assert_eq!(near.choose(4 << 10), Choice::Repository);
+        // At 20 ms the round trip counts: the same range is copied.
+        let far = Costs { latency: Some(Duration::from_millis(20)), ..near };
+        assert_eq!(far.choose(4 << 10), Choice::Local);
     }
 
     #[test]
