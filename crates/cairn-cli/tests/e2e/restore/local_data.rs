@@ -67,12 +67,12 @@ fn change_a_tenth(files: &[PathBuf], seed: u64) -> Vec<PathBuf> {
     changed
 }
 
-/// `files` split into every other one by number (`fNN`; a file named otherwise is odd) and
-/// the rest.
-fn every_other(files: &[PathBuf]) -> (Vec<PathBuf>, Vec<PathBuf>) {
+/// `files` split into those whose number (`fNN`) is a multiple of `nth` (a file named
+/// otherwise is not) and the rest.
+fn every_nth(files: &[PathBuf], nth: usize) -> (Vec<PathBuf>, Vec<PathBuf>) {
     files.iter().cloned().partition(|f| {
-        let n: usize = f.file_name().unwrap().to_str().unwrap().trim_start_matches('f').parse().unwrap_or(1);
-        n.is_multiple_of(2)
+        let n = f.file_name().unwrap().to_str().unwrap().trim_start_matches('f').parse::<usize>();
+        n.is_ok_and(|n| n.is_multiple_of(nth))
     })
 }
 
@@ -94,6 +94,14 @@ impl Fixture {
         }
         let now = self.cairn.backup(&[&self.src], &[])["snapshot_id"].as_str().unwrap().to_string();
         before.difference(&self.chunks_of(&now)).copied().collect()
+    }
+
+    /// Restores the snapshot into `target` beside the source with `env` set, which must
+    /// succeed; returns its JSON output.
+    fn restore_beside(&self, env: &[(&str, &str)], target: &Path) -> Vec<u8> {
+        let run = self.cairn.run_env(env, ["--json", "restore", &self.snapshot, "--target", target.to_str().unwrap()]);
+        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+        run.stdout
     }
 
     /// The restore into `target` (its JSON in `stdout`) is exact and copied exactly the `kept`
@@ -300,12 +308,8 @@ fn a_source_file_changed_during_the_restore_is_not_trusted() {
         victim.display()
     );
     let target = env.path("t");
-    let run = env.cairn.run_env(
-        &[("CAIRN_TEST_LOCAL_SCANNED_HOOK", &cmd)],
-        ["--json", "restore", &env.snapshot, "--target", target.to_str().unwrap()],
-    );
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let out = last_json(&String::from_utf8(run.stdout).unwrap());
+    let stdout = env.restore_beside(&[("CAIRN_TEST_LOCAL_SCANNED_HOOK", &cmd)], &target);
+    let out = last_json(&String::from_utf8(stdout).unwrap());
     assert_eq!(out["failed"], 0, "{out}");
     assert_ne!(read_noatime(victim), read_noatime(&restored_path(&target, victim)), "the hook ran");
     env.assert_exact(&target);
@@ -330,7 +334,7 @@ fn a_source_file_changed_during_the_restore_is_not_trusted() {
 #[test]
 fn with_a_remote_repository_the_copy_runs_beside_the_planned_fetches() {
     let (env, files) = Fixture::for_local_data();
-    let (replaced, kept) = every_other(&files);
+    let (replaced, kept) = every_nth(&files, 2);
     let witness = replaced.iter().max_by_key(|f| fs::metadata(f).unwrap().len()).unwrap();
     assert!(fs::metadata(witness).unwrap().len() > 256 * KIB as u64);
     // Its time as backed up: the restore sets it once the file is whole.
@@ -345,13 +349,10 @@ fn with_a_remote_repository_the_copy_runs_beside_the_planned_fetches() {
         restored_path(&target, witness).display(),
         m = marker.display()
     );
-    let run = env.cairn.run_env(
-        &[("CAIRN_TEST_LOCAL_SCANNED_HOOK", &hook), ("CAIRN_INJECT_FAULTS", "latency=5ms")],
-        ["--json", "restore", &env.snapshot, "--target", target.to_str().unwrap()],
-    );
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let stdout = env
+        .restore_beside(&[("CAIRN_TEST_LOCAL_SCANNED_HOOK", &hook), ("CAIRN_INJECT_FAULTS", "latency=5ms")], &target);
     assert_eq!(fs::read_to_string(&marker).unwrap().trim(), "seen", "a fetched file was done before the copy began");
-    env.assert_copied_kept_fetched_replaced(&target, &run.stdout, &kept, &replaced_chunks);
+    env.assert_copied_kept_fetched_replaced(&target, &stdout, &kept, &replaced_chunks);
 }
 
 /// 1,200 files of 4 to 7 KiB (random bytes from `seed`) backed up into a fresh local
@@ -382,16 +383,12 @@ fn small_files(seed: u64) -> (Fixture, Vec<PathBuf>) {
 #[test]
 fn many_small_reads_are_in_flight_on_few_fetch_threads() {
     let (env, files) = small_files(21);
-    let (replaced, kept) = every_other(&files);
+    let (replaced, kept) = every_nth(&files, 2);
     let replaced_chunks = env.replace(&replaced);
     let target = env.path("t");
-    let run = env.cairn.run_env(
-        &[("CAIRN_INJECT_FAULTS", "latency=100ms")],
-        ["--json", "restore", &env.snapshot, "--target", target.to_str().unwrap()],
-    );
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    env.assert_copied_kept_fetched_replaced(&target, &run.stdout, &kept, &replaced_chunks);
-    let out = last_json(std::str::from_utf8(&run.stdout).unwrap());
+    let stdout = env.restore_beside(&[("CAIRN_INJECT_FAULTS", "latency=100ms")], &target);
+    env.assert_copied_kept_fetched_replaced(&target, &stdout, &kept, &replaced_chunks);
+    let out = last_json(std::str::from_utf8(&stdout).unwrap());
     let (threads, peak) = (num(&out, "fetch_threads"), num(&out, "fetch_in_flight_peak"));
     // Across a far link (100 ms) a thread per core carries every read in flight.
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
@@ -408,17 +405,12 @@ fn many_small_reads_are_in_flight_on_few_fetch_threads() {
 #[test]
 fn from_a_local_repository_the_changed_chunks_are_read_without_the_copied_ones() {
     let (env, files) = small_files(38);
-    let replaced: Vec<PathBuf> = files.iter().step_by(10).cloned().collect();
-    let kept: Vec<PathBuf> = files.iter().filter(|f| !replaced.contains(f)).cloned().collect();
+    let (replaced, kept) = every_nth(&files, 10);
     let replaced_chunks = env.replace(&replaced);
     assert_eq!(replaced_chunks.len(), replaced.len());
     let target = env.path("t");
-    let run = env.cairn.run_env(
-        &[("CAIRN_LOCAL_COST", "local")],
-        ["--json", "restore", &env.snapshot, "--target", target.to_str().unwrap()],
-    );
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    env.assert_copied_kept_fetched_replaced(&target, &run.stdout, &kept, &replaced_chunks);
+    let stdout = env.restore_beside(&[("CAIRN_LOCAL_COST", "local")], &target);
+    env.assert_copied_kept_fetched_replaced(&target, &stdout, &kept, &replaced_chunks);
 }
 
 /// A read of several ranges (the changed chunks of one pack, joined: `read::join_parts`) that
@@ -431,7 +423,7 @@ fn from_a_local_repository_the_changed_chunks_are_read_without_the_copied_ones()
 #[test]
 fn a_joined_read_that_fails_loses_only_the_blobs_past_the_damage() {
     let (env, files) = small_files(23);
-    let (replaced, _) = every_other(&files);
+    let (replaced, _) = every_nth(&files, 2);
     let replaced_chunks = env.replace(&replaced);
     let (repo, _) = env.cairn.open();
     repo.load_index().unwrap();
@@ -483,7 +475,7 @@ fn a_joined_read_that_fails_loses_only_the_blobs_past_the_damage() {
 #[test]
 fn the_changed_chunks_are_fetched_while_the_copy_goes_on() {
     let (env, files) = Fixture::for_local_data();
-    let (replaced, kept) = every_other(&files);
+    let (replaced, kept) = every_nth(&files, 2);
     let witness = &replaced[0];
     let big = kept.iter().find(|f| f.ends_with("c/big")).expect("the large file is kept");
     // Their times as backed up: the restore sets each once its file is whole.
@@ -503,11 +495,8 @@ fn the_changed_chunks_are_fetched_while_the_copy_goes_on() {
         b = restored_path(&target, big).display(),
         m = marker.display()
     );
-    let run = env.cairn.run_env(
-        &[("CAIRN_TEST_LOCAL_SCANNED_HOOK", &hook), ("CAIRN_INJECT_WRITE_LATENCY", "100ms")],
-        ["--json", "restore", &env.snapshot, "--target", target.to_str().unwrap()],
-    );
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let stdout = env
+        .restore_beside(&[("CAIRN_TEST_LOCAL_SCANNED_HOOK", &hook), ("CAIRN_INJECT_WRITE_LATENCY", "100ms")], &target);
     let seen = (0..100)
         .find_map(|_| {
             std::thread::sleep(std::time::Duration::from_millis(50));
@@ -515,7 +504,7 @@ fn the_changed_chunks_are_fetched_while_the_copy_goes_on() {
         })
         .unwrap_or_default();
     assert_eq!(seen.trim(), "during", "a replaced file was fetched only after the copy was over");
-    env.assert_copied_kept_fetched_replaced(&target, &run.stdout, &kept, &replaced_chunks);
+    env.assert_copied_kept_fetched_replaced(&target, &stdout, &kept, &replaced_chunks);
 }
 
 /// Symlinks below the source path are never followed: a directory and a file of the source
