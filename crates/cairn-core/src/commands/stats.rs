@@ -119,6 +119,7 @@ pub fn stats(
     for (_, snap) in snapshots {
         s.restore = add(s.restore, restore_size(&trees, snap.tree)?);
     }
+    repo.index_intact()?;
     if let Some(id) = blobs.unlisted().iter().next() {
         return Err(Error::NotFound(format!(
             "blob {} (referenced by a snapshot, in no index; run `cairn check`)",

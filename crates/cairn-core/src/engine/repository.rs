@@ -592,6 +592,17 @@ impl Repository {
         self.index.read().expect("index lock")
     }
 
+    /// `Err` ([`crate::engine::sorted_index::damaged`]) if a lookup found the sorted index file
+    /// damaged: since then every lookup has answered "not found", so a command that went on
+    /// would report present blobs as missing (or repair them away). Commands call this before
+    /// they report or write what their lookups decided.
+    pub fn index_intact(&self) -> Result<()> {
+        if self.index().is_damaged() {
+            return Err(crate::engine::sorted_index::damaged());
+        }
+        Ok(())
+    }
+
     /// Reads, decrypts, decompresses and verifies one blob.
     pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
         let index = self.index();

@@ -26,6 +26,12 @@ impl Fixture {
     }
 }
 
+/// How many records a sorted index file holds (its trailer's count, FORMAT.md §17).
+fn sorted_records(file: &[u8]) -> usize {
+    let trailer = &file[file.len() - 96..];
+    u64::from_le_bytes(trailer[24..32].try_into().unwrap()) as usize
+}
+
 /// With the index on disk, a second backup of the same files stores no new data (every chunk
 /// found in the sorted index file), a restore is exact and a check is clean; the file cut short,
 /// or with a byte of its tables or of its records changed, is rebuilt by the next commands,
@@ -52,25 +58,45 @@ fn a_disk_index_serves_backup_restore_check_and_is_rebuilt_when_damaged() {
         fx.assert_exact(&target);
         assert_eq!(fs::read(fx.sorted_index_file()).unwrap(), good, "rebuilt as it was");
     }
-    // A record changed: the lookup that reads it finds the damage, the file is removed and the
-    // restore stops in one line that says so (every blob is looked up by a full restore from
-    // the repository; with the source beside it, the blobs copied from there are not looked up,
-    // and which blob's record is damaged depends on the repository's random key); the command
-    // after builds the file again.
-    let mut records = good.clone();
-    records[20] ^= 1;
-    fs::write(&sorted, records).unwrap();
-    let target = fx.path("damaged-records");
-    let out = fx.cairn.run(["restore", "latest", "--no-local-data", "--target", target.to_str().unwrap()]);
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("sorted index") && stderr(&out).contains("run the command again"),
-        "{}",
-        stderr(&out)
-    );
-    assert!(!sorted.exists(), "the damaged file is removed");
-    fx.restore_exact("latest", "rebuilt");
-    assert_eq!(fs::read(fx.sorted_index_file()).unwrap(), good);
+    // A record changed, in the first bucket or in the last: the lookup that reads it finds the
+    // damage and removes the file, and whatever answered "not found" since is not believed: a
+    // restore (every blob looked up: --no-local-data), a repair of the snapshots and the stats
+    // stop in one line that says so, and the repair writes nothing (`check` and `prune` read
+    // the index files themselves). Whether a tree's lookup or a
+    // data blob's meets the damage first depends on the repository's random key; both must
+    // end the same way. The command after builds the file again.
+    let records = sorted_records(&good);
+    let snapshots = fx.cairn.snapshots();
+    for (n, record) in [0, records - 1].into_iter().enumerate() {
+        for (m, args) in [
+            vec!["restore", "latest", "--no-local-data", "--target"],
+            vec!["repair", "snapshots", "--forget"],
+            vec!["stats"],
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut damaged = good.clone();
+            damaged[record * 52 + 20] ^= 1;
+            fs::write(&sorted, damaged).unwrap();
+            let target = fx.path(&format!("damaged-records-{n}-{m}"));
+            let mut args: Vec<&str> = args;
+            if args[0] == "restore" {
+                args.push(target.to_str().unwrap());
+            }
+            let out = fx.cairn.run(&args);
+            assert!(!out.status.success(), "{args:?}");
+            assert!(
+                stderr(&out).contains("sorted index") && stderr(&out).contains("run the command again"),
+                "{args:?}: {}",
+                stderr(&out)
+            );
+            assert!(!sorted.exists(), "the damaged file is removed");
+            assert_eq!(fx.cairn.snapshots(), snapshots, "no snapshot is written or forgotten");
+            fx.restore_exact("latest", &format!("rebuilt-{n}-{m}"));
+            assert_eq!(fs::read(fx.sorted_index_file()).unwrap(), good);
+        }
+    }
     let bad = fx.cairn.run_env(&[("CAIRN_INDEX", "sometimes")], ["restore", "latest", "--target", "/nonexistent"]);
     assert!(!bad.status.success());
     let why = stderr(&bad);

@@ -47,6 +47,8 @@ pub fn repair_snapshots(
             pending.push((snap, root, rep));
         }
     }
+    // A damaged sorted index answers "not found": those cuts would drop data that is there.
+    repo.index_intact()?;
     if dry_run || pending.is_empty() {
         out.extend(pending.into_iter().map(|(_, _, r)| r));
         return Ok(out);

@@ -220,13 +220,20 @@ pub fn restore(
                 done = Err(e);
                 break;
             }
+            // A lookup that found the sorted index file damaged answered "not found": the
+            // files it failed are not missing from the repository, so the restore stops and
+            // says to run it again (the file is gone and the next command rebuilds it).
+            if let Err(e) = repo.index_intact() {
+                done = Err(e);
+                break;
+            }
             // Freed here only if the plan thread has not taken the one before (it has ended).
             let _ = done_tx.try_send(next);
         }
         // A batch that failed stops the walk: its next hand-over finds nobody listening.
         drop(batches);
         let planned = planner.join().expect("the plan thread panicked");
-        done.and(planned)
+        done.and(planned).and_then(|()| repo.index_intact())
     })?;
     let mut out = run.out;
     if !opts.dry_run {
