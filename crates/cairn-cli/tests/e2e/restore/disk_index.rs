@@ -32,6 +32,21 @@ fn sorted_records(file: &[u8]) -> usize {
     u64::from_le_bytes(trailer[24..32].try_into().unwrap()) as usize
 }
 
+/// The files under `dir`, at any depth.
+fn files_under(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out.sort();
+    out
+}
+
 /// With the index on disk, a second backup of the same files stores no new data (every chunk
 /// found in the sorted index file), a restore is exact and a check is clean; the file cut short,
 /// or with a byte of its tables or of its records changed, is rebuilt by the next commands,
@@ -60,18 +75,21 @@ fn a_disk_index_serves_backup_restore_check_and_is_rebuilt_when_damaged() {
     }
     // A record changed, in the first bucket or in the last: the lookup that reads it finds the
     // damage and removes the file, and whatever answered "not found" since is not believed: a
-    // restore (every blob looked up: --no-local-data), a repair of the snapshots and the stats
-    // stop in one line that says so, and the repair writes nothing (`check` and `prune` read
-    // the index files themselves). Whether a tree's lookup or a
-    // data blob's meets the damage first depends on the repository's random key; both must
-    // end the same way. The command after builds the file again.
+    // restore (every blob looked up: --no-local-data), a repair of the snapshots, the stats and
+    // a recompress of one snapshot stop in one line that says so, and neither a snapshot nor a
+    // pack is written or deleted (`check` and `prune` read the index files themselves). Whether
+    // a tree's lookup or a data blob's meets the damage first depends on the repository's
+    // random key; both must end the same way. The command after builds the file again.
     let records = sorted_records(&good);
     let snapshots = fx.cairn.snapshots();
+    let id = snapshots[0]["id"].as_str().unwrap().to_string();
+    let packs = files_under(&fx.repo().join("data"));
     for (n, record) in [0, records - 1].into_iter().enumerate() {
         for (m, args) in [
             vec!["restore", "latest", "--no-local-data", "--target"],
             vec!["repair", "snapshots", "--forget"],
             vec!["stats"],
+            vec!["recompress", "--to", "lz4", "--snapshot", &id],
         ]
         .into_iter()
         .enumerate()
@@ -93,6 +111,7 @@ fn a_disk_index_serves_backup_restore_check_and_is_rebuilt_when_damaged() {
             );
             assert!(!sorted.exists(), "the damaged file is removed");
             assert_eq!(fx.cairn.snapshots(), snapshots, "no snapshot is written or forgotten");
+            assert_eq!(files_under(&fx.repo().join("data")), packs, "{args:?}: no pack is written or deleted");
             fx.restore_exact("latest", &format!("rebuilt-{n}-{m}"));
             assert_eq!(fs::read(fx.sorted_index_file()).unwrap(), good);
         }

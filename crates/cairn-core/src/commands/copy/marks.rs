@@ -67,6 +67,7 @@ impl Marks {
 pub(super) fn locate(index: &Index, id: &BlobId) -> Result<(usize, BlobLocation)> {
     match index.position(id) {
         Some(pos) => Ok((pos, index.at(pos).ok_or_else(crate::engine::sorted_index::damaged)?)),
+        None if index.is_damaged() => Err(crate::engine::sorted_index::damaged()),
         None => Err(Error::Refused(format!(
             "blob {} is in no index of the source; no snapshot was copied: run `cairn check` on the source",
             id.short()

@@ -205,7 +205,9 @@ pub fn prune(
 
 /// The blobs `snapshots` need (their trees and the chunks they name); the index must be loaded.
 pub fn needed_blobs(repo: &Repository, snapshots: &[(SnapshotId, Snapshot)]) -> Result<IdSet<BlobId>> {
-    mark::mark(repo, snapshots, &Loading::default())?.ids(&repo.index())
+    let needed = mark::mark(repo, snapshots, &Loading::default())?;
+    repo.index_intact()?;
+    needed.ids(&repo.index())
 }
 
 /// Every index file with its ID (stray names left out). One that cannot be read stops the
