@@ -333,6 +333,19 @@ fn stdin_from_command_saves_the_output_only_when_the_command_succeeds() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stderr), "pg_dump: warning: there are circular foreign-key constraints\n");
     assert_eq!(snapshot_count(&c), 3);
+    // And what it writes after it exits, from a child that closed the output and holds the
+    // standard error a little longer (waited for up to a second).
+    let out = c.run([
+        "backup",
+        "--stdin-from-command",
+        "--",
+        "sh",
+        "-c",
+        "echo data; (exec >&-; sleep 0.3; echo 'pg_dump: warning: written late' >&2) &",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), "pg_dump: warning: written late\n");
+    assert_eq!(snapshot_count(&c), 4);
     // Arguments: the command is required, and excludes paths and --stdin.
     assert_eq!(c.run(["backup", "--stdin-from-command"]).status.code(), Some(2));
     assert_eq!(c.run(["backup", "--stdin", "--stdin-from-command", "--", "true"]).status.code(), Some(2));

@@ -72,12 +72,15 @@ pub fn backup_command(
     let what = format!("the output of `{shown}`");
     let out = backup_stream(repo, stdout, &what, name, opts, progress, || {
         let status = guard.wait().map_err(|e| fail(format!("could not be waited for ({e})"), String::new()))?;
-        if status.success() {
-            return Ok(());
-        }
+        // What it wrote last is passed on (and kept) before cairn goes on, whether it failed
+        // or not: a warning printed just before a successful exit was lost when cairn exited
+        // first. A grandchild holding the pipe is waited for a second at most.
         let deadline = Instant::now() + Duration::from_secs(1);
         while !reader.is_finished() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
+        }
+        if status.success() {
+            return Ok(());
         }
         let tail = stderr_tail(&kept.lock().expect("stderr tail"));
         Err(fail(describe(&status), tail))
