@@ -461,6 +461,47 @@ fn a_joined_read_that_fails_loses_only_the_blobs_past_the_damage() {
     assert_same(&expected, &restored, false);
 }
 
+/// A single read through the gaps between blobs that a pack cut short ends in the middle of
+/// loses only the blobs past the cut: 1,200 small files (a chunk each, about 180 to a 1 MiB
+/// pack), restored from the repository (`--no-local-data`: every blob of a pack wanted, read
+/// in one range), with the pack holding most of them cut at the start of its middle file's
+/// chunk. Exactly the files whose chunk lay past the cut fail, each named; the ones before it,
+/// in the same read, are restored exactly.
+#[test]
+fn a_read_cut_short_loses_only_the_blobs_past_the_cut() {
+    let (env, files) = small_files(29);
+    let (repo, _) = env.cairn.open();
+    repo.load_index().unwrap();
+    let located: Vec<(PathBuf, String, u64)> = files
+        .iter()
+        .map(|f| {
+            let id = repo.key().blob_id(&read_noatime(f));
+            let loc = repo.index().get(&id).expect("every file's chunk is in the index");
+            (f.strip_prefix(&env.src).unwrap().to_path_buf(), pack_path(&loc.pack), u64::from(loc.entry.offset))
+        })
+        .collect();
+    drop(repo);
+    let count = |p: &String| located.iter().filter(|l| &l.1 == p).count();
+    let pack = located.iter().map(|l| l.1.clone()).max_by_key(count).unwrap();
+    let mut offsets: Vec<u64> = located.iter().filter(|l| l.1 == pack).map(|l| l.2).collect();
+    offsets.sort_unstable();
+    assert!(offsets.len() >= 100, "a pack of many files: {}", offsets.len());
+    let cut = offsets[offsets.len() / 2];
+    let lost: BTreeSet<PathBuf> = located.iter().filter(|l| l.1 == pack && l.2 >= cut).map(|l| l.0.clone()).collect();
+    fs::OpenOptions::new().write(true).open(env.repo().join(&pack)).unwrap().set_len(cut).unwrap();
+
+    let target = env.path("t");
+    let run = env.cairn.run(["restore", &env.snapshot, "--no-local-data", "--target", target.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    let failed = stderr.lines().filter(|l| l.contains(&pack)).count();
+    assert_eq!(failed, lost.len(), "one failed file for each chunk past the cut:\n{stderr}");
+    let restored = scan(&env.restored(&target));
+    let mut expected = env.before.clone();
+    expected.retain(|rel, _| !lost.contains(rel));
+    assert_same(&expected, &restored, false);
+}
+
 /// With a local repository the scan looks at no source file, and the copy's failed chunks
 /// are fetched while it goes on, not after it: with every other
 /// source file replaced (same size, new content: the copy finds each chunk changed) and the

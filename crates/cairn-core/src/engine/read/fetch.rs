@@ -252,30 +252,42 @@ async fn fly<'s>(r: &'s Reader<'s>, mut flight: Flight<'s>) -> (Flight<'s>, Resu
     let got = if read.parts.is_empty() {
         r.repo.read_pack_range_async(&flight.pack, read.offset, read.length, buf).await
     } else {
-        match r.repo.read_pack_ranges_async(&flight.pack, &read.parts, buf).await {
-            Err(e) => apart(r, &flight.pack, &read.parts, e).await,
-            done => done,
-        }
+        r.repo.read_pack_ranges_async(&flight.pack, &read.parts, buf).await
+    };
+    let got = match got {
+        Err(e @ Error::Corrupt { .. }) if read.blobs.len() > 1 => apart(r, &flight.pack, read, e).await,
+        got => got,
     };
     drop(requesting);
     (flight, got)
 }
 
-/// A read of several ranges that failed, read again range by range, so that one bad range fails
-/// only its own blobs: a range that fails again is left as zeros, which fail authentication,
-/// and the decoders read each of its blobs again on its own (and fail it, read/decode.rs). If
-/// every range fails, the read fails as it did (`first`).
-async fn apart(r: &Reader<'_>, pack: &str, parts: &[(u64, u64)], first: Error) -> Result<Vec<u8>> {
-    let each = parts.iter().map(|&(offset, len)| r.repo.read_pack_range_async(pack, offset, len, Vec::new()));
-    let got = futures_util::future::join_all(each).await;
+/// Blobs read again at once when a read of several fails ([`apart`]).
+const APART_IN_FLIGHT: usize = 16;
+
+/// A read of several blobs that came back short or damaged (a pack cut short, a range the
+/// server could not serve), read again blob by blob, so that the damage fails only the blobs it
+/// reaches: a blob that fails again is left as zeros, which fail authentication, and the
+/// decoders read it again on its own and fail it, naming why (read/decode.rs). A read through
+/// the gaps between blobs, or a joined read of several ranges, that a cut pack ends in the
+/// middle of would otherwise fail the blobs before the cut with it. If every blob fails, the
+/// read fails as it did (`first`). Other errors (a missing pack, a refused request) would
+/// fail each blob the same way, and are not asked again blob by blob.
+async fn apart(r: &Reader<'_>, pack: &str, read: ReadRef<'_>, first: Error) -> Result<Vec<u8>> {
+    let each = read
+        .blobs
+        .iter()
+        .map(|b| r.repo.read_pack_range_async(pack, u64::from(b.offset), u64::from(b.length), Vec::new()));
+    let got: Vec<Result<Vec<u8>>> = futures_util::stream::iter(each).buffered(APART_IN_FLIGHT).collect().await;
     if got.iter().all(Result::is_err) {
         return Err(first);
     }
-    let mut buf = Vec::with_capacity(parts.iter().map(|p| p.1 as usize).sum());
-    for (part, &(_, len)) in got.into_iter().zip(parts) {
-        match part {
-            Ok(bytes) => buf.extend_from_slice(&bytes),
-            Err(_) => buf.resize(buf.len() + len as usize, 0),
+    let mut buf = vec![0; read.length as usize];
+    for (b, blob) in read.blobs.iter().zip(got) {
+        if let Ok(bytes) = blob {
+            let at = read.position(u64::from(b.offset));
+            let end = (at + bytes.len()).min(buf.len());
+            buf[at..end].copy_from_slice(&bytes[..end - at]);
         }
     }
     Ok(buf)
