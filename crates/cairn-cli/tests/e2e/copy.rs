@@ -222,14 +222,21 @@ fn a_copy_killed_at_any_step_completes_when_run_again() {
             } else {
                 dst.init(&INIT);
             }
-            let spec = format!("{fault},stall-for=120s");
+            let stalled = fx.base.join(format!("stalled-{i}-{like_source}"));
+            let spec = format!("{fault},stall-for=120s,stalled={}", stalled.display());
             let mut child = dst.spawn(
                 &[("CAIRN_INJECT_FAULTS", &spec), ("CAIRN_FROM_PASSWORD", SOURCE_PASSWORD)],
                 &["--json", "copy", "--from-repo", &fx.source_location(), "--max-memory", "128M"],
             );
-            // Let it reach the stall (it stalls for two minutes there).
-            std::thread::sleep(Duration::from_millis(3000));
-            if child.try_wait().unwrap().is_some() {
+            // Let it reach the stall (it stalls for two minutes there, and says when it begins).
+            let started = std::time::Instant::now();
+            while !stalled.exists()
+                && child.try_wait().unwrap().is_none()
+                && started.elapsed() < Duration::from_secs(100)
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if child.try_wait().unwrap().is_some() || !stalled.exists() {
                 let out = child.wait_with_output().unwrap();
                 panic!("{moment}: the copy ended before it was killed: {}", String::from_utf8_lossy(&out.stderr));
             }

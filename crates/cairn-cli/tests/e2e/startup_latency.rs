@@ -146,10 +146,12 @@ fn a_restore_holds_its_shared_lock_until_it_ends() {
         .unwrap();
     let locks = || fs::read_dir(cairn.repo.join("locks")).map(|d| d.count()).unwrap_or(0);
     let started = Instant::now();
-    while locks() == 0 && started.elapsed() < Duration::from_secs(1) {
+    // Its lock appears when it has opened the repository (a loaded machine may take seconds to
+    // get there); a second later it is still in its first 2 s read, and holds it.
+    while locks() == 0 && started.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(20));
     }
-    std::thread::sleep(Duration::from_millis(1000).saturating_sub(started.elapsed()));
+    std::thread::sleep(Duration::from_secs(1));
     assert_eq!(locks(), 1, "a restore still reading holds its lock");
     let out = support::wait_within_timeout(child, "restore");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -246,17 +248,17 @@ fn a_manifest_stored_while_a_reader_takes_its_lock_is_seen() {
         .into_iter()
         .enumerate()
     {
-        // The lock's write hangs 2 s; the open's listing of `deletions/` is long done when the
-        // manifest appears.
+        // The lock's write hangs 6 s; the open's listing of `deletions/` is long done when the
+        // manifest appears 2.5 s in (a loaded machine may take a second or more to get there).
         let child = cairn
             .command()
-            .env("CAIRN_INJECT_FAULTS", "stall-write=locks/,stall-for=2s")
+            .env("CAIRN_INJECT_FAULTS", "stall-write=locks/,stall-for=6s")
             .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(700));
+        std::thread::sleep(Duration::from_millis(2500));
         let name = format!("{:064x}", 0xd0_u64 + i as u64);
         fs::write(deletions.join(&name), b"a manifest stored meanwhile").unwrap();
         let out = support::wait_within_timeout(child, args[0]);

@@ -599,7 +599,8 @@ fn running_pid(fx: &AgentFx) -> u32 {
 
 #[test]
 fn kill_9_of_a_backup_is_retried_and_completes() {
-    let mut fx = slow_backup_fixture("retries = \"2\"\nretry-delay = \"1s\"");
+    // The failed run is seen between the kill and the retry: 5 s, for a loaded machine's polls.
+    let mut fx = slow_backup_fixture("retries = \"2\"\nretry-delay = \"5s\"");
     fx.start();
     fx.run_now("home", "backup");
     let pid = running_pid(&fx);
@@ -608,7 +609,7 @@ fn kill_9_of_a_backup_is_retried_and_completes() {
     fx.env.clear();
     let first = fx.wait_run("home", 0, 60);
     assert_eq!(first["outcome"], "failed", "{first}");
-    assert!(first["message"].as_str().unwrap().contains("retry in 1s"), "{first}");
+    assert!(first["message"].as_str().unwrap().contains("retry in 5s"), "{first}");
     let second = fx.wait_run("home", first["id"].as_u64().unwrap(), 300);
     assert_eq!((second["outcome"].as_str(), second["reason"].as_str()), (Some("success"), Some("retry 1")), "{second}");
     assert_eq!(second["files"], 201);

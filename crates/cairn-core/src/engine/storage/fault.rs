@@ -36,12 +36,16 @@ pub struct Faults {
     pub stall_delete: Option<String>,
     /// How long a stalled request hangs.
     pub stall_for: Duration,
+    /// A file written (with the request's path) when a stall begins: a test waits for it
+    /// instead of guessing how long the command takes to get there.
+    pub stalled: Option<std::path::PathBuf>,
 }
 
 impl Faults {
     /// Parses `key=value` pairs separated by commas: `latency=50ms`, `fail-every=N`,
     /// `truncate-every=N`, `corrupt-every=N`, `stall=PATH-SUBSTRING` (ranged reads), `stall-read=PATH-SUBSTRING` (whole reads),
-    /// `stall-write=PATH-SUBSTRING`, `stall-delete=PATH-SUBSTRING`, `stall-for=10s`.
+    /// `stall-write=PATH-SUBSTRING`, `stall-delete=PATH-SUBSTRING`, `stall-for=10s`,
+    /// `stalled=FILE` (written when a stall begins).
     pub fn parse(spec: &str) -> Result<Self> {
         let mut f = Faults::default();
         let bad = |what: &str| Error::Usage(format!("bad fault spec {what:?}"));
@@ -58,6 +62,7 @@ impl Faults {
                 "stall-read" => f.stall_read = Some(v.to_string()),
                 "stall-write" => f.stall_write = Some(v.to_string()),
                 "stall-delete" => f.stall_delete = Some(v.to_string()),
+                "stalled" => f.stalled = Some(v.into()),
                 _ => return Err(bad(part)),
             }
         }
@@ -105,6 +110,9 @@ impl<S: Storage> FaultyStorage<S> {
 
     fn stall(&self, at: &Option<String>, path: &str) {
         if at.as_deref().is_some_and(|p| path.contains(p)) {
+            if let Some(file) = &self.faults.stalled {
+                let _ = std::fs::write(file, path);
+            }
             std::thread::sleep(self.faults.stall_for);
         }
     }
