@@ -71,8 +71,10 @@ fn expected(image: &Path) -> Vec<u8> {
 fn the_target_is_served_while_it_restores_and_the_restore_never_overwrites_a_write() {
     let fx = disk_fixture();
     let (image, spec, target) = image_spec_target(&fx);
-    // 6 MiB of data in 64 KiB chunks written one at a time, each after 50 ms: about 5 s.
-    let export = live(&fx, &spec, &target, &fx.path("live.sock"), "50ms", &["--write-threads", "1"]);
+    // 6 MiB of data in 64 KiB chunks written one at a time, each after 150 ms: about 15 s, so
+    // the writes and the copy below (process starts, each write flushed) come well within it
+    // on a loaded machine.
+    let export = live(&fx, &spec, &target, &fx.path("live.sock"), "150ms", &["--write-threads", "1"]);
     let uri = export.uri();
     assert!(state_of(&target).exists(), "the state file is made before serving");
     let started = Instant::now();
@@ -187,10 +189,11 @@ fn under_a_download_limit_a_clients_read_goes_ahead_of_the_background_restore() 
 fn what_a_client_brought_in_is_not_fetched_again_by_the_background_restore() {
     let fx = disk_fixture();
     let (image, spec, target) = image_spec_target(&fx);
-    // One write at a time, each after 50 ms, one read in flight and a small budget: the
-    // restore fetches only a read or two ahead of its writer, and would take about 5 s.
+    // One write at a time, each after 150 ms, one read in flight and a small budget: the
+    // restore fetches only a read or two ahead of its writer, and would take about 15 s (the
+    // client's copy, a process start and 6 MiB decrypted, must come well within it).
     let slow = ["--write-threads", "1", "--fetch-concurrency", "1", "--max-memory", "4M", "--json"];
-    let export = live(&fx, &spec, &target, &fx.path("live.sock"), "50ms", &slow);
+    let export = live(&fx, &spec, &target, &fx.path("live.sock"), "150ms", &slow);
     // The client reads everything at once: every chunk is in the target long before the
     // background restore would have reached it.
     let copied = fx.path("copied.img");

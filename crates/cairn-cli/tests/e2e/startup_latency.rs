@@ -35,6 +35,11 @@ fn backed_up(fx: &Fixture) -> (Cairn, std::path::PathBuf) {
     (cairn, src)
 }
 
+/// The latency the serial-chain tests inject: two requests sent side by side count as one
+/// after the other when the second starts after the first ended, so a thread started late on a
+/// loaded machine must not outlast a request (at 20 ms it could).
+const CHAIN_LATENCY: &str = "latency=100ms";
+
 /// The `round_trips` record `--profile --json` printed.
 fn round_trips(stdout: &str) -> Value {
     stdout
@@ -52,7 +57,7 @@ fn serial_chain(stdout: &str) -> Vec<String> {
     let chain: Vec<String> =
         trips["chain"].as_array().unwrap().iter().map(|c| c.as_str().unwrap().to_string()).collect();
     assert_eq!(trips["serial_before_data"].as_u64().unwrap() as usize, chain.len());
-    // Each request of the chain timed, one after another, every one of them paying the 20 ms
+    // Each request of the chain timed, one after another, every one of them paying the 100 ms
     // injected; the first data fetch (when there is one) started after the last.
     let times: Vec<(f64, f64)> = trips["chain_ms"]
         .as_array()
@@ -62,7 +67,7 @@ fn serial_chain(stdout: &str) -> Vec<String> {
         .collect();
     assert_eq!(times.len(), chain.len());
     for (i, &(start, end)) in times.iter().enumerate() {
-        assert!(end - start >= 19.9, "{} took {} ms at 20 ms per request", chain[i], end - start);
+        assert!(end - start >= 99.9, "{} took {} ms at 100 ms per request", chain[i], end - start);
         assert!(i == 0 || times[i - 1].1 <= start, "not one after another: {times:?}");
     }
     if let Some(first) = trips["first_data_ms"].as_f64() {
@@ -78,7 +83,7 @@ fn a_restore_waits_for_at_most_five_round_trips_before_its_first_data_fetch() {
     let base = &fx.base;
     let (cairn, src) = backed_up(&fx);
     let before = scan_source(&src);
-    let slow = cairn.clone().with_env("CAIRN_INJECT_FAULTS", "latency=20ms");
+    let slow = cairn.clone().with_env("CAIRN_INJECT_FAULTS", CHAIN_LATENCY);
     for spec in ["latest", &cairn.snapshots()[0]["id"].as_str().unwrap()[..8]] {
         let target = base.as_path().join(format!("target-{spec}"));
         let out =
@@ -108,7 +113,7 @@ fn a_check_waits_for_a_handful_of_round_trips_one_after_another() {
     let fx = Fixture::new();
     let base = &fx.base;
     let (cairn, _src) = backed_up(&fx);
-    let slow = cairn.clone().with_env("CAIRN_INJECT_FAULTS", "latency=20ms");
+    let slow = cairn.clone().with_env("CAIRN_INJECT_FAULTS", CHAIN_LATENCY);
     for cache in [None, Some(base.as_path().join("cache"))] {
         let mut args = vec!["--json".to_string()];
         match &cache {

@@ -168,8 +168,9 @@ fn web_interface_in_chromium() {
     // A directory of 450 entries pages (200 each).
     let mut fx = AgentFx::new(450, 2_000, &home(""));
     fx.init("home");
-    // The backup holds 4 s before it writes its snapshot, so the page shows it running.
-    fx.env.push(("CAIRN_INJECT_FAULTS".into(), "stall-write=snapshots/,stall-for=4s".into()));
+    // The backup holds 12 s before it writes its snapshot, so the page shows it running (a
+    // loaded machine's browser may take seconds to poll and draw it).
+    fx.env.push(("CAIRN_INJECT_FAULTS".into(), "stall-write=snapshots/,stall-for=12s".into()));
     fx.start();
     let driver = start_driver();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

@@ -343,11 +343,16 @@ fn a_prune_killed_at_any_step_leaves_every_snapshot_restorable_and_the_next_fini
         let repo = template.base.join(format!("kill-{i}"));
         copy_dir(&template.cairn.repo, &repo);
         let cairn = Cairn { repo: repo.clone(), ..template.cairn.clone() };
-        let spec = format!("{fault},stall-for=120s");
+        let stalled = template.base.join(format!("stalled-{i}"));
+        let spec = format!("{fault},stall-for=120s,stalled={}", stalled.display());
         let mut child = cairn.spawn(&[("CAIRN_INJECT_FAULTS", &spec)], &["--json", "prune"]);
-        // Let it reach the stall (it stalls for two minutes there).
-        std::thread::sleep(Duration::from_millis(2500));
+        // Let it reach the stall (it stalls for two minutes there, and says when it begins).
+        let started = std::time::Instant::now();
+        while !stalled.exists() && child.try_wait().unwrap().is_none() && started.elapsed() < Duration::from_secs(100) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert!(child.try_wait().unwrap().is_none(), "{moment}: the prune ended before it was killed");
+        assert!(stalled.exists(), "{moment}: the prune did not reach its stall in 100 s");
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         // Its lock is stale (the process is gone); `cairn unlock` removes it, as a user would.
