@@ -8,7 +8,6 @@ use crate::support::servers;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde_json::Value;
 use support::{last_json, num, Cairn, Fixture, Rng, Tree};
@@ -82,22 +81,11 @@ fn init_like(dst: &Cairn, from: &str, from_password: &str) {
 
 /// Every file below `dir` except locks, relative to it: what a repository holds.
 fn listing(dir: &Path) -> Vec<String> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
-        for e in fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-            if rel.starts_with("locks") {
-                continue;
-            }
-            if p.is_dir() {
-                walk(root, &p, out);
-            } else {
-                out.push(rel);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(dir, dir, &mut out);
+    let mut out: Vec<String> = support::files_under(dir)
+        .iter()
+        .map(|p| p.strip_prefix(dir).unwrap().to_string_lossy().into_owned())
+        .filter(|rel| !rel.starts_with("locks"))
+        .collect();
     out.sort();
     out
 }
@@ -229,14 +217,7 @@ fn a_copy_killed_at_any_step_completes_when_run_again() {
                 &["--json", "copy", "--from-repo", &fx.source_location(), "--max-memory", "128M"],
             );
             // Let it reach the stall (it stalls for two minutes there, and says when it begins).
-            let started = std::time::Instant::now();
-            while !stalled.exists()
-                && child.try_wait().unwrap().is_none()
-                && started.elapsed() < Duration::from_secs(100)
-            {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            if child.try_wait().unwrap().is_some() || !stalled.exists() {
+            if !support::wait_for_stall(&mut child, &stalled) {
                 let out = child.wait_with_output().unwrap();
                 panic!("{moment}: the copy ended before it was killed: {}", String::from_utf8_lossy(&out.stderr));
             }

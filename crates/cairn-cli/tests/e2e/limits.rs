@@ -27,20 +27,7 @@ const INIT: [&str; 4] = ["--chunk-sizes", "65536,131072,524288", "--pack-size", 
 
 /// Bytes stored under `dir` (a local repository).
 fn stored(dir: &Path) -> u64 {
-    walk(dir).iter().map(|p| std::fs::metadata(p).map_or(0, |m| m.len())).sum()
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
+    support::files_under(dir).iter().map(|p| std::fs::metadata(p).map_or(0, |m| m.len())).sum()
 }
 
 /// Asserts `bytes` over `took` is within 10% of [`LIMIT`]; returns the ratio.

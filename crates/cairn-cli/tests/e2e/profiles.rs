@@ -321,31 +321,22 @@ fn stdin_from_command_saves_the_output_only_when_the_command_succeeds() {
     );
     assert!(err.trim_end().ends_with("its standard error ended with: pg_dump: error: connection failed"), "{err}");
     assert!(err.starts_with("pg_dump: error: connection failed\n"), "passed on as it came: {err}");
-    // On success too, what the command says on its standard error reaches the user's.
-    let out = c.run([
-        "backup",
-        "--stdin-from-command",
-        "--",
-        "sh",
-        "-c",
-        "echo data; echo 'pg_dump: warning: there are circular foreign-key constraints' >&2",
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stderr), "pg_dump: warning: there are circular foreign-key constraints\n");
-    assert_eq!(snapshot_count(&c), 3);
-    // And what it writes after it exits, from a child that closed the output and holds the
-    // standard error a little longer (waited for up to a second).
-    let out = c.run([
-        "backup",
-        "--stdin-from-command",
-        "--",
-        "sh",
-        "-c",
-        "echo data; (exec >&-; sleep 0.3; echo 'pg_dump: warning: written late' >&2) &",
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stderr), "pg_dump: warning: written late\n");
-    assert_eq!(snapshot_count(&c), 4);
+    // On success too, what the command says on its standard error reaches the user's: as it
+    // runs, and after it exits, from a child that closed the output and holds the standard
+    // error a little longer (waited for up to a second).
+    let said = [
+        (
+            "echo data; echo 'pg_dump: warning: there are circular foreign-key constraints' >&2",
+            "there are circular foreign-key constraints",
+        ),
+        ("echo data; (exec >&-; sleep 0.3; echo 'pg_dump: warning: written late' >&2) &", "written late"),
+    ];
+    for (n, (script, warning)) in said.into_iter().enumerate() {
+        let out = c.run(["backup", "--stdin-from-command", "--", "sh", "-c", script]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stderr), format!("pg_dump: warning: {warning}\n"));
+        assert_eq!(snapshot_count(&c), 3 + n);
+    }
     // Arguments: the command is required, and excludes paths and --stdin.
     assert_eq!(c.run(["backup", "--stdin-from-command"]).status.code(), Some(2));
     assert_eq!(c.run(["backup", "--stdin", "--stdin-from-command", "--", "true"]).status.code(), Some(2));

@@ -93,15 +93,8 @@ fn dir_bytes(dir: &Path) -> u64 {
 }
 
 fn files_in(dir: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in fs::read_dir(dir).into_iter().flatten() {
-        let e = e.unwrap();
-        if e.file_type().unwrap().is_dir() {
-            out.extend(files_in(&e.path()));
-        } else {
-            out.push(e.file_name().to_string_lossy().into_owned());
-        }
-    }
+    let mut out: Vec<String> =
+        support::files_under(dir).iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
     out.sort();
     out
 }
@@ -347,12 +340,9 @@ fn a_prune_killed_at_any_step_leaves_every_snapshot_restorable_and_the_next_fini
         let spec = format!("{fault},stall-for=120s,stalled={}", stalled.display());
         let mut child = cairn.spawn(&[("CAIRN_INJECT_FAULTS", &spec)], &["--json", "prune"]);
         // Let it reach the stall (it stalls for two minutes there, and says when it begins).
-        let started = std::time::Instant::now();
-        while !stalled.exists() && child.try_wait().unwrap().is_none() && started.elapsed() < Duration::from_secs(100) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let stalls = support::wait_for_stall(&mut child, &stalled);
         assert!(child.try_wait().unwrap().is_none(), "{moment}: the prune ended before it was killed");
-        assert!(stalled.exists(), "{moment}: the prune did not reach its stall in 100 s");
+        assert!(stalls, "{moment}: the prune did not reach its stall in 100 s");
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         // Its lock is stale (the process is gone); `cairn unlock` removes it, as a user would.

@@ -32,21 +32,6 @@ fn sorted_records(file: &[u8]) -> usize {
     u64::from_le_bytes(trailer[24..32].try_into().unwrap()) as usize
 }
 
-/// The files under `dir`, at any depth.
-fn files_under(dir: &std::path::Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in fs::read_dir(dir).unwrap() {
-        let path = e.unwrap().path();
-        if path.is_dir() {
-            out.extend(files_under(&path));
-        } else {
-            out.push(path);
-        }
-    }
-    out.sort();
-    out
-}
-
 /// With the index on disk, a second backup of the same files stores no new data (every chunk
 /// found in the sorted index file), a restore is exact and a check is clean; the file cut short,
 /// or with a byte of its tables or of its records changed, is rebuilt by the next commands,
@@ -83,7 +68,7 @@ fn a_disk_index_serves_backup_restore_check_and_is_rebuilt_when_damaged() {
     let records = sorted_records(&good);
     let snapshots = fx.cairn.snapshots();
     let id = snapshots[0]["id"].as_str().unwrap().to_string();
-    let packs = files_under(&fx.repo().join("data"));
+    let packs = support::files_under(&fx.repo().join("data"));
     for (n, record) in [0, records - 1].into_iter().enumerate() {
         for (m, args) in [
             vec!["restore", "latest", "--no-local-data", "--target"],
@@ -111,7 +96,7 @@ fn a_disk_index_serves_backup_restore_check_and_is_rebuilt_when_damaged() {
             );
             assert!(!sorted.exists(), "the damaged file is removed");
             assert_eq!(fx.cairn.snapshots(), snapshots, "no snapshot is written or forgotten");
-            assert_eq!(files_under(&fx.repo().join("data")), packs, "{args:?}: no pack is written or deleted");
+            assert_eq!(support::files_under(&fx.repo().join("data")), packs, "{args:?}: no pack is written or deleted");
             fx.restore_exact("latest", &format!("rebuilt-{n}-{m}"));
             assert_eq!(fs::read(fx.sorted_index_file()).unwrap(), good);
         }

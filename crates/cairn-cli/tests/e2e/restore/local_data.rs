@@ -96,6 +96,54 @@ impl Fixture {
         before.difference(&self.chunks_of(&now)).copied().collect()
     }
 
+    /// The chunk of each of `files` (one each, as they are now), by its path relative to the
+    /// source.
+    fn file_chunks(&self, files: &[PathBuf]) -> Vec<(PathBuf, BlobId)> {
+        let (repo, _) = self.cairn.open();
+        files
+            .iter()
+            .map(|f| (f.strip_prefix(&self.src).unwrap().to_path_buf(), repo.key().blob_id(&read_noatime(f))))
+            .collect()
+    }
+
+    /// Cuts short the pack that holds most of the chunks `chunks` (of the files they name; at
+    /// least `at_least` of them in it), at the start of the middle one of them; returns the
+    /// pack and the files whose chunk lay past the cut.
+    fn cut_the_fullest_pack(&self, chunks: &[(PathBuf, BlobId)], at_least: usize) -> (String, BTreeSet<PathBuf>) {
+        let (repo, _) = self.cairn.open();
+        repo.load_index().unwrap();
+        let located: Vec<(PathBuf, String, u64)> = chunks
+            .iter()
+            .map(|(file, id)| {
+                let loc = repo.index().get(id).expect("every chunk is in the index");
+                (file.clone(), pack_path(&loc.pack), u64::from(loc.entry.offset))
+            })
+            .collect();
+        drop(repo);
+        let count = |p: &String| located.iter().filter(|l| &l.1 == p).count();
+        let pack = located.iter().map(|l| l.1.clone()).max_by_key(count).unwrap();
+        let mut offsets: Vec<u64> = located.iter().filter(|l| l.1 == pack).map(|l| l.2).collect();
+        offsets.sort_unstable();
+        assert!(offsets.len() >= at_least, "{} of the files' chunks in one pack, not {at_least}", offsets.len());
+        let cut = offsets[offsets.len() / 2];
+        let lost = located.iter().filter(|l| l.1 == pack && l.2 >= cut).map(|l| l.0.clone()).collect();
+        fs::OpenOptions::new().write(true).open(self.repo().join(&pack)).unwrap().set_len(cut).unwrap();
+        (pack, lost)
+    }
+
+    /// The restore `run` into `target` failed with exit code 1, naming `pack` once for each of
+    /// the files `lost` (relative to the source), and restored every other file exactly.
+    fn assert_only_lost_failed(&self, run: &std::process::Output, target: &Path, pack: &str, lost: &BTreeSet<PathBuf>) {
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(1), "{stderr}");
+        let failed = stderr.lines().filter(|l| l.contains(pack)).count();
+        assert_eq!(failed, lost.len(), "one failed file for each chunk past the cut:\n{stderr}");
+        let restored = scan(&self.restored(target));
+        let mut expected = self.before.clone();
+        expected.retain(|rel, _| !lost.contains(rel));
+        assert_same(&expected, &restored, false);
+    }
+
     /// Restores the snapshot into `target` beside the source with `env` set, which must
     /// succeed; returns its JSON output.
     fn restore_beside(&self, env: &[(&str, &str)], target: &Path) -> Vec<u8> {
@@ -424,41 +472,16 @@ fn from_a_local_repository_the_changed_chunks_are_read_without_the_copied_ones()
 fn a_joined_read_that_fails_loses_only_the_blobs_past_the_damage() {
     let (env, files) = small_files(23);
     let (replaced, _) = every_nth(&files, 2);
-    let replaced_chunks = env.replace(&replaced);
-    let (repo, _) = env.cairn.open();
-    repo.load_index().unwrap();
-    let located: Vec<(BlobId, String, u64)> = replaced_chunks
-        .iter()
-        .map(|id| {
-            let loc = repo.index().get(id).expect("a replaced chunk is in the index");
-            (*id, pack_path(&loc.pack), u64::from(loc.entry.offset))
-        })
-        .collect();
-    drop(repo);
-    let count = |p: &String| located.iter().filter(|l| &l.1 == p).count();
-    let pack = located.iter().map(|l| l.1.clone()).max_by_key(count).unwrap();
-    let mut offsets: Vec<u64> = located.iter().filter(|l| l.1 == pack).map(|l| l.2).collect();
-    offsets.sort_unstable();
-    assert!(offsets.len() >= 8, "enough replaced chunks in one pack to join: {}", offsets.len());
-    let cut = offsets[offsets.len() / 2];
-    let lost: BTreeSet<BlobId> = located.iter().filter(|l| l.1 == pack && l.2 >= cut).map(|l| l.0).collect();
-    let file = env.repo().join(&pack);
-    fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(cut).unwrap();
-
+    // The chunks the snapshot restored holds and the source no longer does, a file each.
+    let old = env.file_chunks(&replaced);
+    assert_eq!(env.replace(&replaced), old.iter().map(|c| c.1).collect(), "a chunk a replaced file");
+    let (pack, lost) = env.cut_the_fullest_pack(&old, 8);
     let target = env.path("t");
     let run = env.cairn.run_env(
         &[("CAIRN_INJECT_FAULTS", "latency=5ms")],
         ["restore", &env.snapshot, "--target", target.to_str().unwrap()],
     );
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert_eq!(run.status.code(), Some(1), "{stderr}");
-    let failed: Vec<&str> = stderr.lines().filter(|l| l.contains(&pack)).collect();
-    assert_eq!(failed.len(), lost.len(), "one failed file for each chunk past the cut:\n{stderr}");
-    let restored = scan(&env.restored(&target));
-    let mut expected = env.before.clone();
-    expected.retain(|rel, _| restored.contains_key(rel));
-    assert_eq!(env.before.len() - expected.len(), lost.len(), "exactly the files of the lost chunks are missing");
-    assert_same(&expected, &restored, false);
+    env.assert_only_lost_failed(&run, &target, &pack, &lost);
 }
 
 /// A single read through the gaps between blobs that a pack cut short ends in the middle of
@@ -470,36 +493,10 @@ fn a_joined_read_that_fails_loses_only_the_blobs_past_the_damage() {
 #[test]
 fn a_read_cut_short_loses_only_the_blobs_past_the_cut() {
     let (env, files) = small_files(29);
-    let (repo, _) = env.cairn.open();
-    repo.load_index().unwrap();
-    let located: Vec<(PathBuf, String, u64)> = files
-        .iter()
-        .map(|f| {
-            let id = repo.key().blob_id(&read_noatime(f));
-            let loc = repo.index().get(&id).expect("every file's chunk is in the index");
-            (f.strip_prefix(&env.src).unwrap().to_path_buf(), pack_path(&loc.pack), u64::from(loc.entry.offset))
-        })
-        .collect();
-    drop(repo);
-    let count = |p: &String| located.iter().filter(|l| &l.1 == p).count();
-    let pack = located.iter().map(|l| l.1.clone()).max_by_key(count).unwrap();
-    let mut offsets: Vec<u64> = located.iter().filter(|l| l.1 == pack).map(|l| l.2).collect();
-    offsets.sort_unstable();
-    assert!(offsets.len() >= 100, "a pack of many files: {}", offsets.len());
-    let cut = offsets[offsets.len() / 2];
-    let lost: BTreeSet<PathBuf> = located.iter().filter(|l| l.1 == pack && l.2 >= cut).map(|l| l.0.clone()).collect();
-    fs::OpenOptions::new().write(true).open(env.repo().join(&pack)).unwrap().set_len(cut).unwrap();
-
+    let (pack, lost) = env.cut_the_fullest_pack(&env.file_chunks(&files), 100);
     let target = env.path("t");
     let run = env.cairn.run(["restore", &env.snapshot, "--no-local-data", "--target", target.to_str().unwrap()]);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert_eq!(run.status.code(), Some(1), "{stderr}");
-    let failed = stderr.lines().filter(|l| l.contains(&pack)).count();
-    assert_eq!(failed, lost.len(), "one failed file for each chunk past the cut:\n{stderr}");
-    let restored = scan(&env.restored(&target));
-    let mut expected = env.before.clone();
-    expected.retain(|rel, _| !lost.contains(rel));
-    assert_same(&expected, &restored, false);
+    env.assert_only_lost_failed(&run, &target, &pack, &lost);
 }
 
 /// With a local repository the scan looks at no source file, and the copy's failed chunks

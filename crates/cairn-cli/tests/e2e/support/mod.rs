@@ -466,6 +466,31 @@ pub fn wait_until(within: std::time::Duration, what: &str, mut cond: impl FnMut(
     }
 }
 
+/// Every file below `dir`, at any depth, sorted (none if `dir` does not exist).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).into_iter().flatten() {
+        let path = e.unwrap().path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Waits (up to 100 s) until `child` reaches the stall its `CAIRN_INJECT_FAULTS` names and the
+/// fault layer writes `stalled` (its `stalled=FILE`), or ends; true if it stalled and still runs.
+pub fn wait_for_stall(child: &mut std::process::Child, stalled: &Path) -> bool {
+    let started = std::time::Instant::now();
+    while !stalled.exists() && child.try_wait().unwrap().is_none() && started.elapsed().as_secs() < 100 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    stalled.exists() && child.try_wait().unwrap().is_none()
+}
+
 /// Waits for `child` (shown as `shown` in messages), collecting whatever of its stdout and
 /// stderr is still piped; kills it and panics if it runs longer than [`COMMAND_TIMEOUT`].
 pub fn wait_within_timeout(mut child: std::process::Child, shown: &str) -> Output {
