@@ -29,3 +29,4 @@ mod restore;
 mod scale;
 mod serve;
 mod startup_latency;
+mod trust;

@@ -306,7 +306,8 @@ pub fn cairn(location: &str, cache: &Path) -> Cairn {
 /// Runs this test binary's [`storage_helper`] in a child process that has `cairn`'s
 /// environment (the servers' credentials), so that this process's own environment is never
 /// changed while other tests run beside it. `op` is `delete` (of `path`), `list` (of `path`'s
-/// objects) or `exists` (of `path`: one row if it does); returns the objects as (path, size).
+/// objects), `exists` (of `path`: one row if it does) or `flip` (one bit in the middle of
+/// `path`, written back in place: bit rot); returns the objects as (path, size).
 pub fn remote_storage(cairn: &Cairn, op: &str, path: &str) -> Vec<(String, u64)> {
     let exe = std::env::current_exe().unwrap();
     let mut c = Command::new(exe);
@@ -359,6 +360,12 @@ fn storage_helper() {
             if storage.exists(path).unwrap() {
                 println!("OBJ {path} 0");
             }
+        }
+        "flip" => {
+            let mut bytes = storage.read(path).unwrap();
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0x10;
+            storage.write(path, bytes).unwrap();
         }
         other => panic!("unknown helper operation {other}"),
     }
