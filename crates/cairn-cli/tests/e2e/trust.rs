@@ -286,9 +286,9 @@ impl Planted {
             Planted::RandomKey => named("keys", random()),
             Planted::RandomHint => ("hint".to_string(), random()),
             Planted::IndexOfWrongOffsets | Planted::IndexOfMissingPacks => {
-                let packs: Vec<IndexedPack> = repo
-                    .index_files()
-                    .unwrap()
+                let files = repo.index_files().unwrap();
+                let honest: Vec<String> = files.iter().map(|(name, _)| name.clone()).collect();
+                let packs: Vec<IndexedPack> = files
                     .into_iter()
                     .flat_map(|(name, packs)| packs.unwrap_or_else(|e| panic!("{name}: {e}")))
                     .collect();
@@ -297,7 +297,16 @@ impl Planted {
                 } else {
                     packs.iter().map(missing_pack).collect()
                 };
-                named("index", sealed::seal(repo.key(), SealedKind::Index, &index::encode(&lies)))
+                // Sealed again (a new random salt, a new name) until its name sorts before
+                // every honest index file's: where index files disagree, the one read first
+                // is believed today, and an attacker can choose to be read first.
+                loop {
+                    let (path, bytes) =
+                        named("index", sealed::seal(repo.key(), SealedKind::Index, &index::encode(&lies)));
+                    if honest.iter().all(|h| path < *h) {
+                        break (path, bytes);
+                    }
+                }
             }
             Planted::NewestEmptySnapshot => {
                 repo.load_index().unwrap();
