@@ -28,6 +28,8 @@ fn main() -> ExitCode {
     // or retries, not the silent end of the process. Only stdout's reader going away ends
     // cairn by SIGPIPE, as it would a Unix filter (`output::line`).
     limit_malloc_arenas();
+    // A repository object a command skips (it cannot be read) is said once, on stderr.
+    cairn_core::engine::unreadable::set_handler(|text| eprintln!("warning: {text}"));
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let json = argv.iter().any(|a| a == "--json");
     let argv = match profile::apply(argv) {

@@ -184,6 +184,13 @@ impl Error {
     pub fn invalid(file: impl Into<String>, why: impl Into<String>) -> Self {
         Error::Invalid { file: file.into(), why: why.into() }
     }
+
+    /// Whether the error is about an object's bytes (damaged, foreign, of an unknown version),
+    /// which reading again would not change: a reader that can do without the object skips it
+    /// ([`crate::engine::unreadable`]). A storage or network failure is not: it may pass.
+    pub fn is_damage(&self) -> bool {
+        matches!(self, Error::Corrupt { .. } | Error::Invalid { .. } | Error::UnsupportedVersion { .. })
+    }
 }
 
 impl From<cairn_format::Error> for Error {

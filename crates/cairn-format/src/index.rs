@@ -345,6 +345,11 @@ impl Index {
         packs.filter(|(_, p)| p.trees && !p.doomed).map(|(n, p)| (n as u32, p.id, p.salt)).collect()
     }
 
+    /// Every pack the index lists.
+    pub fn pack_ids(&self) -> IdSet<PackId> {
+        self.packs.iter().map(|p| p.id).collect()
+    }
+
     /// Where the last blob listed in each pack (by number) ends: how much of it a read of all
     /// its blobs takes.
     pub fn pack_ends(&self) -> Vec<u64> {

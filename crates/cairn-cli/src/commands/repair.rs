@@ -1,4 +1,4 @@
-//! `cairn repair index|snapshots|packs`: bring a damaged repository back to a state `cairn
+//! `cairn repair index|snapshots|packs|unreadable`: bring a damaged repository back to a state `cairn
 //! check` finds whole.
 
 use std::process::ExitCode;
@@ -18,6 +18,16 @@ pub enum Args {
     Snapshots(SnapshotsArgs),
     /// Copy the readable blobs of damaged packs into new packs, then remove the packs
     Packs(PacksArgs),
+    /// Remove the snapshots, key files, start hint and deletion manifests that cannot be read
+    /// (every command skips them with a warning; index files: `repair index`)
+    Unreadable(UnreadableArgs),
+}
+
+#[derive(ClapArgs, Debug)]
+pub struct UnreadableArgs {
+    /// Show what would be removed and remove nothing
+    #[arg(long, short = 'n')]
+    dry_run: bool,
 }
 
 #[derive(ClapArgs, Debug)]
@@ -96,6 +106,22 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
             }
             if !g.json {
                 outln!("{} snapshots {verb}", done.len());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Args::Unreadable(a) => {
+            let (repo, _lock) = open_locked(g, LockKind::Exclusive)?;
+            let r = repair::repair_unreadable(&repo, a.dry_run)?;
+            let verb = if r.removed { "removed" } else { "would remove" };
+            for (path, why) in &r.objects {
+                if g.json {
+                    outln!("{}", json::line(&json::UnreadableRemoved::new(path, why, r.removed)));
+                } else {
+                    outln!("{verb} {path}: {why}");
+                }
+            }
+            if !g.json {
+                outln!("{} objects that cannot be read {verb}", r.objects.len());
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -1279,3 +1279,104 @@ fn random_damage_never_crashes_check() {
         fs::remove_dir_all(&repo).unwrap();
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Index files that lie (FORMAT.md §18): a host holding the password can seal one.
+
+/// How an added index file lies about the pack holding a kept snapshot's blobs.
+#[derive(Clone, Copy, Debug)]
+enum Lie {
+    /// Lists that pack with no blobs (so nothing would be claimed in it).
+    EmptyListing,
+    /// Places every blob of that pack in a small pack of the liar's own, which no other index
+    /// file lists (the fullest pack, where a plan claims them).
+    OwnPack,
+}
+
+/// Adds a validly sealed index file that lies, as `lie` says, about `first_packs` (pack IDs).
+fn plant_lie(fx: &Fixture, lie: Lie, first_packs: &BTreeSet<String>) {
+    let (repo, _) = fx.cairn.open();
+    let files = repo.index_files().unwrap();
+    let mut listings = Vec::new();
+    for (_, f) in files {
+        listings.extend(f.unwrap().into_iter().filter(|p| first_packs.contains(&p.id.to_hex())));
+    }
+    assert!(!listings.is_empty(), "the first snapshot's packs are listed");
+    let lying: Vec<library::index::IndexedPack> = match lie {
+        Lie::EmptyListing => listings.into_iter().map(|p| library::index::IndexedPack { blobs: Vec::new(), ..p }).collect(),
+        Lie::OwnPack => {
+            // A real pack of one random blob, written with its own honest index file.
+            let mut rng = Rng(99);
+            repo.write_pack(&[(BlobKind::Data, rng.bytes(1000))], Codec::None).unwrap();
+            let own = repo
+                .index_files()
+                .unwrap()
+                .into_iter()
+                .flat_map(|(_, f)| f.unwrap())
+                .find(|p| p.blobs.len() == 1 && p.blobs[0].raw_length == 1000)
+                .expect("the liar's pack is indexed");
+            let mut blobs = own.blobs.clone();
+            blobs.extend(listings.iter().flat_map(|p| p.blobs.iter().map(|b| BlobEntry { offset: 0, ..*b })));
+            vec![library::index::IndexedPack { blobs, ..own }]
+        }
+    };
+    repo.save_index(&lying).unwrap();
+}
+
+#[test]
+fn an_index_file_that_lies_never_makes_prune_delete_what_a_snapshot_needs() {
+    for lie in [Lie::EmptyListing, Lie::OwnPack] {
+        let (mut fx, _) = Fixture::for_check_with_backup(3 * MIB as usize);
+        let first = fx.snapshot.clone();
+        let first_scan = fx.before.clone();
+        let first_packs: BTreeSet<String> = pack_names(fx.repo());
+        // A second snapshot of other files, forgotten, so the prune has packs to delete; the
+        // first is kept.
+        fs::remove_dir_all(&fx.src).unwrap();
+        make_files(&fx.src, 7, 2 * MIB as usize);
+        fx.scan_source();
+        fx.backup(&[]);
+        let second = fx.snapshot.clone();
+        plant_lie(&fx, lie, &first_packs);
+        fx.cairn.ok(["forget", &second]);
+
+        let out = fx.cairn.run(["prune"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // Every pack the first snapshot needs is still there, whatever prune did.
+        let after = pack_names(fx.repo());
+        assert!(first_packs.is_subset(&after), "{lie:?}: prune deleted a pack the kept snapshot needs: {stderr}");
+        if let Lie::OwnPack = lie {
+            // The lie is found where it matters: before the copy it would replace is dropped.
+            assert!(!out.status.success(), "{lie:?}: prune trusted the lie: {stderr}");
+            assert!(stderr.contains("header does not list it"), "{lie:?}: {stderr}");
+        }
+        // The first snapshot restores exactly: the lie costs a retry, never a wrong byte.
+        fx.before = first_scan;
+        let target = fx.path(&format!("restored-{lie:?}"));
+        fx.cairn.restore_with(&first, &target, &["--no-local-data"]);
+        fx.assert_exact(&target);
+        // check names the index file that lies; repair index (local: may delete) removes it.
+        let check = fx.cairn.run(["check"]);
+        assert_eq!(check.status.code(), Some(1), "{lie:?}");
+        let said = String::from_utf8_lossy(&check.stdout).to_string() + &String::from_utf8_lossy(&check.stderr);
+        assert!(said.contains("index/"), "{lie:?}: check does not name the index file: {said}");
+        fx.cairn.ok(["repair", "index"]);
+        let check = fx.cairn.run(["check"]);
+        assert!(check.status.success(), "{lie:?}: {}", String::from_utf8_lossy(&check.stdout));
+        fx.cairn.ok(["prune"]);
+        let target = fx.path(&format!("after-repair-{lie:?}"));
+        fx.cairn.restore_with(&first, &target, &["--no-local-data"]);
+        fx.assert_exact(&target);
+    }
+}
+
+/// The pack IDs (hex) in `data/` of the repository at `repo`.
+fn pack_names(repo: &Path) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for dir in fs::read_dir(repo.join("data")).unwrap() {
+        for f in fs::read_dir(dir.unwrap().path()).unwrap() {
+            out.insert(f.unwrap().file_name().to_string_lossy().into_owned());
+        }
+    }
+    out
+}

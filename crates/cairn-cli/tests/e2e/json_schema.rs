@@ -173,6 +173,11 @@ fn json_schema_maintenance() {
     );
     assert_eq!(copy.last().map(String::as_str), Some("copy/summary"), "{copy:?}");
 
+    // An object that cannot be read (bytes under their own hash, as a host may plant them).
+    let junk = b"not a snapshot".to_vec();
+    fs::write(fx.repo().join("snapshots").join(blake3::hash(&junk).to_hex().as_str()), &junk).unwrap();
+    assert_eq!(run(c, &[], "repair", &["repair", "unreadable", "--dry-run"]), ["repair/unreadable"]);
+    assert_eq!(run(c, &[], "repair", &["repair", "unreadable"]), ["repair/unreadable"]);
     assert_eq!(run(c, &[], "repair", &["repair", "index"]), ["repair/index"]);
     assert_eq!(run(c, &[], "repair", &["repair", "packs", &largest_pack(&fx.repo().join("data"))]), ["repair/packs"]);
     assert_eq!(run(c, &[], "prune", &["prune", "--dry-run"]), ["prune/summary"]);

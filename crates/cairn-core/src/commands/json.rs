@@ -596,6 +596,22 @@ impl PackRepairSummary {
     }
 }
 
+/// `repair unreadable --json`: one line per object that cannot be read.
+#[derive(Debug, Serialize)]
+pub struct UnreadableRemoved {
+    message_type: &'static str,
+    path: String,
+    why: String,
+    removed: bool,
+}
+
+impl UnreadableRemoved {
+    /// An object `repair unreadable` found (and removed, unless a dry run).
+    pub fn new(path: &str, why: &str, removed: bool) -> Self {
+        UnreadableRemoved { message_type: "unreadable", path: path.into(), why: why.into(), removed }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // backup
 

@@ -22,3 +22,4 @@ pub mod snapshot_name;
 pub mod sorted_index;
 pub mod storage;
 pub mod trees;
+pub mod unreadable;

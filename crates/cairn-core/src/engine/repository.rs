@@ -76,7 +76,14 @@ pub struct Repository {
     deletions_seen: Mutex<Option<Vec<DeletionId>>>,
     /// Every request's time, timed by the [`MeteredStorage`] around `storage`.
     link: Arc<LinkMeter>,
+    /// Where else index files place blobs than where the index finds them, read on the first
+    /// blob that fails where the index placed it ([`Repository::other_locations`]).
+    elsewhere: Mutex<Option<Arc<Elsewhere>>>,
 }
+
+/// Each blob's places other than the one the index finds it at: several index files may place
+/// a blob (a copy written twice, or an index file that lies about where blobs are).
+type Elsewhere = cairn_format::id::IdMap<BlobId, Vec<(PackId, [u8; cairn_format::crypto::SALT_LEN], BlobEntry)>>;
 
 impl Repository {
     /// Creates a new repository with one key file for `password`.
@@ -109,6 +116,7 @@ impl Repository {
             preloaded: Preloaded::default(),
             deletions_seen: Mutex::new(None),
             link,
+            elsewhere: Mutex::new(None),
         };
         repo.key_file = Some(repo.write_key(password, opts.kdf)?);
         let body = serde_json::to_vec(&repo.config).expect("config serializes");
@@ -268,8 +276,14 @@ impl Repository {
             Some(k) => key.with_chunk_id_key(k),
             None => key,
         };
-        // A damaged hint is ignored (it only saves a round trip); `check` reports it.
-        let hint = hint.map(|bytes| open_hint(&key, &bytes).map_err(|e| e.to_string()));
+        // A damaged hint is ignored (it only saves a round trip), said once; `check` reports it.
+        let hint = hint.map(|bytes| {
+            open_hint(&key, &bytes).map_err(|e| {
+                let then = "the repository is opened without it (a round trip more), and the next backup rewrites it";
+                crate::engine::unreadable::skipped(storage.location(), cairn_format::hint::PATH, &e, then);
+                e.to_string()
+            })
+        });
         Ok(Repository {
             storage,
             key,
@@ -283,6 +297,7 @@ impl Repository {
             preloaded: Preloaded::default(),
             deletions_seen: Mutex::new(None),
             link,
+            elsewhere: Mutex::new(None),
         })
     }
 
@@ -313,20 +328,95 @@ impl Repository {
                 Err(e) => tracing::warn!("ignoring a deletion manifest: {e}"),
             }
         }
+        let skipped = Mutex::new(0usize);
+        // An index file that cannot be read is skipped (said once); what it described is found
+        // from the packs themselves below. A storage failure still fails the load.
+        let usable = |path: &str, read: Result<Vec<IndexedPack>>| match read {
+            Err(e) if e.is_damage() => {
+                self.skipped(path, &e, "the packs no other index file describes are read instead");
+                *skipped.lock().expect("skipped lock") += 1;
+                Ok(Vec::new())
+            }
+            // Removed since the listing (a prune replaced it): what it listed is listed elsewhere.
+            Err(Error::NotFound(_)) => Ok(Vec::new()),
+            other => other,
+        };
         if placement.on_disk(&files, max_memory) {
             self.clear_index();
-            let read = |path: &str| self.read_index_file(path);
-            let index =
-                crate::engine::sorted_index::load(self.index_dir.as_deref(), &files, &doomed, read, self.threads())?;
+            let read = |path: &str| usable(path, self.read_index_file(path));
+            let dir = self.index_dir.as_deref();
+            let index = crate::engine::sorted_index::load(dir, &files, &doomed, read, self.threads())?;
+            if *skipped.lock().expect("skipped lock") > 0 {
+                // Built without a file that cannot be read: not kept for the next command, which
+                // would not know to read the packs that file described.
+                crate::engine::sorted_index::forget(dir, &files, &doomed);
+            }
             self.replace_index(|| index);
-            return Ok(());
+        } else {
+            let mut packs = Vec::new();
+            for (path, file) in self.read_index_files(files) {
+                packs.extend(usable(&path, file)?);
+            }
+            self.set_index_doomed(packs, &doomed);
         }
-        let mut packs = Vec::new();
-        for (_, file) in self.read_index_files(files) {
-            packs.extend(file?);
+        if skipped.into_inner().expect("skipped lock") > 0 {
+            self.index_unindexed_packs()?;
         }
-        self.set_index_doomed(packs, &doomed);
         Ok(())
+    }
+
+    /// Adds to the index the packs in `data/` that no loaded index file describes, from their
+    /// own headers (read side by side, a ranged read of each pack's end): after an index file
+    /// was skipped, the blobs it placed are found this way. Only those packs are read. A pack
+    /// whose header cannot be read either is skipped with a warning.
+    fn index_unindexed_packs(&self) -> Result<()> {
+        let started = std::time::Instant::now();
+        let stored = self.list_packs()?;
+        let known = self.index().pack_ids();
+        let mut unindexed: Vec<(PackId, u64)> =
+            stored.into_iter().filter(|(id, _)| !known.contains(id)).collect();
+        unindexed.sort_unstable();
+        let threads = self.storage.default_concurrency().max(8);
+        let read = map_parallel(&unindexed, threads, |(id, size)| self.read_pack_header(id, *size));
+        let mut found = 0usize;
+        for ((id, _), header) in unindexed.iter().zip(read) {
+            match header {
+                Ok(p) => {
+                    self.index_pack(&p);
+                    found += 1;
+                }
+                Err(e) => self.skipped(&pack_path(id), &e, "its blobs are not used"),
+            }
+        }
+        crate::engine::unreadable::once(
+            self.storage.location(),
+            "unindexed packs",
+            &format!(
+                "read the headers of {found} of {} packs no readable index file describes ({:.2} s); \
+                 `cairn repair index` (admin) writes an index of them",
+                unindexed.len(),
+                started.elapsed().as_secs_f64()
+            ),
+        );
+        Ok(())
+    }
+
+    /// A pack's header, from a ranged read of its end (`size` is the pack's length): its salt
+    /// and blobs, as its index record would give them.
+    pub fn read_pack_header(&self, id: &PackId, size: u64) -> Result<IndexedPack> {
+        let file = pack_path(id);
+        let first = PACK_TAIL_READ.min(size);
+        let mut tail = self.read_pack_range(&file, size - first, first)?;
+        if tail.len() >= cairn_format::pack::TRAILER_LEN {
+            let at = tail.len() - cairn_format::pack::TRAILER_LEN + cairn_format::crypto::SALT_LEN;
+            let hlen = u64::from(u32::from_le_bytes(tail[at..at + 4].try_into().expect("4 bytes")));
+            let need = hlen + cairn_format::pack::TRAILER_LEN as u64;
+            if need > first && need <= size {
+                tail = self.read_pack_range(&file, size - need, need)?;
+            }
+        }
+        let (salt, blobs) = cairn_format::pack::read_header_tail(&self.key, &file, &tail, size)?;
+        Ok(IndexedPack { id: *id, salt, blobs })
     }
 
     /// Threads that read files side by side: as many as the storage keeps requests in flight,
@@ -509,29 +599,128 @@ impl Repository {
 
     /// Reads one blob from `pack` and decodes it, reading it again if the transfer came back
     /// short or damaged (authentication fails); the restore's decode stage calls this when the
-    /// copy it was given fails.
+    /// copy it was given fails. If it still fails there, it is read from the other places index
+    /// files give it ([`Repository::other_locations`]): a damaged pack or an index file that lies
+    /// costs a retry, never a wrong byte (every copy is verified against its ID).
     pub fn reread_blob(&self, pack: &str, key: &ObjectKey, entry: &BlobEntry) -> Result<Vec<u8>> {
-        crate::engine::storage::retry_damaged(|| {
-            let sealed = self.storage.read_range(pack, u64::from(entry.offset), u64::from(entry.length))?;
-            Ok(decode_blob(&self.key, key, entry, sealed, pack)?)
-        })
+        let read = |pack: &str, key: &ObjectKey, entry: &BlobEntry| {
+            crate::engine::storage::retry_damaged(|| {
+                let sealed = self.storage.read_range(pack, u64::from(entry.offset), u64::from(entry.length))?;
+                Ok(decode_blob(&self.key, key, entry, sealed, pack)?)
+            })
+        };
+        read(pack, key, entry).or_else(|e| self.read_elsewhere(pack, entry, e, read))
+    }
+
+    /// `read` of the blob `entry` describes at each of its other places, until one succeeds;
+    /// `failed` (why it could not be read from `pack`) if none does.
+    fn read_elsewhere<T>(
+        &self,
+        pack: &str,
+        entry: &BlobEntry,
+        failed: Error,
+        read: impl Fn(&str, &ObjectKey, &BlobEntry) -> Result<T>,
+    ) -> Result<T> {
+        for (other, salt, at) in self.other_locations(pack, entry) {
+            let path = pack_path(&other);
+            if let Ok(found) = read(&path, &self.key.object_key(&salt), &at) {
+                crate::engine::unreadable::once(
+                    self.storage.location(),
+                    &format!("blob {} in {pack}", entry.id.to_hex()),
+                    &format!(
+                        "blob {} could not be read where the index places it ({failed}); read from {path} instead: \
+                         `cairn check` names the object at fault",
+                        entry.id.short()
+                    ),
+                );
+                return Ok(found);
+            }
+        }
+        Err(failed)
+    }
+
+    /// The places other than `entry` in `pack` where index files (or the headers of packs no
+    /// readable index file describes) put the blob `entry` names. Every index file is read
+    /// again the first time this is asked (a blob failed where the index placed it), and only
+    /// the blobs placed more than once are kept.
+    pub fn other_locations(
+        &self,
+        pack: &str,
+        entry: &BlobEntry,
+    ) -> Vec<(PackId, [u8; cairn_format::crypto::SALT_LEN], BlobEntry)> {
+        let elsewhere = self.elsewhere();
+        let Some(places) = elsewhere.get(&entry.id) else { return Vec::new() };
+        let mut out: Vec<_> =
+            places.iter().filter(|(p, _, e)| !(pack_path(p) == pack && e.offset == entry.offset)).copied().collect();
+        // The place the index finds is among them when the failed copy was another one.
+        if let Some(loc) = self.index().get(&entry.id) {
+            if !(pack_path(&loc.pack) == pack && loc.entry.offset == entry.offset)
+                && !out.iter().any(|(p, _, e)| *p == loc.pack && e.offset == loc.entry.offset)
+            {
+                out.insert(0, (loc.pack, loc.salt, loc.entry));
+            }
+        }
+        out
+    }
+
+    /// Whether any of `blobs` has a place other than the one the index finds it at.
+    pub fn placed_elsewhere(&self, blobs: &[BlobEntry]) -> bool {
+        let elsewhere = self.elsewhere();
+        blobs.iter().any(|b| elsewhere.contains_key(&b.id))
+    }
+
+    /// Builds (once) the map of blobs' other places from every readable index file.
+    fn elsewhere(&self) -> Arc<Elsewhere> {
+        let mut held = self.elsewhere.lock().expect("elsewhere lock");
+        if let Some(e) = &*held {
+            return e.clone();
+        }
+        let mut map = Elsewhere::default();
+        // Unreadable index files were said when the index was loaded; a listing that fails
+        // leaves nothing to try.
+        let files = self.index_files().unwrap_or_default();
+        let index = self.index();
+        for (_, file) in files {
+            for p in file.into_iter().flatten() {
+                for e in &p.blobs {
+                    let same = index.get(&e.id).is_some_and(|l| l.pack == p.id && l.entry.offset == e.offset);
+                    if !same {
+                        map.entry(e.id).or_default().push((p.id, p.salt, *e));
+                    }
+                }
+            }
+        }
+        drop(index);
+        let map = Arc::new(map);
+        *held = Some(map.clone());
+        map
     }
 
     /// Reads one blob from `pack` again and verifies it (decompressing into `scratch`), reading
     /// it once more if the transfer came back short or damaged; returns its stored bytes (still
     /// compressed). The repack's twin of [`Repository::reread_blob`].
+    /// With `elsewhere`, a blob that still fails is read from its other places, as
+    /// [`Repository::reread_blob`] does; a check, which judges each pack, asks without.
     pub fn reread_stored(
         &self,
         pack: &str,
         key: &ObjectKey,
         entry: &BlobEntry,
         scratch: &mut Vec<u8>,
+        elsewhere: bool,
     ) -> Result<Vec<u8>> {
-        crate::engine::storage::retry_damaged(|| {
-            let mut sealed = self.storage.read_range(pack, u64::from(entry.offset), u64::from(entry.length))?;
-            let stored = verify_stored(&self.key, key, entry, &mut sealed, pack, scratch)?;
-            Ok(sealed[stored].to_vec())
-        })
+        let scratch = std::cell::RefCell::new(scratch);
+        let read = |pack: &str, key: &ObjectKey, entry: &BlobEntry| {
+            crate::engine::storage::retry_damaged(|| {
+                let mut sealed = self.storage.read_range(pack, u64::from(entry.offset), u64::from(entry.length))?;
+                let stored = verify_stored(&self.key, key, entry, &mut sealed, pack, &mut scratch.borrow_mut())?;
+                Ok(sealed[stored].to_vec())
+            })
+        };
+        match read(pack, key, entry) {
+            Err(e) if elsewhere => self.read_elsewhere(pack, entry, e, read),
+            done => done,
+        }
     }
 
     /// Writes a content-addressed sealed file at the path `path_of` gives its ID; returns the
@@ -685,13 +874,20 @@ impl Repository {
         Ok(Snapshot::from_bytes(&path, &self.read_sealed(&path, SealedKind::Snapshot)?)?)
     }
 
-    /// All snapshots, oldest first; the first that cannot be read is the error.
+    /// Every snapshot that can be read, oldest first; each one that cannot is skipped with one
+    /// warning naming it ([`crate::engine::unreadable`]). A command that must know every
+    /// snapshot (a prune) uses [`Repository::read_snapshots`] instead.
     pub fn snapshots(&self) -> Result<Vec<(SnapshotId, Snapshot)>> {
         let (snaps, damaged) = self.read_snapshots()?;
-        match damaged.into_iter().next() {
-            Some((_, e)) => Err(e),
-            None => Ok(snaps),
+        for (path, e) in damaged {
+            self.skipped(&path, &e, "the other snapshots are used");
         }
+        Ok(snaps)
+    }
+
+    /// Says once that `path` cannot be read and was skipped ([`crate::engine::unreadable`]).
+    pub fn skipped(&self, path: &str, why: &Error, then: &str) {
+        crate::engine::unreadable::skipped(self.storage.location(), path, why, then);
     }
 
     /// Every snapshot that can be read, oldest first, and the files that cannot (with why);
@@ -937,7 +1133,7 @@ fn unlock(storage: &dyn Storage, password: &[u8], cached: Option<&KeyId>) -> Res
             return Ok(Some(Unlocked { key, file, hint }));
         }
     }
-    let mut damaged = Vec::new();
+    let mut damaged: Vec<(String, Error)> = Vec::new();
     let mut intact = 0;
     for obj in keys {
         // The key file tried already: what it said counts once.
@@ -946,7 +1142,12 @@ fn unlock(storage: &dyn Storage, password: &[u8], cached: Option<&KeyId>) -> Res
             None => try_key(&obj.path),
         };
         match found {
-            Ok(Some((key, file))) => return Ok(Some(Unlocked { key, file, hint })),
+            Ok(Some((key, file))) => {
+                for (path, e) in &damaged {
+                    crate::engine::unreadable::skipped(storage.location(), path, e, "another key file opened");
+                }
+                return Ok(Some(Unlocked { key, file, hint }));
+            }
             Ok(None) => intact += 1,
             Err(e) => damaged.push((obj.path, e)),
         }
@@ -986,6 +1187,10 @@ fn no_key_opens(repo: &str, intact: usize, damaged: Vec<(String, Error)>) -> Err
     }
     Error::WrongPasswordOrDamagedKey { repo: repo.to_string(), detail }
 }
+
+/// Bytes of a pack's end read first to find its header (most headers fit; a longer one is read
+/// again whole).
+const PACK_TAIL_READ: u64 = 64 * 1024;
 
 /// Key files read at once by [`Repository::keys`] (there are few).
 const KEY_READS: usize = 8;

@@ -148,6 +148,14 @@ pub fn load(
     open(file, path, &key).map_err(|why| Error::invalid(at.display().to_string(), format!("just built, {why}")))
 }
 
+/// Removes from `dir` the sorted index file of `files` and `doomed`, if there is one (it was
+/// built without an index file that could not be read: the next command builds its own).
+pub fn forget(dir: Option<&Path>, files: &[ObjectInfo], doomed: &IdSet<PackId>) {
+    if let Some(d) = dir {
+        let _ = std::fs::remove_file(d.join(hex::encode(key(files, doomed))));
+    }
+}
+
 /// A sorted index file read with `pread`.
 struct IndexFile {
     file: File,

@@ -25,11 +25,15 @@ pub fn keys(repo: &Repository, threads: usize) -> Result<Vec<Finding>> {
 /// they list are returned (the first listing of a pack counts), except packs a running or
 /// interrupted prune is deleting (FORMAT.md §13), returned apart: they may vanish while the
 /// check runs, and nothing needs them that another pack does not hold (or the prune keeps them).
+///
+/// A later listing of a pack that differs from the first is returned too (the third list): one
+/// of the two index files is wrong, and the pack's header tells which
+/// ([`super::structure::other_listings`]).
 pub fn index(
     repo: &Repository,
     findings: &mut Vec<Finding>,
     progress: &Progress,
-) -> Result<(IdMap<PackId, IndexedPackInfo>, IdSet<PackId>)> {
+) -> Result<(IdMap<PackId, IndexedPackInfo>, IdSet<PackId>, Vec<IndexedPackInfo>)> {
     // Manifests first: a prune removes its manifest only after the index files it replaces, so
     // index files read after the manifests name no pack deleted in between unnoticed.
     let mut doomed = IdSet::default();
@@ -48,12 +52,17 @@ pub fn index(
     let mut packs: IdMap<PackId, IndexedPackInfo> = IdMap::default();
     // Doomed packs and later listings of a pack: in the index, but not checked.
     let mut others: Vec<IndexedPack> = Vec::new();
+    let mut differing = Vec::new();
     for (path, file) in repo.index_files()? {
         progress.step();
         match file {
             Ok(list) => {
                 for p in list {
                     if doomed.contains(&p.id) || packs.contains_key(&p.id) {
+                        let listing = IndexedPackInfo::new(p.clone(), &path);
+                        if packs.get(&p.id).is_some_and(|first| first.blobs != listing.blobs || first.salt != p.salt) {
+                            differing.push(listing);
+                        }
                         others.push(p);
                     } else {
                         packs.insert(p.id, IndexedPackInfo::new(p, &path));
@@ -65,7 +74,7 @@ pub fn index(
     }
     let parts = packs.values().map(|i| (i.id, i.salt, &i.blobs[..]));
     repo.set_index_parts(parts.chain(others.iter().map(|p| (p.id, p.salt, &p.blobs[..]))), &doomed);
-    Ok((packs, doomed))
+    Ok((packs, doomed, differing))
 }
 
 impl IndexedPackInfo {

@@ -382,7 +382,7 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
             format!("{why}; ignored, and the next backup rewrites it"),
         ));
     }
-    let ((packs, doomed), found) = index?;
+    let ((packs, doomed, differing), found) = index?;
     report.findings.extend(found);
     let (snapshots, found) = snapshots?;
     report.findings.extend(found);
@@ -422,6 +422,7 @@ pub fn check(repo: &Repository, opts: &CheckOptions, progress: &Progress) -> Res
         None => structure::packs(repo, &in_scope, &listed, threads, &mut report, progress),
     };
     if needed.is_none() {
+        structure::other_listings(repo, &differing, &listed, &mut report);
         structure::duplicates(&packs, &mut report);
         structure::unindexed(&packs, &doomed, &listed, &mut report);
     }

@@ -17,7 +17,7 @@ use cairn_format::snapshot::Snapshot;
 use cairn_format::tree::{for_each_node, Chunk, NodeKind};
 
 /// A pack as its (first) index file lists it.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct IndexedPackInfo {
     /// The pack.
     pub id: PackId,
@@ -71,7 +71,7 @@ pub fn packs(
                 report.findings.push(lost(
                     FindingKind::PackSize,
                     p,
-                    format!("{file} has {size} bytes, but its index entries imply {}", p.size),
+                    format!("{file} has {size} bytes, but the entries {} lists imply {}", p.index_file, p.size),
                 ));
             }
             Some(_) => {
@@ -92,6 +92,39 @@ pub fn packs(
     found.sort_by(|a, b| a.file.cmp(&b.file));
     report.findings.extend(found);
     present
+}
+
+/// Later listings of a pack that differ from its first (`differing`): each is checked against
+/// the pack's header, and one that disagrees is a finding about its index file (planted, or
+/// damaged before it was sealed). Nothing is lost by it: a blob it misplaces is read from the
+/// place another index file gives (`Repository::reread_blob`); `repair index` drops it.
+pub fn other_listings(
+    repo: &Repository,
+    differing: &[IndexedPackInfo],
+    listed: &IdMap<PackId, u64>,
+    report: &mut CheckReport,
+) {
+    for p in differing {
+        let why = match listed.get(&p.id) {
+            None => format!("{} does not exist", pack_path(&p.id)),
+            Some(&size) => match header_agrees(repo, &IndexedPackInfo { size, ..p.clone() }) {
+                Ok(()) => continue,
+                Err(why) => why,
+            },
+        };
+        report.findings.push(Finding::new(
+            FindingKind::PackHeader,
+            Some(p.index_file.clone()),
+            format!(
+                "{} lists {} blobs in {} that are not there ({why}): the index file is wrong (planted, or \
+                 damaged before it was sealed); blobs it misplaces are read where other index files place them, and \
+                 `cairn repair index` (admin) rebuilds the index without it",
+                p.index_file,
+                p.blobs.len(),
+                pack_path(&p.id)
+            ),
+        ));
+    }
 }
 
 /// Packs in `data/` that no index lists (and no prune is deleting): notices.

@@ -123,7 +123,10 @@ pub fn finish(
     }
     // Snapshots the plan did not count may need blobs only doomed packs hold (a backup that
     // was running deduplicated against them): those packs stay.
-    let snapshots = repo.snapshots()?;
+    let (snapshots, damaged) = repo.read_snapshots()?;
+    if let Some((path, e)) = damaged.into_iter().next() {
+        return Err(super::unreadable_snapshot(&path, &e));
+    }
     let new: Vec<_> = match counted {
         Some(counted) => snapshots.into_iter().filter(|(sid, _)| !counted.contains(sid)).collect(),
         None => snapshots,

@@ -17,6 +17,7 @@ mod mark;
 mod memory;
 mod plan;
 mod repack;
+mod trust;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -124,18 +125,17 @@ pub fn prune(
     say("reading snapshots and index");
     let (snapshots, damaged) = repo.read_snapshots()?;
     if let Some((path, e)) = damaged.into_iter().next() {
-        return Err(Error::Refused(format!(
-            "{path} cannot be read ({e}); prune deletes nothing while a snapshot cannot be read: \
-             run `cairn repair snapshots --forget` or restore the file"
-        )));
+        return Err(unreadable_snapshot(&path, &e));
     }
     report.snapshots = snapshots.len() as u64;
-    let files = index_files(repo)?;
+    let mut files = index_files(repo)?;
+    let stored = repo.list_packs()?;
+    // A pack index files list differently is taken from its header (trust.rs).
+    trust::settle_disputes(repo, &mut files, &stored)?;
     // Listed after the snapshots, the index files cover every blob they need (a backup writes
     // its index files before its snapshot); the marking reads trees through this index.
     repo.set_index(files.iter().flat_map(|(_, p)| p));
     let shares = Shares::of(repo, &files, opts.max_memory)?;
-    let stored = repo.list_packs()?;
     report.size_before = stored.values().sum();
     clock.lap(&mut phases, "list");
 
@@ -144,6 +144,10 @@ pub fn prune(
     clock.lap(&mut phases, "mark");
     let plan = plan::plan(files, &stored, &used, &repo.index(), &opts.plan, u64::from(repo.config().pack_size))?;
     drop(used);
+    if !opts.dry_run {
+        // The copies kept in place of those that go are where the index says (trust.rs).
+        trust::confirm_claims(repo, &plan)?;
+    }
     report.plan = plan.stats.clone();
     report.size_after = report.size_before;
     if opts.dry_run || (plan.stats.delete_packs == 0 && plan.stats.repack_packs == 0) {
@@ -208,6 +212,14 @@ pub fn needed_blobs(repo: &Repository, snapshots: &[(SnapshotId, Snapshot)]) -> 
     let needed = mark::mark(repo, snapshots, &Loading::default())?;
     repo.index_intact()?;
     needed.ids(&repo.index())
+}
+
+/// Why a prune deletes nothing while snapshot `path` cannot be read: what it needs is unknown.
+fn unreadable_snapshot(path: &str, e: &Error) -> Error {
+    Error::Refused(format!(
+        "{path} cannot be read ({e}); prune deletes nothing while a snapshot cannot be read (what it needs is \
+         unknown): restore the file, or remove it with `cairn repair unreadable` (admin), then prune again"
+    ))
 }
 
 /// Every index file with its ID (stray names left out). One that cannot be read stops the

@@ -11,14 +11,10 @@ use crate::error::{Error, Result};
 use cairn_format::id::{IdMap, IdSet, PackId};
 use cairn_format::index::IndexedPack;
 use cairn_format::layout::{self, pack_path};
-use cairn_format::pack::{decode_blob, read_header, read_header_tail, TRAILER_LEN};
+use cairn_format::pack::{decode_blob, read_header};
 
 /// Packs per new index file.
 const PACKS_PER_INDEX: usize = 2000;
-
-/// Bytes of a pack's end read first to find its header (most headers fit; a longer one is read
-/// again whole).
-const FIRST_TAIL: u64 = 64 * 1024;
 
 /// What `repair index` did.
 #[derive(Debug, Default)]
@@ -43,12 +39,15 @@ pub struct IndexRepair {
 pub fn repair_index(repo: &Repository, read_all: bool) -> Result<IndexRepair> {
     // Header reads are small: many in flight whatever the storage's own default.
     let threads = repo.storage().default_concurrency().max(8);
+    // Credentials that may not delete are refused before a new index file is written.
+    super::may_delete(repo, layout::Dir::Index)?;
     let mut out = IndexRepair::default();
     let listed: IdMap<PackId, u64> = repo.list_packs()?;
     let files = repo.index_files()?;
     let mut kept: IdMap<PackId, IndexedPack> = IdMap::default();
     let mut damaged = 0;
     let mut named: IdSet<PackId> = IdSet::default();
+    let mut disputed: IdSet<PackId> = IdSet::default();
     for (_, file) in &files {
         let Ok(packs) = file else {
             damaged += 1;
@@ -56,8 +55,15 @@ pub fn repair_index(repo: &Repository, read_all: bool) -> Result<IndexRepair> {
         };
         for p in packs {
             named.insert(p.id);
-            if listed.contains_key(&p.id) && !read_all {
-                kept.entry(p.id).or_insert_with(|| p.clone());
+            if listed.contains_key(&p.id) && !read_all && !disputed.contains(&p.id) {
+                // Two index files that list a pack differently: one is wrong (planted, or
+                // damaged before it was sealed), and the pack's own header decides.
+                if kept.get(&p.id).is_some_and(|k| k != p) {
+                    kept.remove(&p.id);
+                    disputed.insert(p.id);
+                } else {
+                    kept.entry(p.id).or_insert_with(|| p.clone());
+                }
             }
         }
     }
@@ -73,7 +79,7 @@ pub fn repair_index(repo: &Repository, read_all: bool) -> Result<IndexRepair> {
     let failed = Mutex::new(Vec::new());
     let bad_blobs = std::sync::atomic::AtomicU64::new(0);
     in_parallel(&to_read, threads, |_, (id, size)| {
-        let indexed = if read_all { read_whole(repo, id) } else { read_tail(repo, id, *size).map(|p| (p, 0)) };
+        let indexed = if read_all { read_whole(repo, id) } else { repo.read_pack_header(id, *size).map(|p| (p, 0)) };
         match indexed {
             Ok((p, bad)) => {
                 bad_blobs.fetch_add(bad, std::sync::atomic::Ordering::Relaxed);
@@ -107,23 +113,6 @@ pub fn repair_index(repo: &Repository, read_all: bool) -> Result<IndexRepair> {
     Ok(out)
 }
 
-/// A pack's header, from a ranged read of its end.
-fn read_tail(repo: &Repository, id: &PackId, size: u64) -> Result<IndexedPack> {
-    let file = pack_path(id);
-    let first = FIRST_TAIL.min(size);
-    let mut tail = repo.read_pack_range(&file, size - first, first)?;
-    if tail.len() >= TRAILER_LEN {
-        let at = tail.len() - TRAILER_LEN + cairn_format::crypto::SALT_LEN;
-        let hlen = u64::from(u32::from_le_bytes(tail[at..at + 4].try_into().expect("4 bytes")));
-        let need = hlen + TRAILER_LEN as u64;
-        if need > first && need <= size {
-            tail = repo.read_pack_range(&file, size - need, need)?;
-        }
-    }
-    let (salt, blobs) = read_header_tail(repo.key(), &file, &tail, size)?;
-    Ok(IndexedPack { id: *id, salt, blobs })
-}
-
 /// A pack read in full: its header, and only the blobs that verify. Returns the pack and how
 /// many blobs were left out.
 fn read_whole(repo: &Repository, id: &PackId) -> Result<(IndexedPack, u64)> {
@@ -145,3 +134,4 @@ fn read_whole(repo: &Repository, id: &PackId) -> Result<(IndexedPack, u64)> {
     let bad = (total - blobs.len()) as u64;
     Ok((IndexedPack { id: *id, salt, blobs }, bad))
 }
+

@@ -149,7 +149,7 @@ fn verify_blobs<'s, S: Sink<'s>>(
         match verify_stored(r.repo.key(), &f.key, b, sealed, &f.pack, scratch) {
             Ok(stored) => done.push((b.id, Stored::InRead(start + stored.start..start + stored.end))),
             // A copy that fails authentication may be a damaged transfer: read that blob again.
-            Err(_) => match r.repo.reread_stored(&f.pack, &f.key, b, scratch) {
+            Err(_) => match r.repo.reread_stored(&f.pack, &f.key, b, scratch, !sink.verify_only()) {
                 Ok(own) => done.push((b.id, Stored::Own(own))),
                 Err(e) => sink.failed(f.read, b, &e),
             },
