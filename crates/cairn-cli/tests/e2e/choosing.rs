@@ -69,7 +69,8 @@ fn latest_is_narrowed_by_host_tag_and_path_on_every_command_that_takes_one_snaps
     assert!(diffed.contains("M ") && diffed.contains("shop.sql") && !diffed.contains("disk.img"), "{diffed}");
     // nbd (writing the export to a file)
     let image = s.fx.path("shop.img");
-    s.fx.cairn.run(["nbd", &shop, "--tag", "postgres", "--commit-to", image.to_str().unwrap()]);
+    let out = s.fx.cairn.run(["nbd", &shop, "--tag", "postgres", "--commit-to", image.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(fs::read(&image).unwrap(), b"v2 of the dump");
     // find, which takes several snapshots: `--snapshot latest` is the newest that passes.
     let found = s.fx.cairn.ok(["find", "--snapshot", "latest", "--host", "db", "shop.sql"]);
@@ -142,6 +143,7 @@ fn tags(c: &Cairn, filter: &[&str]) -> Vec<Vec<String>> {
 #[test]
 fn tag_lists_split_at_commas_and_an_escaped_comma_stays_in_its_tag() {
     let fx = Fixture::new().init(&[]);
+    fs::create_dir_all(&fx.src).unwrap();
     fs::write(fx.src.join("f"), "x").unwrap();
     let c = &fx.cairn;
     c.backup(&[&fx.src], &["--tag", "a,b"]);
