@@ -276,7 +276,8 @@ fn runs_page(agent: &Agent, profile: &str) -> String {
 fn snapshots_page(agent: &Agent, profile: &str, r: &Req) -> Result<String> {
     let repo = agent.repository(profile)?;
     let list = |k: &str| -> Vec<String> { r.get(k).split_whitespace().map(String::from).collect() };
-    let filter = SnapshotFilter { ids: Vec::new(), hosts: list("host"), tags: list("tag"), paths: list("path") };
+    let filter =
+        SnapshotFilter { hosts: list("host"), tags: list("tag"), paths: list("path"), ..SnapshotFilter::default() };
     let snaps = crate::browse::snapshots(&repo, &filter)?;
     let pe = esc(profile);
     let mut b = format!(

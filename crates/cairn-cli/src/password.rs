@@ -63,22 +63,32 @@ pub fn from_command(cmd: &str) -> Result<Vec<u8>> {
 
 /// The repository password. `confirm` asks twice at a prompt (for `init`).
 pub fn get(file: Option<&Path>, env_var: &str, what: &str, confirm: bool) -> Result<Vec<u8>> {
+    given(file, env_var).unwrap_or_else(|| ask(env_var, what, confirm))
+}
+
+/// The password `env_var`, a password command (for the repository password), `file` or the
+/// profile give, or why it cannot be had from them; `None` when none of them gives one (it is
+/// then asked for: [`ask`]).
+pub fn given(file: Option<&Path>, env_var: &str) -> Option<Result<Vec<u8>>> {
     if let Some(p) = std::env::var_os(env_var) {
         if p.is_empty() {
-            bail!("{env_var} is set but empty");
+            return Some(Err(anyhow::anyhow!("{env_var} is set but empty")));
         }
-        return Ok(p.into_encoded_bytes());
+        return Some(Ok(p.into_encoded_bytes()));
     }
     let main = env_var == "CAIRN_PASSWORD";
     if let Some(cmd) = COMMAND.get().filter(|_| main) {
-        return from_command(cmd);
+        return Some(from_command(cmd));
     }
     if let Some(f) = file {
-        return from_file(f);
+        return Some(from_file(f));
     }
-    if let Some(pw) = crate::profile::literal_password().filter(|_| main) {
-        return Ok(pw);
-    }
+    crate::profile::literal_password().filter(|_| main).map(Ok)
+}
+
+/// Asks for the password `env_var` would give at a no-echo prompt (twice with `confirm`); an
+/// error saying where a password may come from when there is no terminal to ask at.
+pub fn ask(env_var: &str, what: &str, confirm: bool) -> Result<Vec<u8>> {
     if !std::io::stdin().is_terminal() {
         bail!("no {what}: set {env_var}, give a password file, or run in a terminal to be asked");
     }

@@ -115,12 +115,14 @@ pub enum Error {
     #[error("{0}")]
     SnapshotSelect(String),
     /// A path inside a snapshot does not exist.
-    #[error("path {path:?} not found in snapshot {snapshot}")]
+    #[error("path {path:?} not found in snapshot {snapshot}{note}")]
     PathNotFound {
         /// The path asked for.
         path: String,
         /// The snapshot's short ID.
         snapshot: String,
+        /// More about it (empty, or `, which "latest" chose …`: engine::select).
+        note: String,
     },
     /// A malformed identifier.
     #[error("invalid {0}")]

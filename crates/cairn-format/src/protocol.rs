@@ -11,6 +11,14 @@ use crate::layout::{self, Dir};
 
 /// The protocol version: the first component of every request path.
 pub const VERSION: &str = "v1";
+/// The revision of version 1 a server speaks (`GET /v1` says it): 2 added who stored each
+/// snapshot to listings of `snapshots/` (FORMAT.md §15.4). Clients and servers of either revision
+/// work together; only `--stored-by` and a backup's choice of parent need revision 2.
+pub const REVISION: u32 = 2;
+/// The header of a listing of `snapshots/` from a revision 2 server: the name of the token the
+/// request came with (FORMAT.md §15.4). A listing without it is from a server that records
+/// nothing.
+pub const TOKEN_NAME_HEADER: &str = "cairn-token-name";
 /// Longest object path accepted (the longest Cairn writes is a pack's, 72 bytes).
 pub const MAX_OBJECT_PATH: usize = 128;
 /// Longest repository name accepted.
@@ -291,6 +299,31 @@ pub fn check_dir(dir: &str) -> Result<Dir, String> {
     })
 }
 
+/// One entry of a listing (`GET /v1/repos/NAME/list/DIR`): `{"path": "…", "size": N}`, and in a
+/// listing of `snapshots/` from a revision 2 server, `"stored_by": "TOKEN NAME"` where the server
+/// recorded who stored the snapshot (FORMAT.md §15.4).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Listed {
+    /// The object's name (§1).
+    pub path: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// The name of the token that stored it, as the server recorded it; absent where there is
+    /// no record (an object stored before the server kept them, or put into its storage directly).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_by: Option<String>,
+}
+
+/// A listing's body, as a server sends it.
+pub fn encode_listing(listed: &[Listed]) -> Vec<u8> {
+    serde_json::to_vec(listed).expect("listings serialize")
+}
+
+/// A listing's body, as a client reads it (fields it does not know are ignored).
+pub fn decode_listing(body: &[u8]) -> Result<Vec<Listed>, String> {
+    serde_json::from_slice(body).map_err(|e| format!("the server sent a listing that does not parse: {e}"))
+}
+
 /// At most 80 characters of a name from a request, for messages.
 pub fn truncate(s: &str) -> &str {
     match s.char_indices().nth(80) {
@@ -422,6 +455,30 @@ mod tests {
         assert!(check_dir("data/01").is_err());
         assert!(check_dir("").is_err());
         assert_eq!(check_dir("snapshots"), Ok(Dir::Snapshots));
+    }
+
+    /// Golden vectors of listings (FORMAT.md §15.4): revision 2's, with a record and without
+    /// one, and revision 1's, which a revision 2 client still reads.
+    #[test]
+    fn listings_encode_and_decode_exactly() {
+        let h = "0123456789abcdef".repeat(4);
+        let listed = vec![
+            Listed { path: format!("snapshots/{h}"), size: 301, stored_by: Some("laptop-append".into()) },
+            Listed { path: format!("snapshots/{}", h.replace('0', "f")), size: 7, stored_by: None },
+        ];
+        let golden = format!(
+            r#"[{{"path":"snapshots/{h}","size":301,"stored_by":"laptop-append"}},{{"path":"snapshots/{}","size":7}}]"#,
+            h.replace('0', "f")
+        );
+        assert_eq!(String::from_utf8(encode_listing(&listed)).unwrap(), golden);
+        assert_eq!(decode_listing(golden.as_bytes()).unwrap(), listed);
+        let revision1 = format!(r#"[{{"path":"data/01/{h}","size":5}}]"#);
+        let old = decode_listing(revision1.as_bytes()).unwrap();
+        assert_eq!(old, vec![Listed { path: format!("data/01/{h}"), size: 5, stored_by: None }]);
+        // A later revision's fields are ignored.
+        let later = r#"[{"path":"keys/x","size":1,"stored_by":"a","more":true}]"#;
+        assert_eq!(decode_listing(later.as_bytes()).unwrap()[0].stored_by.as_deref(), Some("a"));
+        assert!(decode_listing(b"{").unwrap_err().contains("does not parse"));
     }
 
     #[test]

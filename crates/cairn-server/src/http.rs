@@ -15,11 +15,15 @@ use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, C
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 
-use cairn_format::protocol::{self, Kind, Op, Route, MAX_OBJECT_SIZE, VERSION as PROTOCOL};
+use cairn_format::layout::Dir;
+use cairn_format::protocol::{
+    self, Kind, Op, Route, MAX_OBJECT_SIZE, REVISION, TOKEN_NAME_HEADER, VERSION as PROTOCOL,
+};
 
 use crate::log::{Entry, Log};
 use crate::policy::{self, Rule};
 use crate::quota::{Quotas, Usage};
+use crate::stored_by::Records;
 use crate::tokens::{Denied, TokenStore};
 
 /// How long a client may take to send a request's head (or finish the TLS handshake).
@@ -41,6 +45,8 @@ pub struct State {
     repos: Mutex<HashMap<String, Arc<dyn Storage>>>,
     quotas: Quotas,
     usage: Usage,
+    /// Who stored each snapshot (FORMAT.md §15.4), as read or written so far.
+    stored_by: Records,
     connections: Arc<tokio::sync::Semaphore>,
 }
 
@@ -54,6 +60,7 @@ impl State {
             repos: Mutex::new(HashMap::new()),
             quotas,
             usage: Usage::default(),
+            stored_by: Records::default(),
             connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
         }
     }
@@ -134,11 +141,13 @@ struct Reply {
     status: StatusCode,
     body: Bytes,
     content_range: Option<String>,
+    /// A listing of `snapshots/`: the requesting token's name ([`TOKEN_NAME_HEADER`]).
+    token_name: Option<String>,
 }
 
 impl Reply {
     fn new(status: StatusCode, body: impl Into<Bytes>) -> Reply {
-        Reply { status, body: body.into(), content_range: None }
+        Reply { status, body: body.into(), content_range: None, token_name: None }
     }
 }
 
@@ -194,6 +203,10 @@ async fn handle(state: &Arc<State>, req: Request<Incoming>, peer: SocketAddr) ->
             if let Some(range) = reply.content_range.and_then(|c| HeaderValue::from_str(&c).ok()) {
                 r.headers_mut().insert(CONTENT_RANGE, range);
             }
+            // A token's name is printable ASCII without spaces (`tokens`), a valid header value.
+            if let Some(name) = reply.token_name.and_then(|n| HeaderValue::from_str(&n).ok()) {
+                r.headers_mut().insert(TOKEN_NAME_HEADER, name);
+            }
             r
         }
         Err(fail) => {
@@ -230,7 +243,11 @@ async fn process(
     let route = request.route.map_err(refusal)?;
     let (repo, op, kind) = match route {
         Route::Version => {
-            let v = serde_json::json!({ "protocol": PROTOCOL, "server": concat!("cairn ", env!("CARGO_PKG_VERSION")) });
+            let v = serde_json::json!({
+                "protocol": PROTOCOL,
+                "revision": REVISION,
+                "server": concat!("cairn ", env!("CARGO_PKG_VERSION")),
+            });
             return Ok(Reply::new(StatusCode::OK, v.to_string()));
         }
         Route::Create { repo } | Route::Object { repo, .. } | Route::List { repo, .. } => {
@@ -257,13 +274,29 @@ async fn process(
             Ok(Reply::new(StatusCode::OK, ""))
         }
         Route::List { dir, .. } => {
-            let dir = dir.name().to_string();
-            let listed = blocking(move || storage.list(&dir)).await?;
-            let json: Vec<serde_json::Value> =
-                listed.into_iter().map(|o| serde_json::json!({ "path": o.path, "size": o.size })).collect();
-            let body = serde_json::to_vec(&json).expect("listings serialize");
+            let (st, r) = (state.clone(), repo.to_string());
+            let listed = blocking(move || {
+                let listed = storage.list(dir.name())?;
+                let mut out: Vec<protocol::Listed> = listed
+                    .into_iter()
+                    .map(|o| protocol::Listed { path: o.path, size: o.size, stored_by: None })
+                    .collect();
+                if dir == Dir::Snapshots {
+                    let paths: Vec<String> = out.iter().map(|l| l.path.clone()).collect();
+                    for (l, by) in out.iter_mut().zip(st.stored_by.of(storage.as_ref(), &r, &paths)?) {
+                        l.stored_by = by;
+                    }
+                }
+                Ok(out)
+            })
+            .await?;
+            let body = protocol::encode_listing(&listed);
             entry.bytes = body.len() as u64;
-            Ok(Reply::new(StatusCode::OK, body))
+            let mut reply = Reply::new(StatusCode::OK, body);
+            if dir == Dir::Snapshots {
+                reply.token_name = Some(token.name);
+            }
+            Ok(reply)
         }
         Route::Object { op: Op::Read, head: true, path, .. } => {
             let p = path.to_string();
@@ -294,11 +327,20 @@ async fn process(
                 None => 0,
             };
             let quota = state.quotas.of(repo).filter(|_| Quotas::counts(token.role, kind));
-            let upload = Upload { storage, path: path.to_string(), kind, rule, token: token.name };
-            upload.run(body, entry, quota.map(|q| (state.clone(), repo.to_string(), q, announced))).await
+            let upload = Upload {
+                storage,
+                path: path.to_string(),
+                kind,
+                rule,
+                token: token.name,
+                state: state.clone(),
+                repo: repo.to_string(),
+            };
+            upload.run(body, entry, quota.map(|q| (q, announced))).await
         }
         Route::Object { op: Op::Delete, path, kind, .. } => {
-            delete(storage, path.to_string(), kind, rule, token.name).await
+            let (st, r) = (state.clone(), repo.to_string());
+            delete(storage, path.to_string(), kind, rule, token.name, move |s, p| st.stored_by.remove(s, &r, p)).await
         }
         Route::Object { op: Op::List | Op::Create, .. } => unreachable!("objects are read, written or deleted"),
     }
@@ -313,6 +355,8 @@ struct Upload {
     kind: Kind,
     rule: Rule,
     token: String,
+    state: Arc<State>,
+    repo: String,
 }
 
 /// What the receiving side hands the storage writer.
@@ -328,16 +372,18 @@ enum Part {
 const UPLOAD_QUEUE: usize = 8;
 
 impl Upload {
-    /// Runs the upload; with `quota` (the server, the repository's name, its quota and the
-    /// announced length), a new object that would pass the quota is refused with 507.
+    /// Runs the upload; with `quota` (the repository's quota and the announced length), a new
+    /// object that would pass the quota is refused with 507. A new snapshot's record of who
+    /// stored it (FORMAT.md §15.4) is written before the snapshot.
     async fn run(
         self,
         body: &mut Option<Incoming>,
         entry: &mut Entry,
-        quota: Option<(Arc<State>, String, u64, u64)>,
+        quota: Option<(u64, u64)>,
     ) -> Result<Reply, Fail> {
-        let Upload { storage, path, kind, rule, token } = self;
-        if matches!(rule, Rule::IfAbsentElseDone | Rule::IfAbsent | Rule::NewLock) {
+        let Upload { storage, path, kind, rule, token, state, repo } = self;
+        let absent_checked = matches!(rule, Rule::IfAbsentElseDone | Rule::IfAbsent | Rule::NewLock);
+        if absent_checked {
             let (s, p) = (storage.clone(), path.clone());
             if blocking(move || s.exists(&p)).await? {
                 if rule != Rule::IfAbsentElseDone {
@@ -354,11 +400,16 @@ impl Upload {
                 return Ok(Reply::new(StatusCode::OK, "already stored"));
             }
         }
+        // An admin may store a snapshot again (the same bytes): its first record stays.
+        let record = kind == Kind::Snapshot && {
+            let (s, p) = (storage.clone(), path.clone());
+            absent_checked || !blocking(move || s.exists(&p)).await?
+        };
         // With a quota, the upload's share of it, and the most its body may bring.
         let mut limit = Limit { bytes: MAX_OBJECT_SIZE, over_quota: None };
         let mut reservation = match quota {
             None => None,
-            Some((state, repo, quota, adding)) => {
+            Some((quota, adding)) => {
                 let (st, s, r) = (state.clone(), storage.clone(), repo.clone());
                 let allowed = blocking(move || st.usage.reserve(&r, s.as_ref(), quota, adding))
                     .await?
@@ -366,7 +417,7 @@ impl Upload {
                 if allowed < limit.bytes {
                     limit = Limit { bytes: allowed, over_quota: Some((repo.clone(), quota)) };
                 }
-                Some(Reservation { state, repo, reserved: adding, stored: 0 })
+                Some(Reservation { state: state.clone(), repo: repo.clone(), reserved: adding, stored: 0 })
             }
         };
         let (tx, rx) = tokio::sync::mpsc::channel(UPLOAD_QUEUE);
@@ -374,6 +425,8 @@ impl Upload {
         let writer = tokio::task::spawn_blocking(move || -> Result<Result<Reply, Fail>, cairn_core::Error> {
             if rule == Rule::NewLock {
                 storage.write(&owner_path(&path), token.into_bytes())?;
+            } else if record {
+                state.stored_by.write(storage.as_ref(), &repo, &path, &token)?;
             }
             let mut parts = Parts { rx, hash, path: &path, refused: None, ended: false };
             let stored = storage.write_parts(&path, &mut parts);
@@ -512,7 +565,16 @@ impl Iterator for Parts<'_> {
     }
 }
 
-async fn delete(storage: Arc<dyn Storage>, path: String, kind: Kind, rule: Rule, token: String) -> Result<Reply, Fail> {
+/// Deletes the object at `path`, and with it the server's record about it: a lock's owner, or
+/// (`unrecord`) who stored a snapshot.
+async fn delete(
+    storage: Arc<dyn Storage>,
+    path: String,
+    kind: Kind,
+    rule: Rule,
+    token: String,
+    unrecord: impl FnOnce(&dyn Storage, &str) -> cairn_core::Result<()> + Send + 'static,
+) -> Result<Reply, Fail> {
     blocking(move || -> Result<Result<Reply, Fail>, cairn_core::Error> {
         if rule == Rule::OwnLock {
             let owner = match storage.read(&owner_path(&path)) {
@@ -528,8 +590,10 @@ async fn delete(storage: Arc<dyn Storage>, path: String, kind: Kind, rule: Rule,
             }
         }
         storage.delete(&path)?;
-        if kind == Kind::Lock {
-            storage.delete(&owner_path(&path))?;
+        match kind {
+            Kind::Lock => storage.delete(&owner_path(&path))?,
+            Kind::Snapshot => unrecord(storage.as_ref(), &path)?,
+            _ => {}
         }
         Ok(Ok(Reply::new(StatusCode::NO_CONTENT, "")))
     })

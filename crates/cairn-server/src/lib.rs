@@ -11,6 +11,7 @@
 pub mod log;
 pub mod policy;
 pub mod quota;
+mod stored_by;
 pub mod tls;
 pub mod tokens;
 

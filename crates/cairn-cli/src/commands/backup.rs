@@ -7,6 +7,7 @@ use std::io::IsTerminal;
 
 use anyhow::{bail, Context, Result};
 use cairn_core::commands::backup::{self, BackupOptions};
+use cairn_core::engine::select::split_tags;
 use cairn_format::lock::LockKind;
 use clap::Args as ClapArgs;
 
@@ -19,7 +20,7 @@ pub struct Args {
     /// here is backed up by content
     #[arg(value_name = "PATH", required_unless_present_any = ["stdin", "files_from", "stdin_from_command"])]
     pub paths: Vec<PathBuf>,
-    /// Add a tag to the snapshot (repeatable)
+    /// Add tags to the snapshot (repeatable; `a,b` adds both; `a\,b` adds the one tag "a,b")
     #[arg(long = "tag", value_name = "TAG")]
     pub tags: Vec<String>,
     /// Compression for this backup: auto (the repository default), none, lz4, zstd or zstd:LEVEL
@@ -106,7 +107,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let defaults = BackupOptions::default();
     let show_progress = g.json || std::io::stderr().is_terminal();
     let opts = BackupOptions {
-        tags: a.tags,
+        tags: a.tags.iter().flat_map(|t| split_tags(t)).collect(),
         compression: a.compression.as_deref().map(parse_codec).transpose()?,
         hostname: a.host,
         time: a.time,

@@ -16,7 +16,7 @@ use cairn_format::lock::LockKind;
 use cairn_format::tree::NodeKind;
 use clap::Args as ClapArgs;
 
-use super::{max_memory, open_locked, split_spec, Global, WalkMemory};
+use super::{max_memory, open_locked, split_spec, FilterArgs, Global, WalkMemory};
 use crate::output::{bytes, count};
 
 #[derive(ClapArgs, Debug)]
@@ -33,6 +33,8 @@ pub struct Args {
     metadata: bool,
     #[command(flatten)]
     memory: WalkMemory,
+    #[command(flatten)]
+    filters: FilterArgs,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
@@ -40,7 +42,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let (before, after) = (spec(&a.before)?, spec(&a.after)?);
     let max_memory = max_memory(a.memory.max_memory.as_deref())?;
     let (repo, _lock) = open_locked(g, LockKind::Shared)?;
-    let c = diff::diff_snapshots(&repo, before, after, a.metadata, max_memory)?;
+    let c = diff::diff_snapshots(&repo, before, after, &a.filters.filter(&[]), a.metadata, max_memory)?;
     if g.json {
         for e in &c.entries {
             outln!("{}", json::line(&json::DiffChange::new(e)));

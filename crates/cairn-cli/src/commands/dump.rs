@@ -8,7 +8,7 @@ use clap::Args as ClapArgs;
 
 use cairn_core::engine::open::{self, Opened, OpenedSnapshot};
 
-use super::{options, repository, split_spec, Global};
+use super::{options, repository, split_spec, FilterArgs, Global};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -22,13 +22,16 @@ pub struct Args {
     /// read ahead and the data in flight, e.g. 64M
     #[arg(long, value_name = "SIZE", default_value = "256M")]
     pub max_memory: String,
+    #[command(flatten)]
+    pub filters: FilterArgs,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let (name, path) = split_spec(&a.snapshot)?;
     let (storage, pw) = repository(g)?;
+    let filter = a.filters.filter(&[]);
     let OpenedSnapshot { opened: Opened { repo, lock: _lock }, id, snapshot: snap } =
-        open::open_snapshot(storage, &pw, name, options(g))?;
+        open::open_snapshot(storage, &pw, name, &filter, options(g))?;
     let stdout = std::io::stdout();
     if stdout.is_terminal() {
         bail!("refusing to write a dump to a terminal: redirect stdout to a file or a pipe");
@@ -38,7 +41,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let path = path.unwrap_or(std::path::Path::new("/"));
     let written =
         cairn_core::commands::dump::dump(&repo, &snap, &id.short(), path, &mut out, a.fetch_concurrency, max_memory)
-            .map_err(anyhow::Error::from)
+            .map_err(|e| anyhow::Error::from(filter.explain_not_found(&repo, name, e)))
             .and_then(|_| out.flush().context("cannot write to stdout"));
     match written {
         // `cairn dump … | tar -t` whose reader stopped: end as a filter would.

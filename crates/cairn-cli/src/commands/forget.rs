@@ -123,7 +123,9 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     }
     let (repo, held) = open_locked(g, LockKind::Shared)?;
     let now = cairn_core::engine::platform::now();
-    let plan = Plan::new(&policy, repo.snapshots()?, &a.filters.filter(&a.ids), a.group_by, now)?;
+    let filter = a.filters.filter(&a.ids);
+    let snapshots = repo.snapshots()?;
+    let plan = Plan::new(&policy, snapshots, &filter.provenance(&repo)?, &filter, a.group_by, now)?;
     if let Some(why) = plan.refusal().filter(|_| !a.allow_remove_all) {
         bail!("{why}; nothing was removed (--allow-remove-all removes them all the same)");
     }

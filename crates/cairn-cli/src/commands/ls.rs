@@ -8,7 +8,7 @@ use cairn_core::commands::json;
 use cairn_format::tree::{Node, NodeKind};
 use clap::Args as ClapArgs;
 
-use super::{open, split_spec, Global, WalkMemory};
+use super::{open, split_spec, FilterArgs, Global, WalkMemory};
 use crate::output;
 
 #[derive(ClapArgs, Debug)]
@@ -24,15 +24,19 @@ pub struct Args {
     pub bytes: bool,
     #[command(flatten)]
     pub memory: WalkMemory,
+    #[command(flatten)]
+    pub filters: FilterArgs,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let repo = open(g)?;
     repo.load_index()?;
     let (spec, path) = split_spec(&a.snapshot)?;
-    let (id, snap) = repo.find_snapshot(spec)?;
+    let filter = a.filters.filter(&[]);
+    let (id, snap) = filter.find(&repo, spec)?;
     let base = path.and_then(cairn_core::engine::trees::below_root).unwrap_or(Path::new("/"));
-    let start = match cairn_core::engine::trees::resolve(&repo, &snap.tree, base, &id.short())? {
+    let found = cairn_core::engine::trees::resolve(&repo, &snap.tree, base, &id.short());
+    let start = match found.map_err(|e| filter.explain_not_found(&repo, spec, e))? {
         None => snap.tree,
         Some(node) if node.kind == NodeKind::Dir => node.subtree.context("directory without a subtree")?,
         Some(node) => {

@@ -62,11 +62,21 @@ pub(crate) fn storage_at(global: &Global, repo: &str) -> Result<Arc<dyn Storage>
     Ok(open::storage_at(repo, &remote)?)
 }
 
-/// The repository `-r` names and its password, in that order (a missing location is said
-/// before the password is asked for).
+/// The repository `-r` names and its password, in that order. Before a password is asked for,
+/// or when the one given cannot be read, the repository is looked for (one round trip, as restic
+/// does), so a wrong location is said first; a password given costs no look.
 pub(crate) fn repository(global: &Global) -> Result<(Arc<dyn Storage>, Vec<u8>)> {
     let storage = storage(global)?;
-    let pw = password::get(global.password_file.as_deref(), "CAIRN_PASSWORD", "repository password", false)?;
+    let pw = match password::given(global.password_file.as_deref(), "CAIRN_PASSWORD") {
+        Some(Ok(pw)) => pw,
+        unavailable => {
+            open::ensure_repository(&*storage)?;
+            match unavailable {
+                Some(Err(e)) => return Err(e),
+                _ => password::ask("CAIRN_PASSWORD", "repository password", false)?,
+            }
+        }
+    };
     Ok((storage, pw))
 }
 
@@ -203,18 +213,24 @@ impl SnapshotArgs {
     }
 }
 
-/// The host, tag and path filters (commands that take snapshot IDs as arguments add these).
+/// The host, tag, path and token filters (commands that take snapshot IDs as arguments add
+/// these); `latest` is the newest snapshot that passes them.
 #[derive(clap::Args, Debug, Default)]
 pub struct FilterArgs {
-    /// Only snapshots of this host (repeatable)
+    /// Only snapshots of this host (repeatable: any of them)
     #[arg(long = "host", value_name = "HOST")]
     pub hosts: Vec<String>,
-    /// Only snapshots with this tag (repeatable; `a,b` needs both)
+    /// Only snapshots with this tag (repeatable: any of them; `a,b`: both; `a\,b`: the tag "a,b";
+    /// '': no tags)
     #[arg(long = "tag", value_name = "TAG")]
     pub tags: Vec<String>,
     /// Only snapshots of exactly these paths (repeatable)
     #[arg(long = "path", value_name = "PATH")]
     pub paths: Vec<String>,
+    /// Only snapshots this `cairn serve` token stored, by the token's name (repeatable: any of
+    /// them); the server's record, shown by `cairn snapshots`
+    #[arg(long = "stored-by", value_name = "TOKEN")]
+    pub stored_by: Vec<String>,
 }
 
 impl FilterArgs {
@@ -225,6 +241,7 @@ impl FilterArgs {
             hosts: self.hosts.clone(),
             tags: self.tags.clone(),
             paths: self.paths.clone(),
+            stored_by: self.stored_by.clone(),
         }
     }
 }

@@ -9,7 +9,7 @@ use clap::Args as ClapArgs;
 
 use cairn_core::engine::open::{self, Opened, OpenedSnapshot};
 
-use super::{options, parse_size, repository, split_spec, Global, NbdServer};
+use super::{options, parse_size, repository, split_spec, FilterArgs, Global, NbdServer};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -37,6 +37,8 @@ pub struct Args {
     /// Cap on decoded data held: half caches blobs, half is read ahead, e.g. 512M
     #[arg(long, default_value = "256M", value_name = "SIZE")]
     pub max_memory: String,
+    #[command(flatten)]
+    pub filters: FilterArgs,
 }
 
 /// Requests one connection answers at once (a client's queue depth, up to this, is served in
@@ -51,8 +53,9 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     }
     let max_memory = parse_size(&a.max_memory)?;
     let (storage, pw) = repository(g)?;
+    let filter = a.filters.filter(&[]);
     let OpenedSnapshot { opened: Opened { repo, lock: _lock }, id, snapshot } =
-        open::open_snapshot(storage, &pw, name, options(g))?;
+        open::open_snapshot(storage, &pw, name, &filter, options(g))?;
     let opts = cairn_mount::DiskOptions {
         max_memory,
         fetch_concurrency: a.fetch_concurrency.unwrap_or(repo.storage().default_concurrency()).max(1),

@@ -11,7 +11,7 @@ use cairn_core::commands::restore::{self, LocalCost, LocalData, Progress, Restor
 use cairn_core::engine::open::Opened;
 use clap::Args as ClapArgs;
 
-use super::{options, parse_size, repository, set_on_sigint, split_spec, Global};
+use super::{options, parse_size, repository, set_on_sigint, split_spec, FilterArgs, Global};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -89,6 +89,8 @@ pub struct Args {
     /// With --live: Unix socket to listen on instead of TCP
     #[arg(long, value_name = "PATH", requires = "live")]
     pub socket: Option<PathBuf>,
+    #[command(flatten)]
+    pub filters: FilterArgs,
 }
 
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
@@ -129,14 +131,15 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     }
     .with_threads(a.fetch_concurrency, a.decode_threads, a.write_threads);
     let progress = Progress::default();
+    let filter = a.filters.filter(&[]);
     if a.live {
-        return run_live(g, name, path, &a.target, a.listen, a.socket, &opts, &progress);
+        return run_live(g, name, &filter, path, &a.target, a.listen, a.socket, &opts, &progress);
     }
     let (storage, pw) = repository(g)?;
     set_on_sigint(&cancel)?;
     let (Opened { repo, lock: held }, id, result) = crate::progress::while_showing(
         |done| crate::progress::restore(&progress, done, g.json),
-        || restore::open_and_restore(storage, &pw, name, path, &a.target, &opts, options(g), &progress),
+        || restore::open_and_restore(storage, &pw, name, &filter, path, &a.target, &opts, options(g), &progress),
     )?;
     let out = match result {
         Err(cairn_core::Error::Interrupted) => {
@@ -175,6 +178,7 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
 fn run_live(
     g: &Global,
     name: &str,
+    filter: &cairn_core::engine::select::SnapshotFilter,
     path: Option<&std::path::Path>,
     target: &std::path::Path,
     listen: Option<String>,
@@ -191,7 +195,7 @@ fn run_live(
     };
     let (storage, pw) = repository(g)?;
     let OpenedSnapshot { opened: Opened { repo, lock: _lock }, id, snapshot } =
-        open::open_snapshot(storage, &pw, name, options(g))?;
+        open::open_snapshot(storage, &pw, name, filter, options(g))?;
     let disk = cairn_mount::DiskOptions {
         max_memory: opts.max_memory,
         fetch_concurrency: repo.storage().default_concurrency().max(1),

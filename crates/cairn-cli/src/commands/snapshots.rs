@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use cairn_core::commands::forget::{self, GroupBy, GroupKey};
 use cairn_core::commands::json;
+use cairn_core::engine::storage::Provenance;
 use cairn_format::id::SnapshotId;
 use cairn_format::snapshot::Snapshot;
 use clap::Args as ClapArgs;
@@ -29,6 +30,7 @@ pub struct Args {
 pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     let repo = open(g)?;
     let snaps = a.filters.filter(&a.ids).select(&repo)?;
+    let provenance = repo.storage().provenance();
     // --latest counts per group: the groups asked for, or restic's host and paths.
     let by = a.group_by.unwrap_or_default();
     let mut groups: Vec<(GroupKey, Vec<&(SnapshotId, Snapshot)>)> = forget::group(&snaps, by)
@@ -45,14 +47,16 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
         let mut all: Vec<_> = groups.drain(..).flat_map(|(_, m)| m).collect();
         all.sort_by(|x, y| x.1.time.cmp(&y.1.time).then(x.0.cmp(&y.0)));
         if g.json {
-            outln!("{}", json::line(&all.iter().map(|(id, s)| json::SnapshotEntry::new(id, s)).collect::<Vec<_>>()));
+            let list: Vec<_> = all.iter().map(|(id, s)| json::SnapshotEntry::new(id, s, &provenance)).collect();
+            outln!("{}", json::line(&list));
         } else {
-            print_table(&all);
+            print_table(&all, &provenance);
         }
         return Ok(ExitCode::SUCCESS);
     }
     if g.json {
-        let list: Vec<_> = groups.iter().map(|(key, members)| json::SnapshotGroup::new(key, members)).collect();
+        let list: Vec<_> =
+            groups.iter().map(|(key, members)| json::SnapshotGroup::new(key, members, &provenance)).collect();
         outln!("{}", json::line(&list));
         return Ok(ExitCode::SUCCESS);
     }
@@ -61,15 +65,19 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
             outln!("");
         }
         outln!("{key}:");
-        print_table(members);
+        print_table(members, &provenance);
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_table(snaps: &[&(SnapshotId, Snapshot)]) {
-    outln!("{}", line("ID", "time", "host", "tags", "", "paths"));
+/// The snapshots in a table; through a server that records who stored each, with a `stored by`
+/// column (FORMAT.md §15.4).
+fn print_table(snaps: &[&(SnapshotId, Snapshot)], provenance: &Provenance) {
+    let recorded = matches!(provenance, Provenance::Recorded(_));
+    let column = |v: &str| if recorded { format!("{v:<16} ") } else { String::new() };
+    outln!("{}", line("ID", "time", "host", "tags", &column("stored by"), "paths"));
     for (id, s) in snaps {
-        outln!("{}", row(id, s, ""));
+        outln!("{}", row(id, s, &column(provenance.stored_by(id).unwrap_or("-"))));
     }
     outln!("{}", super::plural(snaps.len(), "snapshot"));
 }

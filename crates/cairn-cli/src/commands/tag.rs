@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use cairn_core::commands::json;
 use cairn_core::commands::tag::{self, TagChange};
+use cairn_core::engine::select::split_tags;
 use cairn_format::lock::LockKind;
 use clap::{ArgGroup, Args as ClapArgs};
 
@@ -22,7 +23,7 @@ pub struct Args {
     ids: Vec<String>,
     #[command(flatten)]
     filters: FilterArgs,
-    /// Add these tags (repeatable; `a,b` adds both)
+    /// Add these tags (repeatable; `a,b` adds both; `a\,b` adds the one tag "a,b")
     #[arg(long = "add", value_name = "TAGS")]
     add: Vec<String>,
     /// Remove these tags (repeatable; `a,b` removes both)
@@ -62,5 +63,5 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
 
 /// The tags of `a,b` arguments, one each.
 fn split(args: &[String]) -> Vec<String> {
-    args.iter().flat_map(|a| a.split(',')).filter(|t| !t.is_empty()).map(String::from).collect()
+    args.iter().flat_map(|a| split_tags(a)).collect()
 }

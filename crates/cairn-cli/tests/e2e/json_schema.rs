@@ -289,3 +289,19 @@ fn json_schema_live_restore() {
     assert!(present.windows(2).all(|w| w[0] <= w[1]), "{present:?}");
     assert!(present.len() >= 2 && present[0] < crate::nbd::SIZE, "{present:?}");
 }
+
+/// Through `cairn serve`, each snapshot says which token stored it (`stored_by`).
+#[test]
+fn json_schema_snapshots_through_a_server() {
+    let server = crate::support::serve::Server::start();
+    let token = server.token(&["--repo", "laptop", "--role", "append", "--name", "laptop-append"]);
+    let c = server.cairn("laptop", &token);
+    c.init(&[]);
+    let src = tempfile::tempdir().unwrap();
+    source(src.path());
+    c.backup(&[src.path()], &[]);
+    assert_eq!(run(&c, &[], "snapshots", &["snapshots"]), ["snapshots/list"]);
+    assert_eq!(run(&c, &[], "snapshots", &["snapshots", "--group-by", "host"]), ["snapshots/groups"]);
+    let listed: Value = serde_json::from_str(&c.ok(["--json", "snapshots"])).unwrap();
+    assert_eq!(listed[0]["stored_by"], "laptop-append", "{listed}");
+}

@@ -15,6 +15,7 @@ mod backup;
 mod bad_input;
 mod browse;
 mod check_repair;
+mod choosing;
 mod copy;
 mod golden;
 mod json_schema;

@@ -183,6 +183,36 @@ fn a_bad_profile_file_is_one_line_naming_file_line_key_and_the_closest_key() {
     assert!(err.contains("no profile `lpatop`") && err.contains("did you mean `laptop`"), "{err}");
 }
 
+/// The README's profiles: `db` and `vmhost` share one repository through `base`; `db`'s dump
+/// section narrows `latest` to its own snapshots, so a vmhost backup made since does not hide
+/// them.
+#[test]
+fn a_profile_command_section_narrows_latest() {
+    let fx = fixture(
+        r#"[profile.db]
+inherit = "base"
+[profile.db.backup]
+tag = ["postgres"]
+[profile.db.dump]
+tag = ["postgres"]
+[profile.vmhost]
+inherit = "base"
+[profile.vmhost.backup]
+host = "vmhost"
+"#,
+    );
+    let db = fx.dir.join("src/a.txt");
+    ok(&fx.run(&[], &["-p", "base", "init"]));
+    ok(&fx.run(&[], &["-p", "db", "backup", db.to_str().unwrap()]));
+    ok(&fx.run(&[], &["-p", "vmhost", "backup", fx.dir.join("src/sub").to_str().unwrap()]));
+    let spec = format!("latest:{}", db.display());
+    let out = fx.run(&[], &["-p", "db", "dump", &spec]);
+    assert_eq!(text(&out.stdout), "alpha", "{}", text(&out.stderr));
+    // Without the section, `latest` is vmhost's snapshot, which lacks the file.
+    let out = fx.run(&[], &["-p", "base", "dump", &spec]);
+    assert!(!out.status.success() && text(&out.stderr).contains("which \"latest\" chose (host vmhost"));
+}
+
 #[test]
 fn the_file_is_found_in_xdg_config_home_and_default_applies_without_p() {
     let fx = fixture("[profile.default]\ninherit = \"laptop\"\n");
@@ -477,7 +507,9 @@ fn postgres_round_trip_through_stdin_from_command() {
     let c = Cairn::new(&tmp.path().join("repo"), PASSWORD);
     c.init(&[]);
     let mut args: Vec<String> =
-        ["backup", "--stdin-from-command", "--stdin-filename", "shop.sql", "--"].map(String::from).to_vec();
+        ["backup", "--tag", "postgres", "--stdin-from-command", "--stdin-filename", "shop.sql", "--"]
+            .map(String::from)
+            .to_vec();
     args.extend(pg.client("pg_dump"));
     args.push("shop".into());
     c.ok(&args);
@@ -495,8 +527,9 @@ fn postgres_round_trip_through_stdin_from_command() {
 
     pg.psql("postgres", "DROP DATABASE shop");
     pg.psql("postgres", "CREATE DATABASE shop");
-    // cairn dump latest:/shop.sql | psql shop
-    let mut dump = c.command().args(["dump", "latest:/shop.sql"]).stdout(Stdio::piped()).spawn().unwrap();
+    // cairn dump --tag postgres latest:/shop.sql | psql shop
+    let mut dump =
+        c.command().args(["dump", "--tag", "postgres", "latest:/shop.sql"]).stdout(Stdio::piped()).spawn().unwrap();
     let psql = pg.client("psql");
     let restore = Command::new(&psql[0])
         .args(&psql[1..])
@@ -519,6 +552,31 @@ fn exit_code_10_when_no_repository_is_at_the_location() {
     let out = Cairn::new(&tmp.path().join("nothing"), PASSWORD).run(["snapshots"]);
     assert_eq!(out.status.code(), Some(10), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("no repository at"));
+}
+
+/// Without a password given, a missing repository is said before one is asked for (restic's
+/// order), and so is one whose password file is missing; a repository that exists still needs
+/// its password.
+#[test]
+fn exit_code_10_before_a_password_is_asked_for() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("nothing");
+    let no_password = |repo: &Path, extra: &[&str]| {
+        let mut args = vec!["-r", repo.to_str().unwrap()];
+        args.extend(extra);
+        args.push("snapshots");
+        cairn(tmp.path(), &[], &args)
+    };
+    for extra in [&[][..], &["--password-file", tmp.path().join("no-such-file").to_str().unwrap()]] {
+        let out = no_password(&missing, extra);
+        assert_eq!(out.status.code(), Some(10), "{extra:?}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("no repository at"), "{}", text(&out.stderr));
+    }
+    let repo = tmp.path().join("repo");
+    Cairn::new(&repo, PASSWORD).init(&[]);
+    let out = no_password(&repo, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("no repository password"), "{}", text(&out.stderr));
 }
 
 #[test]

@@ -194,6 +194,8 @@ fn path_tricks_are_refused_and_nothing_outside_the_storage_is_touched() {
         format!("/v1/repos/laptop/objects/{}", server.dir.path().join("canary").display()),
         "/v1/repos/laptop/objects/.tmp/x".to_string(),
         "/v1/repos/laptop/objects/.serve/lock-owners/x".to_string(),
+        format!("/v1/repos/laptop/objects/.serve/stored-by/{}", "ab".repeat(32)),
+        "/v1/repos/laptop/list/.serve".to_string(),
         format!("/v1/repos/laptop/objects/{long}"),
         format!("/v1/repos/{long}/objects/config"),
         "/v1/repos/laptop/list/..".to_string(),
@@ -240,6 +242,9 @@ fn an_admin_token_can_forget_and_prune() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let packs_after = objects(&server.storage().join("laptop")).keys().filter(|k| k.starts_with("data/")).count();
     assert_eq!(a.snapshots().len(), 1);
+    // The server's record of who stored each snapshot goes with the snapshot.
+    let records = std::fs::read_dir(server.storage().join("laptop/.serve/stored-by")).unwrap().count();
+    assert_eq!(records, 1, "one record for the one snapshot left");
     assert!(packs_after < packs_before, "{packs_before} -> {packs_after}");
     a.ok(["check", "--read-data"]);
     let mut args = vec!["init"];
@@ -663,4 +668,79 @@ fn the_s3_storage_stopping_under_the_server_loses_nothing_and_failed_uploads_are
     backup_completes_or_the_next_does(&c, running, &src);
     c.ok(["check", "--read-data"]);
     restores_exactly(&c, &src, &want, work.path());
+}
+
+/// What a host holding an append token (and so the repository's password) can do by storing a
+/// snapshot of another host's name and paths that becomes the newest (FORMAT.md §15.4): it
+/// appears in listings named by its token, and `--stored-by` and a backup's choice of parent
+/// never take it.
+#[test]
+fn a_planted_snapshot_is_named_by_its_token_and_never_chosen_by_stored_by_or_as_a_parent() {
+    let server = Server::start();
+    let work = tempfile::tempdir().unwrap();
+    let laptop_token = server.token(&["--repo", "shared", "--role", "append", "--name", "laptop-append"]);
+    let intruder_token = server.token(&["--repo", "shared", "--role", "append", "--name", "intruder-append"]);
+    let laptop = server.cairn("shared", &laptop_token);
+    let intruder = server.cairn("shared", &intruder_token);
+    laptop.init(&[]);
+    let src = source(work.path());
+    let mine = common::snapshot_id(&laptop.backup(&[&src], &["--host", "laptop"]));
+    // The intruder backs up the same paths under the laptop's name, with content of its choice.
+    let planted_file = src.join("sub/small");
+    std::fs::write(&planted_file, b"planted").unwrap();
+    let planted = common::snapshot_id(&intruder.backup(&[&src], &["--host", "laptop"]));
+    std::fs::write(&planted_file, b"hello").unwrap();
+
+    // Listed, and named by the token that stored it (the server's record, not the client's word).
+    let listed = laptop.snapshots();
+    let by: Vec<(&str, &str)> =
+        listed.iter().map(|s| (s["id"].as_str().unwrap(), s["stored_by"].as_str().unwrap())).collect();
+    assert_eq!(by, [(mine.as_str(), "laptop-append"), (planted.as_str(), "intruder-append")]);
+    let table = laptop.ok(["snapshots"]);
+    assert!(table.contains("stored by") && table.contains("intruder-append"), "{table}");
+    let record = |id: &str| std::fs::read(server.storage().join("shared/.serve/stored-by").join(id)).unwrap();
+    assert_eq!(record(&planted), b"intruder-append");
+
+    // `latest --host laptop` alone is the planted snapshot; with --stored-by, the laptop's own.
+    let file = format!("latest:{}", planted_file.display());
+    let dumped = |args: &[&str]| {
+        let mut all = vec!["dump", file.as_str()];
+        all.extend(args);
+        laptop.run(&all).stdout
+    };
+    assert_eq!(dumped(&["--host", "laptop"]), b"planted");
+    assert_eq!(dumped(&["--host", "laptop", "--stored-by", "laptop-append"]), b"hello");
+    let target = work.path().join("restored");
+    let restored = laptop.restore_with("latest", &target, &["--host", "laptop", "--stored-by", "laptop-append"]);
+    assert_eq!(restored["snapshot_id"], mine.as_str(), "{restored}");
+    assert_eq!(std::fs::read(common::restored_path(&target, &planted_file)).unwrap(), b"hello");
+    // Named by ID, a snapshot of another token is refused with why.
+    let out =
+        laptop.run(["dump", &format!("{}:{}", &planted[..8], planted_file.display()), "--stored-by", "laptop-append"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("token \"intruder-append\" stored it"), "{err}");
+
+    // The parent of the laptop's next backup is its own snapshot, never the planted one.
+    let next = laptop.backup(&[&src], &["--host", "laptop"]);
+    assert_eq!(next["parent"], mine.as_str(), "{next}");
+
+    // The record cannot be forged: no request names it, and storing the laptop's snapshot again
+    // (the same bytes) changes neither the snapshot nor who stored it.
+    let path = format!("/v1/repos/shared/objects/.serve/stored-by/{mine}");
+    assert_eq!(server.raw("PUT", &path, Some(&intruder_token), b"intruder-append").0, 400);
+    let object = format!("snapshots/{mine}");
+    let bytes = std::fs::read(server.storage().join("shared").join(&object)).unwrap();
+    let (status, body) =
+        server.raw("PUT", &format!("/v1/repos/shared/objects/{object}"), Some(&intruder_token), &bytes);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(record(&mine), b"laptop-append");
+
+    // Without the server there is no record to filter by: one line says so.
+    let direct = Cairn::new(&server.storage().join("shared"), common::PASSWORD);
+    let out =
+        direct.run(["restore", "latest", "--target", work.path().join("t2").to_str().unwrap(), "--stored-by", "x"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("is not behind `cairn serve`"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(direct.snapshots().iter().all(|s| s.get("stored_by").is_none()));
 }

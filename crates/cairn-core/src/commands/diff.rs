@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use crate::engine::memory::MaxMemory;
 use crate::engine::repository::Repository;
+use crate::engine::select::SnapshotFilter;
 use crate::engine::trees::{below_root, load_level, resolve, Loading, WalkShares, MAX_DEPTH};
 use crate::error::{Error, Result};
 use cairn_format::id::{BlobId, IdMap, IdSet};
@@ -178,19 +179,21 @@ pub struct Compared {
     pub after: String,
 }
 
-/// `cairn diff`: loads the index of `repo` (opened and locked by the caller), finds both sides,
-/// and compares them within `max_memory`. Two directories are compared with paths below them
+/// `cairn diff`: loads the index of `repo` (opened and locked by the caller), finds both sides
+/// (each snapshot as `filter` chooses it: [`SnapshotFilter::find`]), and compares them within
+/// `max_memory`. Two directories are compared with paths below them
 /// shown from `/`; a file (or other object) on either side with its own path.
 pub fn diff_snapshots(
     repo: &Repository,
     before: Spec<'_>,
     after: Spec<'_>,
+    filter: &SnapshotFilter,
     metadata: bool,
     max_memory: MaxMemory,
 ) -> Result<Compared> {
     repo.load_index()?;
-    let (before_shown, before_root, before_path) = side(repo, before)?;
-    let (after_shown, after_root, after_path) = side(repo, after)?;
+    let (before_shown, before_root, before_path) = side(repo, before, filter)?;
+    let (after_shown, after_root, after_path) = side(repo, after, filter)?;
     let base = match (&before_root, &after_root) {
         (Root::Tree(_), Root::Tree(_)) => PathBuf::from("/"),
         _ => after_path.or(before_path).unwrap_or_else(|| PathBuf::from("/")),
@@ -202,13 +205,14 @@ pub fn diff_snapshots(
 }
 
 /// One side: how it is shown, what to compare, and the path inside the snapshot.
-fn side(repo: &Repository, spec: Spec<'_>) -> Result<(String, Root, Option<PathBuf>)> {
-    let (id, snap) = repo.find_snapshot(spec.snapshot)?;
+fn side(repo: &Repository, spec: Spec<'_>, filter: &SnapshotFilter) -> Result<(String, Root, Option<PathBuf>)> {
+    let (id, snap) = filter.find(repo, spec.snapshot)?;
     let Some(path) = spec.path.and_then(below_root) else {
         return Ok((id.short(), Root::Tree(snap.tree), None));
     };
     let shown = format!("{}:{}", id.short(), path.display());
-    let root = match resolve(repo, &snap.tree, path, &id.short())? {
+    let found = resolve(repo, &snap.tree, path, &id.short());
+    let root = match found.map_err(|e| filter.explain_not_found(repo, spec.snapshot, e))? {
         None => Root::Tree(snap.tree),
         Some(n) if n.kind == NodeKind::Dir => {
             Root::Tree(n.subtree.ok_or_else(|| Error::corrupt(shown.clone(), "a directory without a subtree"))?)

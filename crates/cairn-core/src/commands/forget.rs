@@ -29,7 +29,8 @@ use chrono::{Datelike, LocalResult, NaiveDateTime, TimeZone, Timelike};
 
 use crate::engine::parallel::map_parallel;
 use crate::engine::repository::Repository;
-use crate::engine::select::SnapshotFilter;
+use crate::engine::select::{has_tags, SnapshotFilter};
+use crate::engine::storage::Provenance;
 use crate::error::{Error, Result};
 use cairn_format::id::SnapshotId;
 use cairn_format::layout::snapshot_path;
@@ -539,15 +540,6 @@ fn reasons(policy: &Policy, newest_first: &[&Snapshot], now: Timestamp) -> Vec<V
     out
 }
 
-/// Whether `snap` has every tag of the comma-separated `list` (an empty list: no tags at all).
-fn has_tags(snap: &Snapshot, list: &str) -> bool {
-    let mut wanted = list.split(',').filter(|t| !t.is_empty()).peekable();
-    if wanted.peek().is_none() {
-        return snap.tags.is_empty();
-    }
-    wanted.all(|t| snap.tags.iter().any(|have| have == t))
-}
-
 /// How many of `times` (newest first) lie less than `span` before `newest`: all of them when
 /// there is no newest (every snapshot is in the future) or the span reaches past the calendar.
 fn count_within(times: &[Timestamp], newest: Option<Timestamp>, span: Span) -> usize {
@@ -619,23 +611,25 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Decides for a repository's snapshots `all` (any order). The snapshots `filter.ids` names
-    /// (narrowed by its other filters) are removed whatever the policy says; the policy is
-    /// applied, by group, to the other snapshots that pass the host, tag and path filters.
+    /// Decides for a repository's snapshots `all` (any order; `provenance` says who stored
+    /// each). The snapshots `filter.ids` names (narrowed by its other filters) are removed
+    /// whatever the policy says; the policy is applied, by group, to the other snapshots that
+    /// pass the host, tag, path and token filters.
     pub fn new(
         policy: &Policy,
         all: Vec<(SnapshotId, Snapshot)>,
+        provenance: &Provenance,
         filter: &SnapshotFilter,
         group_by: GroupBy,
         now: Timestamp,
     ) -> Result<Plan> {
         let total = all.len();
-        let named = if filter.ids.is_empty() { Vec::new() } else { filter.choose(all.clone())? };
+        let named = if filter.ids.is_empty() { Vec::new() } else { filter.choose(all.clone(), provenance)? };
         let named_ids: HashSet<SnapshotId> = named.iter().map(|(id, _)| *id).collect();
         let mut groups = if policy.is_empty() {
             Vec::new()
         } else {
-            let others = SnapshotFilter { ids: Vec::new(), ..filter.clone() }.choose(all)?;
+            let others = SnapshotFilter { ids: Vec::new(), ..filter.clone() }.choose(all, provenance)?;
             let others: Vec<_> = others.into_iter().filter(|(id, _)| !named_ids.contains(id)).collect();
             apply(policy, &others, group_by, now)
         };
@@ -1037,7 +1031,8 @@ mod tests {
         let snaps = sundays();
         let named = SnapshotFilter { ids: vec![snaps[11].0.to_hex()], ..SnapshotFilter::default() };
         let policy = Policy { last: Count::Of(2), ..Policy::default() };
-        let plan = Plan::new(&policy, snaps.clone(), &named, GroupBy::default(), far_future()).unwrap();
+        let plan = Plan::new(&policy, snaps.clone(), &Provenance::NotServed, &named, GroupBy::default(), far_future())
+            .unwrap();
         // The newest is named; the policy keeps the two newest of the rest.
         let kept: Vec<SnapshotId> = plan.groups[0].keep.iter().map(|k| k.id).collect();
         assert_eq!(kept, [snaps[9].0, snaps[10].0]);
@@ -1045,12 +1040,20 @@ mod tests {
         assert!(plan.groups[0].remove.iter().filter(|r| r.named).map(|r| r.id).eq([snaps[11].0]));
         assert_eq!(plan.refusal(), None);
         // Without a policy only the named snapshot is decided.
-        let plan = Plan::new(&Policy::default(), snaps.clone(), &named, GroupBy::default(), far_future()).unwrap();
+        let plan = Plan::new(
+            &Policy::default(),
+            snaps.clone(),
+            &Provenance::NotServed,
+            &named,
+            GroupBy::default(),
+            far_future(),
+        )
+        .unwrap();
         assert_eq!(plan.removed(), [snaps[11].0]);
         assert_eq!(plan.kept(), 0);
         // An ID that matches nothing is an error.
         let none = SnapshotFilter { ids: vec!["ffff".into()], ..SnapshotFilter::default() };
-        assert!(Plan::new(&policy, snaps, &none, GroupBy::default(), far_future()).is_err());
+        assert!(Plan::new(&policy, snaps, &Provenance::NotServed, &none, GroupBy::default(), far_future()).is_err());
     }
 
     #[test]
@@ -1058,16 +1061,33 @@ mod tests {
         let snaps = sundays();
         let all =
             SnapshotFilter { ids: snaps.iter().map(|(id, _)| id.to_hex()).collect(), ..SnapshotFilter::default() };
-        let plan = Plan::new(&Policy::default(), snaps.clone(), &all, GroupBy::default(), far_future()).unwrap();
+        let plan = Plan::new(
+            &Policy::default(),
+            snaps.clone(),
+            &Provenance::NotServed,
+            &all,
+            GroupBy::default(),
+            far_future(),
+        )
+        .unwrap();
         assert_eq!(plan.refusal(), Some(Refusal::Everything { snapshots: 12 }));
         let tag = Policy { tags: vec!["prod".into()], ..Policy::default() };
-        let plan =
-            Plan::new(&tag, snaps.clone(), &SnapshotFilter::default(), GroupBy::default(), far_future()).unwrap();
+        let plan = Plan::new(
+            &tag,
+            snaps.clone(),
+            &Provenance::NotServed,
+            &SnapshotFilter::default(),
+            GroupBy::default(),
+            far_future(),
+        )
+        .unwrap();
         assert_eq!(plan.refusal(), Some(Refusal::Everything { snapshots: 12 }));
         // A group emptied by the policy while other snapshots remain.
         let mut more = snaps;
         more.push((id(99), snap(parse_local("2019-01-01 00:00:00").unwrap(), "other", &["prod"])));
-        let plan = Plan::new(&tag, more, &SnapshotFilter::default(), GroupBy::default(), far_future()).unwrap();
+        let plan =
+            Plan::new(&tag, more, &Provenance::NotServed, &SnapshotFilter::default(), GroupBy::default(), far_future())
+                .unwrap();
         let refusal = plan.refusal().unwrap();
         assert!(matches!(&refusal, Refusal::Group(k) if k.host.as_deref() == Some("mopped")), "{refusal:?}");
         assert_eq!(
@@ -1273,7 +1293,7 @@ mod tests {
             prop_assume!(!snaps.is_empty());
             let named: HashSet<SnapshotId> = pick.iter().map(|i| snaps[i.index(snaps.len())].0).collect();
             let filter = SnapshotFilter { ids: named.iter().map(|id| id.to_hex()).collect(), ..SnapshotFilter::default() };
-            let plan = Plan::new(&p, snaps.clone(), &filter, GroupBy::default(), far_future()).unwrap();
+            let plan = Plan::new(&p, snaps.clone(), &Provenance::NotServed, &filter, GroupBy::default(), far_future()).unwrap();
             let removed: HashSet<SnapshotId> = plan.removed().into_iter().collect();
             prop_assert!(named.is_subset(&removed));
             prop_assert!(kept_ids(&plan.groups).is_disjoint(&named));

@@ -22,7 +22,7 @@ use super::restore::{DryRun, RestoreOutcome, STAGE_NAMES};
 use super::stats::{RawData, RestoreSize, Stats};
 use super::tag::Retagged;
 use crate::engine::open::Held;
-use crate::engine::storage::CriticalPath;
+use crate::engine::storage::{CriticalPath, Provenance};
 
 /// The version of the schema in docs/JSON.md. Adding a field or a message type keeps it;
 /// removing or renaming one, or changing a field's type or meaning, raises it.
@@ -97,11 +97,14 @@ pub struct SnapshotEntry<'a> {
     paths: &'a [String],
     tags: &'a [String],
     tree: String,
+    /// The token that stored it, where a `cairn serve` server recorded one (FORMAT.md §15.4).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stored_by: Option<String>,
 }
 
 impl<'a> SnapshotEntry<'a> {
-    /// Snapshot `s` with ID `id`.
-    pub fn new(id: &SnapshotId, s: &'a Snapshot) -> Self {
+    /// Snapshot `s` with ID `id`; `provenance` says who stored it.
+    pub fn new(id: &SnapshotId, s: &'a Snapshot, provenance: &Provenance) -> Self {
         SnapshotEntry {
             id: id.to_hex(),
             short_id: id.short(),
@@ -112,6 +115,7 @@ impl<'a> SnapshotEntry<'a> {
             paths: &s.paths,
             tags: &s.tags,
             tree: s.tree.to_hex(),
+            stored_by: provenance.stored_by(id).map(str::to_string),
         }
     }
 }
@@ -139,11 +143,11 @@ pub struct SnapshotGroup<'a> {
 }
 
 impl<'a> SnapshotGroup<'a> {
-    /// The group `key` and its members.
-    pub fn new(key: &'a GroupKey, members: &[&'a (SnapshotId, Snapshot)]) -> Self {
+    /// The group `key` and its members (`provenance`: who stored each).
+    pub fn new(key: &'a GroupKey, members: &[&'a (SnapshotId, Snapshot)], provenance: &Provenance) -> Self {
         SnapshotGroup {
             group_key: GroupKeyEntry::new(key),
-            snapshots: members.iter().map(|(id, s)| SnapshotEntry::new(id, s)).collect(),
+            snapshots: members.iter().map(|(id, s)| SnapshotEntry::new(id, s, provenance)).collect(),
         }
     }
 }

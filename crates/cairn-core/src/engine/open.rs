@@ -20,6 +20,7 @@ use crate::engine::cache::Cache;
 use crate::engine::lock::{FoundLock, Lock};
 use crate::engine::preload::Preload;
 use crate::engine::repository::Repository;
+use crate::engine::select::SnapshotFilter;
 use crate::engine::signal::Signal;
 use crate::engine::storage::{
     Faults, FaultyStorage, LimitedStorage, Location, OpendalStorage, RemoteOptions, ServerStorage, Storage,
@@ -49,6 +50,20 @@ fn with_faults<S: Storage + 'static>(real: S) -> Result<Arc<dyn Storage>> {
     match std::env::var("CAIRN_INJECT_FAULTS") {
         Ok(spec) if !spec.is_empty() => Ok(Arc::new(FaultyStorage::new(real, Faults::parse(&spec)?))),
         _ => Ok(Arc::new(real)),
+    }
+}
+
+/// Whether there is a repository in `storage`: [`Error::NoRepository`] where there is neither a
+/// config nor a key file, as the open would find (a front end asks before it asks for a
+/// password; an open finds it out beside its other round trips).
+pub fn ensure_repository(storage: &dyn Storage) -> Result<()> {
+    if storage.exists(layout::CONFIG)? {
+        return Ok(());
+    }
+    match storage.list(layout::Dir::Keys.name()) {
+        Ok(keys) if !keys.is_empty() => Ok(()),
+        Ok(_) | Err(Error::NotFound(_)) => Err(Error::NoRepository(storage.location().to_string())),
+        Err(e) => Err(e),
     }
 }
 
@@ -228,8 +243,8 @@ pub struct OpenedSnapshot {
     pub snapshot: Snapshot,
 }
 
-/// Opens the repository for reading the snapshot `name` (`latest` or an ID prefix): a shared
-/// lock, the index, and the snapshot. The index and snapshot files are listed and fetched
+/// Opens the repository for reading the snapshot `name` (`latest` or an ID prefix) as `filter`
+/// chooses it ([`SnapshotFilter::find`]): a shared lock, the index, and the snapshot. The index and snapshot files are listed and fetched
 /// beside the lock and the key's round trips (unless a metadata cache holds them), so a remote
 /// repository waits two round trips, not six, before the first tree. (The trees are not
 /// loaded: their walk belongs to the command.) `opts.lock` and `opts.preload` are set here.
@@ -237,12 +252,13 @@ pub fn open_snapshot(
     storage: Arc<dyn Storage>,
     password: &[u8],
     name: &str,
+    filter: &SnapshotFilter,
     opts: OpenOptions<'_>,
 ) -> Result<OpenedSnapshot> {
     let opts = OpenOptions { lock: Some(LockKind::Shared), preload: Preload::snapshot(name, true), ..opts };
     let (opened, (id, snapshot)) = open_then(storage, password, opts, |repo| {
         repo.load_index()?;
-        repo.find_snapshot(name)
+        filter.find(repo, name)
     })?;
     Ok(OpenedSnapshot { opened, id, snapshot })
 }

@@ -321,8 +321,11 @@ impl WalkShares {
 pub fn resolve(repo: &Repository, root: &BlobId, path: &Path, snapshot: &str) -> Result<Option<Node>> {
     let mut tree_id = *root;
     let mut found = None;
-    let not_found =
-        || Error::PathNotFound { path: path.to_string_lossy().into_owned(), snapshot: snapshot.to_string() };
+    let not_found = || Error::PathNotFound {
+        path: path.to_string_lossy().into_owned(),
+        snapshot: snapshot.to_string(),
+        note: String::new(),
+    };
     let parts: Vec<&[u8]> =
         path.as_os_str().as_bytes().split(|b| *b == b'/').filter(|p| !p.is_empty() && *p != b".").collect();
     for (i, part) in parts.iter().enumerate() {

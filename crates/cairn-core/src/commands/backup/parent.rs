@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use crossbeam_channel::Receiver;
 
 use crate::engine::repository::Repository;
+use crate::engine::storage::Provenance;
 use crate::error::Result;
 use cairn_format::id::{BlobId, SnapshotId};
 use cairn_format::snapshot::Snapshot;
@@ -15,7 +16,8 @@ use cairn_format::tree::{Node, NodeKind, TreeBytes};
 /// Which snapshot a backup compares against.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum ParentChoice {
-    /// The newest snapshot of the same host and paths.
+    /// The newest snapshot of the same host and paths (through `cairn serve`: that this
+    /// client's token stored).
     #[default]
     Auto,
     /// This snapshot (`latest` or an ID prefix).
@@ -37,12 +39,26 @@ pub fn choose(
         ParentChoice::Auto => {
             let mut want = paths.to_vec();
             want.sort();
-            Ok(repo.snapshots()?.into_iter().rev().find(|(_, s)| {
+            let snapshots = repo.snapshots()?;
+            let provenance = repo.storage().provenance();
+            Ok(snapshots.into_iter().rev().find(|(id, s)| {
                 let mut have = s.paths.clone();
                 have.sort();
-                s.hostname == hostname && have == want
+                s.hostname == hostname && have == want && stored_by_this_token(&provenance, id)
             }))
         }
+    }
+}
+
+/// Whether snapshot `id` may be chosen as a parent as far as who stored it goes: through a
+/// server that records it (FORMAT.md §15.4), only a snapshot this client's token stored. Another
+/// token's snapshot of the same host and paths (one planted by another host with an append
+/// token) would otherwise make the backup keep, for every unchanged file, the content that
+/// snapshot names. Elsewhere no record exists and any snapshot may be the parent.
+fn stored_by_this_token(provenance: &Provenance, id: &SnapshotId) -> bool {
+    match provenance {
+        Provenance::Recorded(r) => r.snapshots.get(id) == Some(&r.this_token),
+        Provenance::NotServed | Provenance::NotRecorded => true,
     }
 }
 

@@ -102,5 +102,5 @@ pub fn snapshots(
     for (path, e) in damaged {
         findings.push(Finding::new(FindingKind::DamagedSnapshot, Some(path), e.to_string()));
     }
-    filter.choose(readable)
+    filter.choose(readable, &filter.provenance(repo)?)
 }

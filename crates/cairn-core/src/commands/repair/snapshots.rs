@@ -41,7 +41,7 @@ pub fn repair_snapshots(
     let mut pending = Vec::new();
     // A snapshot file that cannot be read cannot be repaired: the others still are.
     let (readable, _) = repo.read_snapshots()?;
-    for (id, snap) in filter.choose(readable)? {
+    for (id, snap) in filter.choose(readable, &filter.provenance(repo)?)? {
         let mut rep = SnapshotRepair { old: id, new: None, cut: Vec::new(), emptied: Vec::new(), forgotten: false };
         if let Some(root) = fixer.tree(&snap.tree, "", 0, &mut rep)? {
             pending.push((snap, root, rep));

@@ -50,6 +50,7 @@ pub use types::Plan;
 use crate::engine::open::{self, OpenOptions, Opened};
 use crate::engine::preload::Preload;
 use crate::engine::repository::Repository;
+use crate::engine::select::SnapshotFilter;
 use crate::engine::storage::Storage;
 use crate::error::{Error, Result};
 use batch::Run;
@@ -65,7 +66,8 @@ pub fn tree_pack_share(max_memory: u64) -> u64 {
 }
 
 /// Opens the repository at `storage` and restores the snapshot `name` (`latest` or an ID
-/// prefix), or `path` inside it, into `target`, as `cairn restore` does. The index, the snapshot
+/// prefix, as `filter` chooses it: [`SnapshotFilter::find`]), or `path` inside it, into
+/// `target`, as `cairn restore` does. The index, the snapshot
 /// and the tree packs the start hint names (within the walk's share of the memory) are read
 /// beside the lock and the key's round trips; the restore runs while the shared lock is being
 /// taken (if it cannot be had, the restore stops — what it wrote by then is verified data in the
@@ -78,6 +80,7 @@ pub fn open_and_restore(
     storage: Arc<dyn Storage>,
     password: &[u8],
     name: &str,
+    filter: &SnapshotFilter,
     path: Option<&Path>,
     target: &Path,
     opts: &RestoreOptions,
@@ -96,8 +99,9 @@ pub fn open_and_restore(
     };
     let (opened, (id, result)) = open::open_then(storage, password, open, |repo| -> Result<_> {
         repo.load_index_within(Some(opts.max_memory))?;
-        let (id, snap) = repo.find_snapshot(name)?;
-        Ok((id, restore(repo, &snap, &id.short(), path, target, opts, progress)))
+        let (id, snap) = filter.find(repo, name)?;
+        let restored = restore(repo, &snap, &id.short(), path, target, opts, progress);
+        Ok((id, restored.map_err(|e| filter.explain_not_found(repo, name, e))))
     })?;
     Ok((opened, id, result))
 }

@@ -234,6 +234,10 @@ impl<S: Storage> Storage for FaultyStorage<S> {
         Some(&self.trace)
     }
 
+    fn provenance(&self) -> super::Provenance {
+        self.inner.provenance()
+    }
+
     fn remove_stale_temporaries(&self, age: Duration) -> Result<usize> {
         self.delay();
         self.inner.remove_stale_temporaries(age)

@@ -225,6 +225,10 @@ impl Storage for LimitedStorage {
     fn trace(&self) -> Option<&RequestTrace> {
         self.inner.trace()
     }
+
+    fn provenance(&self) -> super::Provenance {
+        self.inner.provenance()
+    }
 }
 
 #[cfg(test)]

@@ -159,6 +159,10 @@ impl Storage for MeteredStorage {
     fn trace(&self) -> Option<&RequestTrace> {
         self.inner.trace()
     }
+
+    fn provenance(&self) -> super::Provenance {
+        self.inner.provenance()
+    }
 }
 
 #[cfg(test)]

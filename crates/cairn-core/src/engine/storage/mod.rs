@@ -42,6 +42,39 @@ pub struct ObjectInfo {
     pub size: u64,
 }
 
+/// Who stored each snapshot, as far as the storage knows (FORMAT.md §15.4): only a `cairn serve`
+/// server records it, and its client learns it from each listing of `snapshots/`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Provenance {
+    /// The storage keeps no record: not a `cairn serve` repository.
+    #[default]
+    NotServed,
+    /// A `cairn serve` server that sent no record with its last listing of `snapshots/` (one of
+    /// protocol revision 1, before records were kept), or no listing of it was made yet.
+    NotRecorded,
+    /// What the server sent with its last listing of `snapshots/`.
+    Recorded(StoredBy),
+}
+
+/// The records a revision 2 server sends with a listing of `snapshots/`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoredBy {
+    /// The name of the token this client sends, as the server knows it.
+    pub this_token: String,
+    /// The token that stored each snapshot listed; a snapshot without a record is absent.
+    pub snapshots: std::collections::HashMap<cairn_format::id::SnapshotId, String>,
+}
+
+impl Provenance {
+    /// The name of the token that stored snapshot `id`, if the server recorded one.
+    pub fn stored_by(&self, id: &cairn_format::id::SnapshotId) -> Option<&str> {
+        match self {
+            Provenance::Recorded(r) => r.snapshots.get(id).map(String::as_str),
+            _ => None,
+        }
+    }
+}
+
 /// Where a repository's objects live. Paths are relative to the repository root and use `/`.
 pub trait Storage: Send + Sync {
     /// A human-readable location, for messages.
@@ -110,6 +143,10 @@ pub trait Storage: Send + Sync {
     /// marks its first data fetch in it, `--profile` and tests count round trips with it.
     fn trace(&self) -> Option<&RequestTrace> {
         None
+    }
+    /// Who stored each snapshot, as of the last listing of `snapshots/` (a layer forwards it).
+    fn provenance(&self) -> Provenance {
+        Provenance::NotServed
     }
 }
 

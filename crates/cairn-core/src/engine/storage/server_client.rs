@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::opendal_backend::runtime;
-use super::{explain, Location, ObjectInfo, Storage};
+use super::{explain, Location, ObjectInfo, Provenance, Storage, StoredBy};
 use crate::error::{Error, Result};
 use futures_util::future::BoxFuture;
 
@@ -45,6 +45,8 @@ pub struct ServerStorage {
     base: String,
     token: Option<String>,
     location: String,
+    /// Who stored each snapshot, from the last listing of `snapshots/`.
+    provenance: std::sync::Mutex<Provenance>,
     // Dropped after the client whose connections it drives.
     runtime: Arc<tokio::runtime::Runtime>,
 }
@@ -73,6 +75,7 @@ impl ServerStorage {
             base: format!("{base}/{PROTOCOL}/repos/{name}"),
             token: options.token.clone(),
             location: shown,
+            provenance: std::sync::Mutex::new(Provenance::NotRecorded),
             runtime: runtime()?,
         })
     }
@@ -84,7 +87,7 @@ impl ServerStorage {
         op: &'static str,
         path: &str,
         make: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
-    ) -> Result<(reqwest::StatusCode, bytes::Bytes)> {
+    ) -> Result<Answer> {
         self.runtime.block_on(self.send_async(op, path, make))
     }
 
@@ -94,7 +97,7 @@ impl ServerStorage {
         op: &'static str,
         path: &str,
         make: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
-    ) -> Result<(reqwest::StatusCode, bytes::Bytes)> {
+    ) -> Result<Answer> {
         let mut delay = Duration::from_millis(200);
         let mut attempt = 1;
         loop {
@@ -105,19 +108,26 @@ impl ServerStorage {
             let outcome = async {
                 let response = request.send().await?;
                 let status = response.status();
+                let token_name = response
+                    .headers()
+                    .get(cairn_format::protocol::TOKEN_NAME_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
                 let body = response.bytes().await?;
-                Ok::<_, reqwest::Error>((status, body))
+                Ok::<_, reqwest::Error>((status, body, token_name))
             }
             .await;
             let retry_why = match outcome {
-                Ok((status, body)) if status.is_success() => return Ok((status, body)),
-                Ok((status, body)) if status == reqwest::StatusCode::INSUFFICIENT_STORAGE => {
+                Ok((status, body, token_name)) if status.is_success() => {
+                    return Ok(Answer { status, body, token_name })
+                }
+                Ok((status, body, _)) if status == reqwest::StatusCode::INSUFFICIENT_STORAGE => {
                     return Err(self.refused(op, path, status, &body))
                 }
-                Ok((status, body)) if status.is_server_error() => {
+                Ok((status, body, _)) if status.is_server_error() => {
                     format!("{status}: {}", String::from_utf8_lossy(&body).trim())
                 }
-                Ok((status, body)) => return Err(self.refused(op, path, status, &body)),
+                Ok((status, body, _)) => return Err(self.refused(op, path, status, &body)),
                 Err(e) if is_tls_refusal(&e) => return Err(self.tls_refused(error_chain(&e))),
                 Err(e) => error_chain(&e),
             };
@@ -306,11 +316,23 @@ impl rustls::client::danger::ServerCertVerifier for Pinned {
     }
 }
 
-/// One entry of a listing as the server sends it.
-#[derive(serde::Deserialize)]
-struct Listed {
-    path: String,
-    size: u64,
+/// A successful answer: its status, body and, on a listing of `snapshots/` from a server that
+/// records who stored each snapshot, the name of this client's token (FORMAT.md §15.4).
+struct Answer {
+    status: reqwest::StatusCode,
+    body: bytes::Bytes,
+    token_name: Option<String>,
+}
+
+/// Who stored each snapshot of a listing of `snapshots/`: recorded when the server named this
+/// client's token (a revision 2 server), else nothing recorded.
+fn provenance(listed: &[cairn_format::protocol::Listed], token_name: Option<String>) -> Provenance {
+    let Some(this_token) = token_name else { return Provenance::NotRecorded };
+    let snapshots = listed
+        .iter()
+        .filter_map(|l| Some((cairn_format::layout::parse_snapshot_path(&l.path)?, l.stored_by.clone()?)))
+        .collect();
+    Provenance::Recorded(StoredBy { this_token, snapshots })
 }
 
 impl Storage for ServerStorage {
@@ -320,8 +342,7 @@ impl Storage for ServerStorage {
 
     fn read(&self, path: &str) -> Result<Vec<u8>> {
         let url = self.object_url(path);
-        let (_, body) = self.send("read", path, |c| c.get(&url))?;
-        Ok(body.into())
+        Ok(self.send("read", path, |c| c.get(&url))?.body.into())
     }
 
     fn read_range_into(&self, path: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
@@ -345,7 +366,7 @@ impl Storage for ServerStorage {
             }
             let url = self.object_url(&path);
             let range = format!("bytes={offset}-{}", offset + len - 1);
-            let (status, body) =
+            let Answer { status, body, .. } =
                 self.send_async("read", &path, |c| c.get(&url).header(reqwest::header::RANGE, &range)).await?;
             if status != reqwest::StatusCode::PARTIAL_CONTENT || body.len() as u64 != len {
                 return Err(Error::corrupt(
@@ -367,12 +388,15 @@ impl Storage for ServerStorage {
 
     fn list(&self, dir: &str) -> Result<Vec<ObjectInfo>> {
         let url = format!("{}/list/{}", self.base, dir.trim_matches('/'));
-        let (_, body) = self.send("list", dir, |c| c.get(&url))?;
-        let listed: Vec<Listed> = serde_json::from_slice(&body).map_err(|e| Error::Storage {
+        let answer = self.send("list", dir, |c| c.get(&url))?;
+        let listed = cairn_format::protocol::decode_listing(&answer.body).map_err(|why| Error::Storage {
             op: "list",
             path: dir.to_string(),
-            source: format!("the server sent a listing that does not parse: {e}").into(),
+            source: why.into(),
         })?;
+        if dir.trim_matches('/') == cairn_format::layout::Dir::Snapshots.name() {
+            *self.provenance.lock().unwrap_or_else(|p| p.into_inner()) = provenance(&listed, answer.token_name);
+        }
         Ok(listed.into_iter().map(|l| ObjectInfo { path: l.path, size: l.size }).collect())
     }
 
@@ -402,6 +426,10 @@ impl Storage for ServerStorage {
         CONCURRENCY
     }
 
+    fn provenance(&self) -> Provenance {
+        self.provenance.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     fn is_remote(&self) -> bool {
         true
     }
@@ -415,6 +443,24 @@ impl Storage for ServerStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A revision 2 server's listing of `snapshots/` names the listing's token in a header: the
+    /// records count. A revision 1 server's has no header: nothing is recorded, whatever the body.
+    #[test]
+    fn records_count_only_with_the_servers_header() {
+        let h = "ab".repeat(32);
+        let body = format!(
+            r#"[{{"path":"snapshots/{h}","size":3,"stored_by":"a"}},{{"path":"snapshots/{}","size":3}}]"#,
+            "cd".repeat(32)
+        );
+        let listed = cairn_format::protocol::decode_listing(body.as_bytes()).unwrap();
+        let Provenance::Recorded(r) = provenance(&listed, Some("me".into())) else { panic!("not recorded") };
+        assert_eq!(r.this_token, "me");
+        let id = cairn_format::layout::parse_snapshot_path(&format!("snapshots/{h}")).unwrap();
+        assert_eq!(r.snapshots.len(), 1);
+        assert_eq!(r.snapshots[&id], "a");
+        assert_eq!(provenance(&listed, None), Provenance::NotRecorded);
+    }
 
     #[test]
     fn fingerprints_parse_with_or_without_colons() {
