@@ -132,6 +132,10 @@ pub fn run(g: &Global, a: Args) -> Result<ExitCode> {
     if !g.json {
         print_plan(&plan, &policy);
     }
+    if a.prune && !a.dry_run {
+        // A prune that would refuse is said before a snapshot is removed.
+        cairn_core::commands::prune::refuses(&repo)?;
+    }
     if !a.dry_run {
         forget::remove(&repo, &plan.removed())?;
     }

@@ -1303,7 +1303,9 @@ fn plant_lie(fx: &Fixture, lie: Lie, first_packs: &BTreeSet<String>) {
     }
     assert!(!listings.is_empty(), "the first snapshot's packs are listed");
     let lying: Vec<library::index::IndexedPack> = match lie {
-        Lie::EmptyListing => listings.into_iter().map(|p| library::index::IndexedPack { blobs: Vec::new(), ..p }).collect(),
+        Lie::EmptyListing => {
+            listings.into_iter().map(|p| library::index::IndexedPack { blobs: Vec::new(), ..p }).collect()
+        }
         Lie::OwnPack => {
             // A real pack of one random blob, written with its own honest index file.
             let mut rng = Rng(99);
@@ -1327,7 +1329,7 @@ fn plant_lie(fx: &Fixture, lie: Lie, first_packs: &BTreeSet<String>) {
 fn an_index_file_that_lies_never_makes_prune_delete_what_a_snapshot_needs() {
     for lie in [Lie::EmptyListing, Lie::OwnPack] {
         let (mut fx, _) = Fixture::for_check_with_backup(3 * MIB as usize);
-        let first = fx.snapshot.clone();
+        let first = fx.cairn.snapshots()[0]["id"].as_str().expect("an ID").to_string();
         let first_scan = fx.before.clone();
         let first_packs: BTreeSet<String> = pack_names(fx.repo());
         // A second snapshot of other files, forgotten, so the prune has packs to delete; the

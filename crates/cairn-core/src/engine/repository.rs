@@ -373,8 +373,7 @@ impl Repository {
         let started = std::time::Instant::now();
         let stored = self.list_packs()?;
         let known = self.index().pack_ids();
-        let mut unindexed: Vec<(PackId, u64)> =
-            stored.into_iter().filter(|(id, _)| !known.contains(id)).collect();
+        let mut unindexed: Vec<(PackId, u64)> = stored.into_iter().filter(|(id, _)| !known.contains(id)).collect();
         unindexed.sort_unstable();
         let threads = self.storage.default_concurrency().max(8);
         let read = map_parallel(&unindexed, threads, |(id, size)| self.read_pack_header(id, *size));
@@ -654,19 +653,13 @@ impl Repository {
             places.iter().filter(|(p, _, e)| !(pack_path(p) == pack && e.offset == entry.offset)).copied().collect();
         // The place the index finds is among them when the failed copy was another one.
         if let Some(loc) = self.index().get(&entry.id) {
-            if !(pack_path(&loc.pack) == pack && loc.entry.offset == entry.offset)
-                && !out.iter().any(|(p, _, e)| *p == loc.pack && e.offset == loc.entry.offset)
-            {
+            let failed = pack_path(&loc.pack) == pack && loc.entry.offset == entry.offset;
+            let listed = out.iter().any(|(p, _, e)| *p == loc.pack && e.offset == loc.entry.offset);
+            if !failed && !listed {
                 out.insert(0, (loc.pack, loc.salt, loc.entry));
             }
         }
         out
-    }
-
-    /// Whether any of `blobs` has a place other than the one the index finds it at.
-    pub fn placed_elsewhere(&self, blobs: &[BlobEntry]) -> bool {
-        let elsewhere = self.elsewhere();
-        blobs.iter().any(|b| elsewhere.contains_key(&b.id))
     }
 
     /// Builds (once) the map of blobs' other places from every readable index file.
@@ -820,10 +813,15 @@ impl Repository {
         drop(index);
         let path = pack_path(&loc.pack);
         let key = self.key.object_key(&loc.salt);
-        crate::engine::storage::retry_damaged(|| {
-            let sealed = self.storage.read_range(&path, u64::from(loc.entry.offset), u64::from(loc.entry.length))?;
-            self.decode_tree(&key, &loc.entry, &sealed, &path)
-        })
+        // Every way a walk reads a tree ends here when its copy fails: read again, then where
+        // other index files place it (as `reread_blob` does for any blob).
+        let read = |path: &str, key: &ObjectKey, entry: &BlobEntry| {
+            crate::engine::storage::retry_damaged(|| {
+                let sealed = self.storage.read_range(path, u64::from(entry.offset), u64::from(entry.length))?;
+                self.decode_tree(key, entry, &sealed, path)
+            })
+        };
+        read(&path, &key, &loc.entry).or_else(|e| self.read_elsewhere(&path, &loc.entry, e, read))
     }
 
     /// Decrypts, decompresses, verifies and parses a tree blob's sealed bytes (read from
@@ -1118,19 +1116,24 @@ fn unlock(storage: &dyn Storage, password: &[u8], cached: Option<&KeyId>) -> Res
     if keys.is_empty() {
         return Ok(None);
     }
-    // The hint's key file, if `keys/` lists it and no cached one was tried: tried now, from the
-    // hint's copy (its name is the hash of those bytes, so they are that file's).
-    if tried.is_none() {
-        let carried = hint.as_deref().and_then(|h| cairn_format::hint::split(h).ok()).map(|p| p.key_file.to_vec());
-        if let Some(file) = carried {
-            let path = layout::key_path(&KeyId::hash_of(&file));
-            if keys.iter().any(|o| o.path == path) {
-                tried = Some(try_bytes(&path, &file).map(|k| k.map(|k| (k, file))));
+    // The hint's key file, if `keys/` lists it and the cached one (if any) did not open: tried
+    // now, from the hint's copy (its name is the hash of those bytes, so they are that file's:
+    // a key file damaged on storage still opens from it).
+    let carried = hint.as_deref().and_then(|h| cairn_format::hint::split(h).ok()).map(|p| p.key_file.to_vec());
+    if let Some(file) = carried {
+        let path = layout::key_path(&KeyId::hash_of(&file));
+        if keys.iter().any(|o| o.path == path) {
+            let from_hint = try_bytes(&path, &file).map(|k| k.map(|k| (k, file)));
+            if let Ok(Some((key, file))) = from_hint {
+                if let (Some(Err(e)), Some(cached)) = (&tried, &hinted) {
+                    crate::engine::unreadable::skipped(storage.location(), cached, e, "the start hint's copy opened");
+                }
+                return Ok(Some(Unlocked { key, file, hint }));
+            }
+            if tried.is_none() {
+                tried = Some(from_hint);
                 hinted = Some(path);
             }
-        }
-        if let Some(Ok(Some((key, file)))) = tried {
-            return Ok(Some(Unlocked { key, file, hint }));
         }
     }
     let mut damaged: Vec<(String, Error)> = Vec::new();

@@ -21,6 +21,10 @@ pub fn keys(repo: &Repository, threads: usize) -> Result<Vec<Finding>> {
         .collect())
 }
 
+/// What [`index`] returns: each pack's first listing, the packs being deleted, and the later
+/// listings that differ from the first.
+pub type IndexedPacks = (IdMap<PackId, IndexedPackInfo>, IdSet<PackId>, Vec<IndexedPackInfo>);
+
 /// Reads every index file; the good ones become the repository's in-memory index and the packs
 /// they list are returned (the first listing of a pack counts), except packs a running or
 /// interrupted prune is deleting (FORMAT.md §13), returned apart: they may vanish while the
@@ -29,11 +33,7 @@ pub fn keys(repo: &Repository, threads: usize) -> Result<Vec<Finding>> {
 /// A later listing of a pack that differs from the first is returned too (the third list): one
 /// of the two index files is wrong, and the pack's header tells which
 /// ([`super::structure::other_listings`]).
-pub fn index(
-    repo: &Repository,
-    findings: &mut Vec<Finding>,
-    progress: &Progress,
-) -> Result<(IdMap<PackId, IndexedPackInfo>, IdSet<PackId>, Vec<IndexedPackInfo>)> {
+pub fn index(repo: &Repository, findings: &mut Vec<Finding>, progress: &Progress) -> Result<IndexedPacks> {
     // Manifests first: a prune removes its manifest only after the index files it replaces, so
     // index files read after the manifests name no pack deleted in between unnoticed.
     let mut doomed = IdSet::default();

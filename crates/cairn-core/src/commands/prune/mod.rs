@@ -214,6 +214,17 @@ pub fn needed_blobs(repo: &Repository, snapshots: &[(SnapshotId, Snapshot)]) -> 
     needed.ids(&repo.index())
 }
 
+/// Refuses, with the line a prune would give, while a snapshot or an index file cannot be
+/// read: `forget --prune` asks first, so a prune that would refuse leaves every snapshot as it
+/// was (a command that cannot finish refuses before it changes anything).
+pub fn refuses(repo: &Repository) -> Result<()> {
+    let (_, damaged) = repo.read_snapshots()?;
+    if let Some((path, e)) = damaged.into_iter().next() {
+        return Err(unreadable_snapshot(&path, &e));
+    }
+    index_files(repo).map(|_| ())
+}
+
 /// Why a prune deletes nothing while snapshot `path` cannot be read: what it needs is unknown.
 fn unreadable_snapshot(path: &str, e: &Error) -> Error {
     Error::Refused(format!(

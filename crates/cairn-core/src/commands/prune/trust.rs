@@ -49,8 +49,7 @@ pub fn settle_disputes(
     if disputed.is_empty() {
         return Ok(0);
     }
-    let mut to_read: Vec<(PackId, u64)> =
-        disputed.iter().filter_map(|id| stored.get(id).map(|s| (*id, *s))).collect();
+    let mut to_read: Vec<(PackId, u64)> = disputed.iter().filter_map(|id| stored.get(id).map(|s| (*id, *s))).collect();
     to_read.sort_unstable();
     let headers = map_parallel(&to_read, HEADER_READS, |(id, size)| repo.read_pack_header(id, *size));
     let mut settled: IdMap<PackId, IndexedPack> = IdMap::default();

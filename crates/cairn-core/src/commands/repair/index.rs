@@ -134,4 +134,3 @@ fn read_whole(repo: &Repository, id: &PackId) -> Result<(IndexedPack, u64)> {
     let bad = (total - blobs.len()) as u64;
     Ok((IndexedPack { id: *id, salt, blobs }, bad))
 }
-

@@ -45,9 +45,10 @@ pub fn repair_unreadable(repo: &Repository, dry_run: bool) -> Result<UnreadableR
         objects.push((cairn_format::hint::PATH.to_string(), why.to_string()));
     }
     objects.sort();
-    if dry_run || objects.is_empty() {
+    if dry_run {
         return Ok(UnreadableRepair { objects, removed: false });
     }
+    // Refused the same way whether or not there is anything to remove.
     may_delete(repo, Dir::Snapshots)?;
     for (path, _) in &objects {
         repo.storage().delete(path)?;

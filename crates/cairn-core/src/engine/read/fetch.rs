@@ -319,10 +319,11 @@ async fn hand_on<'s, S: Sink<'s>>(
     r.meter.reserved.fetch_add(read.length + plain, Relaxed);
     match got {
         Ok(filled) => *range = filled,
-        // Blobs another index file places elsewhere go on to the decoders as zeros, which fail
-        // them and read them from those places (Repository::reread_blob); a check judges this
-        // pack and does not look elsewhere.
-        Err(_) if !verify_only && r.repo.placed_elsewhere(&read.blobs) => *range = vec![0; read.length as usize],
+        // A read that cannot be fetched goes on to the decoders as zeros, which fail its blobs
+        // and read each where another index file places it, if one does (Repository::
+        // reread_blob; asked there, off this runtime); a check judges this pack and does not
+        // look elsewhere.
+        Err(_) if !verify_only => *range = vec![0; read.length as usize],
         Err(e) => {
             sink.read_failed(read, &e);
             return true;
