@@ -623,12 +623,13 @@ impl Repository {
         for (other, salt, at) in self.other_locations(pack, entry) {
             let path = pack_path(&other);
             if let Ok(found) = read(&path, &self.key.object_key(&salt), &at) {
+                // Said once per pack the index placed blobs in wrongly, not once per blob.
                 crate::engine::unreadable::once(
                     self.storage.location(),
-                    &format!("blob {} in {pack}", entry.id.to_hex()),
+                    &format!("placed in {pack}"),
                     &format!(
-                        "blob {} could not be read where the index places it ({failed}); read from {path} instead: \
-                         `cairn check` names the object at fault",
+                        "blob {} could not be read where the index places it ({failed}); read from {path} instead \
+                         (and so for any other blob placed in {pack}): `cairn check` names the object at fault",
                         entry.id.short()
                     ),
                 );

@@ -110,7 +110,9 @@ pub fn finish(
     let replaced: IdSet<IndexId> = d.index_files.iter().copied().collect();
 
     // Everything indexed now, including what backups wrote while the prune ran.
-    let files = super::index_files(repo)?;
+    let mut files = super::index_files(repo)?;
+    // Their replacements are written from the packs' headers where index files disagree.
+    super::trust::settle_disputes(repo, &mut files)?;
     // A doomed pack that an index file written since names is not ours to delete.
     for (file_id, packs) in &files {
         if !replaced.contains(file_id) {

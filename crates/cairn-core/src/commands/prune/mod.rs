@@ -131,7 +131,7 @@ pub fn prune(
     let mut files = index_files(repo)?;
     let stored = repo.list_packs()?;
     // A pack index files list differently is taken from its header (trust.rs).
-    trust::settle_disputes(repo, &mut files, &stored)?;
+    trust::settle_disputes(repo, &mut files)?;
     // Listed after the snapshots, the index files cover every blob they need (a backup writes
     // its index files before its snapshot); the marking reads trees through this index.
     repo.set_index(files.iter().flat_map(|(_, p)| p));

@@ -27,12 +27,9 @@ use cairn_format::pack::BlobEntry;
 const HEADER_READS: usize = 16;
 
 /// Replaces every listing of a pack that index files list differently by its header's (read
-/// once); returns how many packs were settled so.
-pub fn settle_disputes(
-    repo: &Repository,
-    files: &mut [(IndexId, Vec<IndexedPack>)],
-    stored: &IdMap<PackId, u64>,
-) -> Result<usize> {
+/// once); returns how many packs were settled so. A prune's plan and its finish (which reads
+/// the index files again to write their replacements) both do.
+pub fn settle_disputes(repo: &Repository, files: &mut [(IndexId, Vec<IndexedPack>)]) -> Result<usize> {
     let mut first: IdMap<PackId, &IndexedPack> = IdMap::default();
     let mut disputed: IdSet<PackId> = IdSet::default();
     for p in files.iter().flat_map(|(_, packs)| packs) {
@@ -49,6 +46,8 @@ pub fn settle_disputes(
     if disputed.is_empty() {
         return Ok(0);
     }
+    // Listed only now: a repository where no two index files disagree pays nothing.
+    let stored = repo.list_packs()?;
     let mut to_read: Vec<(PackId, u64)> = disputed.iter().filter_map(|id| stored.get(id).map(|s| (*id, *s))).collect();
     to_read.sort_unstable();
     let headers = map_parallel(&to_read, HEADER_READS, |(id, size)| repo.read_pack_header(id, *size));

@@ -56,9 +56,10 @@ pub fn repair_index(repo: &Repository, read_all: bool) -> Result<IndexRepair> {
         for p in packs {
             named.insert(p.id);
             if listed.contains_key(&p.id) && !read_all && !disputed.contains(&p.id) {
-                // Two index files that list a pack differently: one is wrong (planted, or
-                // damaged before it was sealed), and the pack's own header decides.
-                if kept.get(&p.id).is_some_and(|k| k != p) {
+                // Two index files that list a pack differently, or a listing that implies
+                // another size than the pack's: one is wrong (planted, or damaged before it was
+                // sealed), and the pack's own header decides.
+                if kept.get(&p.id).is_some_and(|k| k != p) || listed.get(&p.id) != Some(&implied_size(p)) {
                     kept.remove(&p.id);
                     disputed.insert(p.id);
                 } else {
@@ -133,4 +134,11 @@ fn read_whole(repo: &Repository, id: &PackId) -> Result<(IndexedPack, u64)> {
     }
     let bad = (total - blobs.len()) as u64;
     Ok((IndexedPack { id: *id, salt, blobs }, bad))
+}
+
+/// The size of a pack whose blobs are as `p` lists them: where the last ends, then its header
+/// and trailer.
+fn implied_size(p: &IndexedPack) -> u64 {
+    let end = p.blobs.iter().map(|b| u64::from(b.offset) + u64::from(b.length)).max().unwrap_or(0);
+    end + cairn_format::pack::header_tail_len(p.blobs.len())
 }
